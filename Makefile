@@ -1,0 +1,37 @@
+# dprc — developer entry points. `make test` works on a fresh machine.
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install test lint demo bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+# torch is pinned to the CPU wheel that lies on these machines' disk.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: install
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q tests
+
+demo: install
+	$(PY) -m dprc_core.cli demo
+
+bench: install
+	$(PY) benchmarks/norm_layer.py
+	$(PY) benchmarks/step.py
+	$(PY) benchmarks/accountant.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,1 @@
+"""API service (FastAPI). Filled in by the service issues."""

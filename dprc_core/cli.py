@@ -1,0 +1,47 @@
+"""The ``dprc`` command line.
+
+Each domain contributes its own sub-commands through an ``add_subparser(subparsers)``
+function, so this module only wires them together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dprc", description="Differentially private fine-tuning of language models."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    from dprc_core.accounting import cli as accounting_cli
+
+    accounting_cli.add_subparser(sub)
+
+    demo = sub.add_parser("demo", help="run the demo job (completed by the service issues)")
+    demo.set_defaults(func=_demo)
+    return parser
+
+
+def _demo(args: argparse.Namespace) -> int:
+    print(
+        "dprc demo: the end-to-end service demo arrives with the API/worker issues.\n"
+        "Today the library is usable directly; see README.md (Library quick start)."
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, RuntimeError) as exc:  # user errors: one clear line, non-zero exit
+        print(f"dprc: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,293 @@
+"""Forward/backward hooks that turn a model's (activation, output-gradient) pairs into
+per-sample squared gradient norms, one parameter at a time.
+
+How the norm pass works
+-----------------------
+During the forward, every module that owns trainable parameters is hooked: its handler saves
+what it needs (activations, token ids, inputs of a norm layer), and the module's output gets a
+zero scalar *probe* added to it. The norm pass then differentiates the summed per-sample losses
+with respect to the probes only, so autograd computes output gradients ``G`` for every hooked
+module but no parameter gradient at all. A tensor hook on each output receives ``G``, the
+handler turns it into per-sample contributions, and as soon as all uses of a parameter (tied
+weights have several) have arrived, its per-sample squared norm is computed and the factors
+are dropped (unless book-keeping keeps them for the clipped sum).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from dprc_core.estimators import MatrixContribution, matrix_sq_norms, vector_sq_norms
+from dprc_core.layers import LayerHandler, UnsupportedModuleError, handler_for, supported_types
+from dprc_core.layers.base import Contribution
+
+
+@dataclass
+class _HookedModule:
+    name: str
+    module: nn.Module
+    handler: LayerHandler
+    params: dict[str, nn.Parameter]  # attribute name -> trainable parameter owned directly
+
+
+@dataclass
+class _Call:
+    hooked: _HookedModule
+    saved: Any
+
+
+@dataclass
+class NormPassResult:
+    losses: torch.Tensor  # (B,), detached
+    sq_norms: torch.Tensor  # (B,) estimated squared norms of the whole per-sample gradient
+    methods: dict[str, str]  # parameter name -> method used
+    # id(parameter) -> its contributions (kept for book-keeping only)
+    contributions: dict[int, list[Contribution]] = field(default_factory=dict)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Norms of half-precision layers are computed in float32."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    seen: dict[int, nn.Parameter] = {}
+    for p in model.parameters():
+        if p.requires_grad:
+            seen.setdefault(id(p), p)
+    return list(seen.values())
+
+
+class PerSampleHooks:
+    """Hooks on every module of ``model`` that owns trainable parameters."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.param_names: dict[int, str] = {}  # id(parameter) -> first qualified name
+        self.params: dict[int, nn.Parameter] = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            if p.requires_grad and id(p) not in self.param_names:
+                self.param_names[id(p)] = name
+                self.params[id(p)] = p
+        if not self.param_names:
+            raise ValueError("the model has no trainable parameters (requires_grad=True)")
+        self.hooked: list[_HookedModule] = []
+        for name, module in model.named_modules(remove_duplicate=False):
+            params = {n: p for n, p in module.named_parameters(recurse=False) if p.requires_grad}
+            if not params:
+                continue
+            handler = handler_for(module)
+            label = name or "<root>"
+            if handler is None:
+                raise UnsupportedModuleError(
+                    f"module '{label}' of type {type(module).__name__} has trainable parameters "
+                    f"{sorted(params)} but no per-sample gradient handler (supported: "
+                    f"{', '.join(supported_types())}); freeze it with requires_grad_(False) or "
+                    "register a handler with dprc_core.layers.register"
+                )
+            try:
+                handler.check(module)
+            except ValueError as exc:
+                raise UnsupportedModuleError(f"module '{label}': {exc}") from exc
+            for pname, p in params.items():
+                if p.dim() not in (1, 2):
+                    raise UnsupportedModuleError(
+                        f"module '{label}': parameter '{pname}' has {p.dim()} dimensions; "
+                        "only 1-D and 2-D parameters are supported"
+                    )
+            self.hooked.append(_HookedModule(label, module, handler, params))
+        self._handles: list[Any] = []
+        self._state: _PassState | None = None
+        self._attach()
+
+    # ----------------------------------------------------------------------------- hooks
+    def _attach(self) -> None:
+        seen: set[int] = set()
+        for h in self.hooked:
+            if id(h.module) in seen:  # a module registered under two names: hook once
+                continue
+            seen.add(id(h.module))
+            self._handles.append(h.module.register_forward_hook(self._forward_hook(h)))
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _forward_hook(self, hooked: _HookedModule) -> Callable:
+        def hook(module, args, output):
+            state = self._state
+            if state is None or not state.recording:
+                return None
+            if not isinstance(output, torch.Tensor):
+                raise UnsupportedModuleError(
+                    f"module '{hooked.name}' returned {type(output).__name__}, expected a tensor"
+                )
+            b = state.expected_batch
+            if b is not None and b != 1 and output.dim() > 0 and output.shape[0] == 1:
+                # Broadcast over the batch (e.g. position embeddings of shape (1, T, d)):
+                # expand so that each sample gets its own output gradient.
+                output = output.expand(b, *output.shape[1:])
+                args = tuple(_expand_batch(a, b) for a in args)
+            call = _Call(hooked, hooked.handler.capture(module, args, output))
+            probe = torch.zeros((), dtype=output.dtype, device=output.device, requires_grad=True)
+            state.probes.append(probe)
+            for p in hooked.params.values():
+                state.uses[id(p)] = state.uses.get(id(p), 0) + 1
+            out = output + probe
+            out.register_hook(lambda g: state.on_grad(call, g))
+            return out
+
+        return hook
+
+    # ----------------------------------------------------------------------------- pass
+    def norm_pass(
+        self,
+        loss_fn: Callable[[nn.Module, Any], torch.Tensor],
+        batch: Any,
+        *,
+        method: str,
+        k: int,
+        generator_for: Callable[[torch.device], torch.Generator | None],
+        retain_graph: bool,
+        keep_contributions: bool,
+    ) -> tuple[torch.Tensor, NormPassResult]:
+        """Run forward + norm backward. Returns (graph-attached losses, result)."""
+        state = _PassState(self, method, k, generator_for, keep_contributions)
+        state.expected_batch = _batch_size(batch)
+        self._state = state
+        try:
+            losses = loss_fn(self.model, batch)
+            state.recording = False
+            check_per_sample_losses(losses, expected=_batch_size(batch))
+            state.batch_size = losses.shape[0]
+            if not state.probes:
+                raise RuntimeError(
+                    "no hooked module ran in the forward: does loss_fn call the model?"
+                )
+            if not losses.requires_grad:
+                raise ValueError("the per-sample losses do not depend on trainable parameters")
+            torch.autograd.grad(
+                losses.sum(), state.probes, retain_graph=retain_graph, allow_unused=True
+            )
+            state.finish()
+        finally:
+            state.recording = False
+            state.collecting = False
+            self._state = None
+        result = NormPassResult(
+            losses=losses.detach(),
+            sq_norms=state.total,
+            methods=state.methods,
+            contributions=state.kept,
+        )
+        return losses, result
+
+
+class _PassState:
+    """Book-keeping for one forward/backward norm pass."""
+
+    def __init__(self, hooks: PerSampleHooks, method, k, generator_for, keep: bool):
+        self.hooks = hooks
+        self.method = method
+        self.k = k
+        self.generator_for = generator_for
+        self.keep = keep
+        self.recording = True
+        self.collecting = True
+        self.batch_size: int | None = None
+        self.expected_batch: int | None = None
+        self.probes: list[torch.Tensor] = []
+        self.uses: dict[int, int] = {}  # keyed by id(parameter)
+        self.pending: dict[int, list[Contribution]] = {}
+        self.kept: dict[int, list[Contribution]] = {}
+        self.total: torch.Tensor | None = None
+        self.methods: dict[str, str] = {}
+
+    def on_grad(self, call: _Call, g: torch.Tensor) -> None:
+        if not self.collecting:
+            return  # e.g. the second backward of two-pass clipping
+        hooked = call.hooked
+        if g.shape[0] != self.batch_size:
+            raise ValueError(
+                f"module '{hooked.name}' output has leading dimension {g.shape[0]} but the loss "
+                f"has {self.batch_size} samples; dprc needs batch-first inputs"
+            )
+        g = g.reshape(g.shape[0], -1, g.shape[-1]) if g.dim() != 2 else g[:, None, :]
+        contribs = hooked.handler.contributions(hooked.module, call.saved, g.detach())
+        call.saved = None
+        for pname, contrib in contribs.items():
+            pid = id(hooked.params[pname])
+            self.pending.setdefault(pid, []).append(contrib)
+            if len(self.pending[pid]) == self.uses[pid]:
+                self._finalize(pid)
+
+    def _finalize(self, pid: int) -> None:
+        contribs = self.pending.pop(pid)
+        p = self.hooks.params[pid]
+        dtype = compute_dtype(p.dtype)
+        if p.dim() == 1:
+            sq = vector_sq_norms([c.to(dtype) for c in contribs])  # type: ignore[union-attr]
+            method = "exact"
+        else:
+            mats: list[MatrixContribution] = contribs  # type: ignore[assignment]
+            sq, method = matrix_sq_norms(
+                mats, self.method, k=self.k, generator=self.generator_for(p.device), dtype=dtype
+            )
+        self.methods[self.hooks.param_names[pid]] = method
+        self.total = sq if self.total is None else self.total + sq.to(self.total.dtype)
+        if self.keep:
+            self.kept[pid] = contribs
+
+    def finish(self) -> None:
+        for pid in list(self.pending):  # uses whose output did not reach the loss add nothing
+            self._finalize(pid)
+        if self.total is None:  # no hooked output reached the loss: all gradients are zero
+            self.total = torch.zeros(self.batch_size or 0)
+        for name in self.hooks.param_names.values():
+            self.methods.setdefault(name, "unused")
+
+
+def _expand_batch(x: Any, b: int) -> Any:
+    if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == 1:
+        return x.expand(b, *x.shape[1:])
+    return x
+
+
+def check_per_sample_losses(losses: Any, expected: int | None) -> None:
+    if not isinstance(losses, torch.Tensor):
+        raise TypeError(f"loss_fn must return a tensor of per-sample losses, got {type(losses)}")
+    if losses.dim() != 1:
+        raise ValueError(
+            f"loss_fn must return per-sample losses of shape [B]; got shape "
+            f"{tuple(losses.shape)} (a reduced loss such as .mean() cannot be clipped per sample)"
+        )
+    if expected is not None and losses.shape[0] != expected:
+        raise ValueError(
+            f"loss_fn returned {losses.shape[0]} losses for a batch of {expected} samples"
+        )
+
+
+def _batch_size(batch: Any) -> int | None:
+    """Leading dimension of the first tensor found in the batch (None if there is none)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0] if batch.dim() > 0 else None
+    if isinstance(batch, dict):
+        values = list(batch.values())
+    elif isinstance(batch, (list, tuple)):
+        values = list(batch)
+    else:
+        return None
+    for v in values:
+        size = _batch_size(v)
+        if size is not None:
+            return size
+    return None
+
+
+batch_size = _batch_size

@@ -1,0 +1,1 @@
+"""Celery worker. Filled in by the service issues."""
