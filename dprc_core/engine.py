@@ -127,7 +127,9 @@ class PrivacyEngine:
         if not (isinstance(expected_batch_size, (int, float)) and expected_batch_size > 0):
             raise ValueError(f"expected_batch_size must be > 0, got {expected_batch_size!r}")
         if clipping_mode not in CLIPPING_MODES:
-            raise ValueError(f"clipping_mode must be one of {CLIPPING_MODES}, got {clipping_mode!r}")
+            raise ValueError(
+                f"clipping_mode must be one of {CLIPPING_MODES}, got {clipping_mode!r}"
+            )
         self.model = model
         self.optimizer = optimizer
         self.max_grad_norm = float(max_grad_norm)
