@@ -51,7 +51,9 @@ def test_empty_logical_batch_is_a_noise_only_step():
     model = nn.Linear(400, 300, dtype=torch.float64)  # 120 300 coordinates
     before = [p.detach().clone() for p in model.parameters()]
     sigma, clip, b = 1.7, 0.5, 4.0
-    engine, _ = make_engine(model, noise_multiplier=sigma, max_grad_norm=clip, expected_batch_size=b)
+    engine, _ = make_engine(
+        model, noise_multiplier=sigma, max_grad_norm=clip, expected_batch_size=b
+    )
     empty = (torch.zeros(0, 400, dtype=torch.float64), torch.zeros(0, 300, dtype=torch.float64))
     stats = engine.step(lambda m, batch: (m(batch[0]) - batch[1]).pow(2).sum(-1), empty)
     assert stats.batch_size == 0 and stats.clipped_fraction == 0.0 and math.isnan(stats.mean_loss)
