@@ -153,6 +153,19 @@ class PrivacyEngine:
         """Whether any layer may use a randomized norm estimate (for the accountant)."""
         return self.norm_method in (*RANDOMIZED_METHODS, "auto")
 
+    @property
+    def accounting_clipping(self) -> str:
+        """The ``clipping`` argument of the accountant that covers this engine's mechanism.
+
+        ``auto`` mixes exact and Hutchinson layers; the dimension-free envelope (DESIGN.md §4)
+        is valid for any such mix, so it is accounted as ``"hutch"``.
+        """
+        if self.norm_method in ("hutch", "auto"):
+            return "hutch"
+        if self.norm_method == "hutchpp":
+            return "hutchpp"
+        return "exact"
+
     def accumulate(self, loss_fn: LossFn, batch: Any) -> None:
         """Add one micro-batch's clipped per-sample gradients to the logical batch."""
         if not self._in_batch:
