@@ -143,10 +143,14 @@ class MatrixContribution:
 
     def materialize(self, dtype: torch.dtype) -> torch.Tensor:
         """Dense per-sample gradients (B, r, c)."""
-        right = self.right
+        left, right = self.left, self.right
         if isinstance(right, OneHot):
+            if isinstance(left, OneHot):
+                raise ValueError("a contribution needs at least one dense factor")
             return self.t().materialize(dtype).transpose(1, 2)
-        return transpose_apply(self.left, right.to(dtype))
+        if not isinstance(left, OneHot):
+            left = left.to(dtype)
+        return transpose_apply(left, right.to(dtype))
 
     def weighted_sum(self, weights: torch.Tensor) -> torch.Tensor:
         """``Σ_i w_i M_i`` (r, c): the book-keeping clipped sum."""
