@@ -1,0 +1,47 @@
+"""Privacy accounting for DP-SGD and DP-SGD with randomized clipping (DESIGN.md §4).
+
+Public API::
+
+    epsilon(noise_multiplier, sample_rate, steps, delta, clipping="exact", k=None, rank=None)
+    noise_multiplier(target_epsilon, target_delta, sample_rate, steps, clipping="exact", ...)
+    envelope_cdf(x, k, rank=None)     # F(x; Y), an upper bound on P(Y ≤ x) for every spectrum
+    x_plus(k, rank)                    # Proposition 1 threshold
+    PrivacyLedger().record(...); .epsilon(delta); .to_json(); PrivacyLedger.from_json(s)
+
+Every ε is an upper bound for add/remove adjacency under Poisson sampling (the larger of the
+two directions); see docs/accounting.md for the construction and its soundness argument.
+"""
+
+from dprc_core.accounting.accountant import (
+    DEFAULT_SETTINGS,
+    AccountingResult,
+    AccountingSettings,
+    account,
+    epsilon_for_events,
+)
+from dprc_core.accounting.calibration import noise_multiplier
+from dprc_core.accounting.dp_sgd import epsilon
+from dprc_core.accounting.envelope import RANK_ENVELOPE_MAX, envelope_cdf, x_plus
+from dprc_core.accounting.events import (
+    CLIPPINGS,
+    PrivacyEvent,
+    UnsupportedMechanismError,
+)
+from dprc_core.accounting.ledger import PrivacyLedger
+
+__all__ = [
+    "CLIPPINGS",
+    "DEFAULT_SETTINGS",
+    "RANK_ENVELOPE_MAX",
+    "AccountingResult",
+    "AccountingSettings",
+    "PrivacyEvent",
+    "PrivacyLedger",
+    "UnsupportedMechanismError",
+    "account",
+    "envelope_cdf",
+    "epsilon",
+    "epsilon_for_events",
+    "noise_multiplier",
+    "x_plus",
+]

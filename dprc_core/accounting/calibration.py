@@ -1,0 +1,127 @@
+"""Noise calibration: the smallest σ (to within a relative tolerance) with ε(σ) ≤ target."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from dprc_core.accounting.accountant import DEFAULT_SETTINGS, AccountingSettings, account
+from dprc_core.accounting.events import PrivacyEvent, check_delta, check_epsilon
+
+SIGMA_MIN = 0.01
+SIGMA_MAX = 1e3
+
+
+def _log_eps(value: float) -> float | None:
+    return math.log(value) if 0 < value < math.inf else None
+
+
+def _calibrate(
+    eps_of: Callable[[float], float], target: float, rel_tol: float, sigma_max: float
+) -> float:
+    """Bracket then shrink [lo, hi] with ε(lo) > target ≥ ε(hi) until hi/lo ≤ 1 + rel_tol.
+
+    ε(σ) is close to a power law, so proposals come from the secant of log ε against log σ,
+    kept strictly inside the bracket; once the bracket is narrow the proposal is nudged past
+    the estimated root so that both ends close in, and after two updates of the same end a
+    geometric bisection step is taken. Returns hi, whose ε was evaluated and does not exceed
+    the target.
+    """
+    cache: dict[float, float] = {}
+
+    def f(sigma: float) -> float:
+        if sigma not in cache:
+            cache[sigma] = eps_of(sigma)
+        return cache[sigma]
+
+    log_t = math.log(target)
+    lo: float | None = None
+    hi: float | None = None
+    sigma, slope = 1.0, -2.0
+    prev: tuple[float, float] | None = None
+    for _ in range(60):
+        e = f(sigma)
+        le = _log_eps(e)
+        if prev is not None and le is not None and sigma != prev[0]:
+            slope = (le - prev[1]) / (math.log(sigma) - math.log(prev[0]))
+            slope = min(max(slope, -8.0), -0.3)
+        if le is not None:
+            prev = (sigma, le)
+        if e <= target:
+            hi = sigma
+            if lo is not None:
+                break
+            if sigma <= SIGMA_MIN:
+                raise ValueError(
+                    f"target epsilon {target} is reached even with noise multiplier "
+                    f"{SIGMA_MIN}; the calibration range is [{SIGMA_MIN}, {sigma_max}]"
+                )
+            factor = 0.5 if le is None else math.exp((log_t - le) / slope) * 0.98
+            sigma = max(SIGMA_MIN, sigma * min(max(factor, 1 / 64), 0.98))
+        else:
+            lo = sigma
+            if hi is not None:
+                break
+            if sigma >= sigma_max:
+                raise ValueError(
+                    f"no noise multiplier up to {sigma_max:g} achieves epsilon <= {target:g} "
+                    "at this delta, sample rate and number of steps"
+                )
+            factor = 2.0 if le is None else math.exp((log_t - le) / slope) * 1.02
+            sigma = min(sigma_max, sigma * max(min(factor, 64.0), 1.02))
+    if lo is None or hi is None:  # pragma: no cover - 60 power-law jumps cover [0.01, 1e3]
+        raise RuntimeError("noise calibration failed to bracket the target epsilon")
+    same_side = 0
+    last_side = ""
+    while hi / lo > 1.0 + rel_tol:
+        l_lo, l_hi = _log_eps(f(lo)), _log_eps(f(hi))
+        width = math.log(hi / lo)
+        if same_side >= 2 or l_lo is None or l_hi is None or l_lo == l_hi:
+            frac = 0.5
+        else:
+            frac = (l_lo - log_t) / (l_lo - l_hi)
+            if width < 0.1:  # aim just past the root, on the side not updated last
+                nudge = 0.3 * math.log1p(rel_tol) / width
+                frac += nudge if last_side != "hi" else -nudge
+            frac = min(max(frac, 0.02), 0.98)
+        sigma = lo * math.exp(frac * width)
+        side = "hi" if f(sigma) <= target else "lo"
+        if side == "hi":
+            hi = sigma
+        else:
+            lo = sigma
+        same_side = same_side + 1 if side == last_side else 1
+        if frac == 0.5:
+            same_side = 0
+        last_side = side
+    return hi
+
+
+def noise_multiplier(
+    target_epsilon: float,
+    target_delta: float,
+    sample_rate: float,
+    steps: int,
+    clipping: str = "exact",
+    k: int | None = None,
+    rank: int | None = None,
+    *,
+    rel_tol: float = 0.005,
+    sigma_max: float = SIGMA_MAX,
+    settings: AccountingSettings = DEFAULT_SETTINGS,
+) -> float:
+    """Smallest σ (within a relative ``rel_tol``) whose ε at ``target_delta`` is ≤ target.
+
+    The returned σ satisfies ``epsilon(σ, …) ≤ target_epsilon`` exactly as computed by
+    :func:`dprc_core.accounting.epsilon`, and ``epsilon(σ / (1 + rel_tol), …)`` exceeds it.
+    Raises ``ValueError`` if even ``sigma_max`` does not reach the target.
+    """
+    target = check_epsilon(target_epsilon)
+    delta = check_delta(target_delta)
+    PrivacyEvent(1.0, sample_rate, steps, clipping, k, rank)  # validate the other inputs
+
+    def eps_of(sigma: float) -> float:
+        event = PrivacyEvent(sigma, sample_rate, steps, clipping, k, rank)
+        return account([event], delta, settings).epsilon
+
+    return _calibrate(eps_of, target, rel_tol, sigma_max)

@@ -1,0 +1,155 @@
+"""``dprc accountant epsilon …`` and ``dprc accountant sigma …``.
+
+Both print the result together with every setting that produced it (``--json`` for a
+machine-readable object). A job is given either by ``--sample-rate`` and ``--steps`` or by
+``--dataset-size``, ``--batch-size`` and ``--epochs`` (q = B/N, steps = epochs·⌈N/B⌉).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from dprc_core.accounting.accountant import DEFAULT_SETTINGS, account
+from dprc_core.accounting.calibration import noise_multiplier
+from dprc_core.accounting.events import CLIPPINGS, PrivacyEvent
+
+
+def add_subparser(subparsers: Any) -> None:
+    """Register the ``accountant`` command (with ``epsilon`` and ``sigma``)."""
+    acc = subparsers.add_parser(
+        "accountant",
+        help="privacy accountant: epsilon of a job, or the noise multiplier for a target",
+        description="PLD privacy accountant for DP-SGD and DP-SGD with randomized clipping "
+        "(add/remove adjacency, Poisson sampling; every epsilon is an upper bound).",
+    )
+    sub = acc.add_subparsers(dest="accountant_command", required=True)
+
+    eps = sub.add_parser("epsilon", help="epsilon for a noise multiplier")
+    eps.add_argument(
+        "--noise-multiplier",
+        "--sigma",
+        dest="noise_multiplier",
+        type=float,
+        required=True,
+        help="noise std / clipping norm",
+    )
+    eps.add_argument("--delta", type=float, required=True)
+    _add_job_arguments(eps)
+    eps.set_defaults(func=_epsilon_command)
+
+    sig = sub.add_parser("sigma", help="smallest noise multiplier reaching a target epsilon")
+    sig.add_argument("--epsilon", type=float, required=True, help="target epsilon")
+    sig.add_argument("--delta", type=float, required=True)
+    sig.add_argument(
+        "--rel-tol",
+        type=float,
+        default=0.005,
+        help="relative precision of the noise multiplier (default 0.005)",
+    )
+    _add_job_arguments(sig)
+    sig.set_defaults(func=_sigma_command)
+
+
+def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    job = parser.add_argument_group("job (either --sample-rate/--steps or N/B/epochs)")
+    job.add_argument("--sample-rate", "-q", type=float, help="Poisson sampling rate")
+    job.add_argument("--steps", type=int, help="number of noisy steps")
+    job.add_argument("--dataset-size", type=int, help="N (gives q = B/N)")
+    job.add_argument("--batch-size", type=int, help="expected batch size B")
+    job.add_argument("--epochs", type=int, help="epochs (steps = epochs * ceil(N/B))")
+    clip = parser.add_argument_group("clipping")
+    clip.add_argument("--clipping", choices=CLIPPINGS, default="exact")
+    clip.add_argument("--k", type=int, help="projection dimension (hutch/hutchpp)")
+    clip.add_argument(
+        "--rank",
+        type=int,
+        help="total rank D = sum over randomized layers of min(p, d) (hutch only; "
+        "default: dimension-free envelope)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _job(args: argparse.Namespace) -> tuple[float, int, dict[str, Any]]:
+    by_rate = args.sample_rate is not None or args.steps is not None
+    by_size = any(v is not None for v in (args.dataset_size, args.batch_size, args.epochs))
+    if by_rate and by_size:
+        raise ValueError(
+            "give either --sample-rate/--steps or --dataset-size/--batch-size/--epochs, not both"
+        )
+    if by_size:
+        if None in (args.dataset_size, args.batch_size, args.epochs):
+            raise ValueError("--dataset-size, --batch-size and --epochs go together")
+        n, b, e = args.dataset_size, args.batch_size, args.epochs
+        if n < 1 or b < 1 or e < 1 or b > n:
+            raise ValueError("need 1 <= batch-size <= dataset-size and epochs >= 1")
+        steps = e * math.ceil(n / b)
+        return b / n, steps, {"dataset_size": n, "batch_size": b, "epochs": e}
+    if args.sample_rate is None or args.steps is None:
+        raise ValueError(
+            "give --sample-rate and --steps (or --dataset-size, --batch-size and --epochs)"
+        )
+    return args.sample_rate, args.steps, {}
+
+
+def _envelope_words(clipping: str, k: int | None, rank: int | None) -> str:
+    if clipping == "exact":
+        return "exact per-sample norms (sensitivity 1)"
+    if clipping == "hutchpp" or rank is None:
+        return f"{clipping}, k={k}, dimension-free envelope"
+    return f"{clipping}, k={k}, rank-dependent envelope with total rank D={rank}"
+
+
+def _report(result: dict[str, Any], as_json: bool, headline: str, shown: str) -> None:
+    if as_json:
+        print(json.dumps(result, sort_keys=True))
+        return
+    print(headline)
+    print("settings:")
+    for key, value in result.items():
+        if key != shown:
+            print(f"  {key}: {value}")
+
+
+def _common(event: PrivacyEvent, delta: float, extra: dict[str, Any]) -> dict[str, Any]:
+    res = account([event], delta, DEFAULT_SETTINGS)
+    return {
+        "epsilon": res.epsilon,
+        "noise_multiplier": event.noise_multiplier,
+        "delta": delta,
+        "sample_rate": event.sample_rate,
+        "steps": event.steps,
+        **extra,
+        "clipping": event.clipping,
+        "k": event.k,
+        "rank": event.rank,
+        "envelope": _envelope_words(event.clipping, event.k, event.rank),
+        "adjacency": "add/remove, Poisson sampling, max over both directions",
+        "accountant": res.describe(),
+    }
+
+
+def _epsilon_command(args: argparse.Namespace) -> int:
+    q, steps, extra = _job(args)
+    event = PrivacyEvent(args.noise_multiplier, q, steps, args.clipping, args.k, args.rank)
+    result = _common(event, args.delta, extra)
+    _report(result, args.json, f"epsilon = {result['epsilon']:.6g} (upper bound)", "epsilon")
+    return 0
+
+
+def _sigma_command(args: argparse.Namespace) -> int:
+    q, steps, extra = _job(args)
+    sigma = noise_multiplier(
+        args.epsilon, args.delta, q, steps, args.clipping, args.k, args.rank, rel_tol=args.rel_tol
+    )
+    event = PrivacyEvent(sigma, q, steps, args.clipping, args.k, args.rank)
+    result = _common(event, args.delta, extra)
+    result = {"target_epsilon": args.epsilon, "rel_tol": args.rel_tol, **result}
+    headline = (
+        f"noise_multiplier = {sigma:.6g} (smallest within {args.rel_tol:g} relative with "
+        f"epsilon <= {args.epsilon:g}; achieved epsilon = {result['epsilon']:.6g})"
+    )
+    _report(result, args.json, headline, "noise_multiplier")
+    return 0

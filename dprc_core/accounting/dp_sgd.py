@@ -1,0 +1,31 @@
+"""ε of DP-SGD / DP-SGD-RC (the public ``epsilon`` function)."""
+
+from __future__ import annotations
+
+from dprc_core.accounting.accountant import DEFAULT_SETTINGS, AccountingSettings, account
+from dprc_core.accounting.events import PrivacyEvent, check_delta
+
+
+def epsilon(
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int,
+    delta: float,
+    clipping: str = "exact",
+    k: int | None = None,
+    rank: int | None = None,
+    *,
+    settings: AccountingSettings = DEFAULT_SETTINGS,
+) -> float:
+    """Upper bound on ε at ``delta`` for ``steps`` Poisson-subsampled DP-SGD steps.
+
+    Add/remove adjacency, Poisson sampling with rate ``sample_rate``, ε the larger of the two
+    directions. ``clipping="exact"`` is the plain subsampled Gaussian; ``"hutch"`` /
+    ``"hutchpp"`` use the random sensitivity scale of the envelope CDF with projection
+    dimension ``k`` (rank=None: dimension-free envelope; rank=D: the Proposition 1 envelope for
+    Hutch with total rank D = Σ_l min(p_l, d_l) over randomized layers, valid only if every
+    clipped layer is randomized; Hutch++ always uses the dimension-free envelope).
+    Returns ``math.inf`` when no finite ε reaches ``delta``.
+    """
+    event = PrivacyEvent(noise_multiplier, sample_rate, steps, clipping, k, rank)
+    return account([event], check_delta(delta), settings).epsilon

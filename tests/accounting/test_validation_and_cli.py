@@ -1,0 +1,198 @@
+"""Input validation of the public functions and the ``dprc accountant`` CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from dprc_core import accounting
+from dprc_core.cli import main
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"noise_multiplier": 0.0}, "noise_multiplier"),
+        ({"noise_multiplier": -1.0}, "noise_multiplier"),
+        ({"noise_multiplier": math.nan}, "noise_multiplier"),
+        ({"sample_rate": 0.0}, "sample_rate"),
+        ({"sample_rate": 1.01}, "sample_rate"),
+        ({"steps": 0}, "steps"),
+        ({"steps": 10.0}, "steps"),
+        ({"steps": True}, "steps"),
+        ({"delta": 0.0}, "delta"),
+        ({"delta": 1.0}, "delta"),
+        ({"clipping": "ghost"}, "clipping"),
+        ({"clipping": "hutch"}, "projection dimension k"),
+        ({"clipping": "hutch", "k": 0}, "k must be"),
+        ({"clipping": "hutch", "k": 1}, "k must be >= 2"),
+        ({"clipping": "hutchpp", "k": 8.5}, "integer"),
+        ({"clipping": "hutch", "k": 8, "rank": 0}, "rank"),
+        ({"k": 8}, "only meaningful for randomized clipping"),
+        ({"rank": 4}, "only meaningful for randomized clipping"),
+    ],
+)
+def test_epsilon_validates(kwargs, match):
+    args = {"noise_multiplier": 1.0, "sample_rate": 0.01, "steps": 100, "delta": 1e-5}
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        accounting.epsilon(**args)
+
+
+def test_numpy_scalars_are_accepted():
+    a = accounting.epsilon(
+        np.float64(1.0), np.float32(0.01), np.int64(100), 1e-5, "hutch", np.int32(16)
+    )
+    assert a == pytest.approx(
+        accounting.epsilon(1.0, float(np.float32(0.01)), 100, 1e-5, "hutch", 16)
+    )
+
+
+@pytest.mark.parametrize("target,match", [(0.0, "target epsilon"), (-1.0, "target epsilon")])
+def test_noise_multiplier_validates(target, match):
+    with pytest.raises(ValueError, match=match):
+        accounting.noise_multiplier(target, 1e-5, 0.01, 100)
+    with pytest.raises(ValueError, match="delta"):
+        accounting.noise_multiplier(1.0, 2.0, 0.01, 100)
+    with pytest.raises(ValueError, match="k must be"):
+        accounting.noise_multiplier(1.0, 1e-5, 0.01, 100, "hutch", 0)
+
+
+def test_x_plus_and_envelope_validate():
+    with pytest.raises(ValueError):
+        accounting.x_plus(8, None)
+    with pytest.raises(ValueError):
+        accounting.x_plus(8, accounting.RANK_ENVELOPE_MAX + 1)
+    with pytest.raises(ValueError):
+        accounting.envelope_cdf(1.0, 1)
+    assert accounting.x_plus(8, 1) == 1.0
+
+
+def test_cli_epsilon_prints_result_and_settings(capsys):
+    rc = main(
+        [
+            "accountant",
+            "epsilon",
+            "--sigma",
+            "1.0",
+            "--sample-rate",
+            "0.01",
+            "--steps",
+            "1000",
+            "--delta",
+            "1e-5",
+            "--clipping",
+            "hutch",
+            "--k",
+            "32",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    value = accounting.epsilon(1.0, 0.01, 1000, 1e-5, "hutch", 32)
+    assert f"epsilon = {value:.6g}" in out
+    for word in (
+        "noise_multiplier: 1.0",
+        "sample_rate: 0.01",
+        "steps: 1000",
+        "clipping: hutch",
+        "k: 32",
+        "dimension-free",
+        "loss grid h=",
+    ):
+        assert word in out
+
+
+def test_cli_sigma_json_with_dataset_size(capsys):
+    rc = main(
+        [
+            "accountant",
+            "sigma",
+            "--epsilon",
+            "2",
+            "--delta",
+            "1e-5",
+            "--dataset-size",
+            "1800",
+            "--batch-size",
+            "32",
+            "--epochs",
+            "3",
+            "--json",
+        ]
+    )
+    result = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert result["steps"] == 3 * 57 and result["sample_rate"] == pytest.approx(32 / 1800)
+    assert result["epsilon"] <= 2.0
+    assert result["noise_multiplier"] == pytest.approx(
+        accounting.noise_multiplier(2.0, 1e-5, 32 / 1800, 171), rel=1e-12
+    )
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (
+            [
+                "accountant",
+                "epsilon",
+                "--sigma",
+                "1",
+                "--delta",
+                "1e-5",
+                "-q",
+                "0.01",
+                "--steps",
+                "10",
+                "--k",
+                "8",
+            ],
+            "only meaningful",
+        ),
+        (
+            ["accountant", "epsilon", "--sigma", "1", "--delta", "1e-5", "-q", "0.01"],
+            "--sample-rate and --steps",
+        ),
+        (
+            [
+                "accountant",
+                "sigma",
+                "--epsilon",
+                "1e-3",
+                "--delta",
+                "1e-5",
+                "-q",
+                "1",
+                "--steps",
+                "100000",
+            ],
+            "no noise multiplier",
+        ),
+        (
+            [
+                "accountant",
+                "epsilon",
+                "--sigma",
+                "1",
+                "--delta",
+                "1e-5",
+                "-q",
+                "0.01",
+                "--steps",
+                "10",
+                "--epochs",
+                "2",
+            ],
+            "not both",
+        ),
+    ],
+)
+def test_cli_errors_are_one_clear_line(capsys, argv, match):
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith("dprc: error:") and match in err and err.count("\n") == 1
