@@ -96,7 +96,9 @@ def envelope_scale(
         kinks.append(-0.5 * np.log(xp))
     edges_t = np.unique(np.concatenate([edges_t, [kk for kk in kinks if t_lo < kk < t_hi]]))
     edges = np.exp(edges_t)
-    tails = np.minimum.accumulate(scale_tail(edges, k, rank))
+    # T is non-increasing in theory; against round-off, raise (never lower) a value to the
+    # largest tail to its right, which only moves mass towards larger scales.
+    tails = np.maximum.accumulate(scale_tail(edges, k, rank)[::-1])[::-1]
     # Lowest atom: everything at or below edges[0] (T = 1 below a_min) sits at edges[0].
     weights = np.maximum(np.concatenate([[1.0 - tails[0]], tails[:-1] - tails[1:]]), 0.0)
     keep = weights > 0
