@@ -4,8 +4,9 @@ One logical (Poisson-sampled) batch, possibly split into micro-batches:
 
 1. forward; 2. norm backward yielding per-sample norm estimates n̂_i (no parameter gradients);
 3. clip factors c_i = min(1, C / n̂_i); 4. clipped sum Σ_i c_i g_i, either by a second backward
-on Σ_i c_i L_i (``clipping_mode="two_pass"``, lean memory) or from the stored layer factors
-(``clipping_mode="bookkeeping"``, no second backward); 5. once per logical batch: add
+on Σ_i c_i L_i (``clipping_mode="two_pass"``) or from the stored layer factors or per-sample
+gradients, whichever is smaller (``clipping_mode="bookkeeping"``, the default: no second
+backward); 5. once per logical batch: add
 N(0, σ²C²) per coordinate, divide by the expected batch size, ``optimizer.step()``.
 """
 
@@ -114,7 +115,7 @@ class PrivacyEngine:
         norm_method: str = "hutch",
         k: int = 32,
         seed: int | None = None,
-        clipping_mode: str = "two_pass",
+        clipping_mode: str = "bookkeeping",
     ):
         if not (isinstance(max_grad_norm, (int, float)) and math.isfinite(max_grad_norm)
                 and max_grad_norm > 0):
@@ -261,8 +262,9 @@ class PrivacyEngine:
             for c in contribs:
                 if isinstance(c, MatrixContribution):
                     total += c.weighted_sum(w.to(_dense_dtype(c))).to(p.dtype)
-                else:
-                    total += (c * w.to(c.dtype)[:, None]).sum(0).to(p.dtype)
+                else:  # per-sample gradients (B, *p.shape)
+                    wc = w.to(c.dtype).reshape(-1, *([1] * (c.dim() - 1)))
+                    total += (c * wc).sum(0).to(p.dtype)
             p.grad = total if p.grad is None else p.grad + total
 
 

@@ -129,17 +129,22 @@ class PerSampleHooks:
                     f"module '{hooked.name}' returned {type(output).__name__}, expected a tensor"
                 )
             b = state.expected_batch
+            expanded = False
             if b is not None and b != 1 and output.dim() > 0 and output.shape[0] == 1:
                 # Broadcast over the batch (e.g. position embeddings of shape (1, T, d)):
                 # expand so that each sample gets its own output gradient.
                 output = output.expand(b, *output.shape[1:])
                 args = tuple(_expand_batch(a, b) for a in args)
+                expanded = True
             call = _Call(hooked, hooked.handler.capture(module, args, output))
             probe = torch.zeros((), dtype=output.dtype, device=output.device, requires_grad=True)
             state.probes.append(probe)
             for p in hooked.params.values():
                 state.uses[id(p)] = state.uses.get(id(p), 0) + 1
-            out = output + probe
+            # Add the probe in place where that is allowed: a copy of every output (logits
+            # included) costs time and fragments the allocator. An in-place conflict with a
+            # saved tensor would raise at backward time, never pass silently.
+            out = output + probe if expanded or output._is_view() else output.add_(probe)
             out.register_hook(lambda g: state.on_grad(call, g))
             return out
 
@@ -242,7 +247,7 @@ class _PassState:
         self.methods[self.hooks.param_names[pid]] = method
         self.total = sq if self.total is None else self.total + sq.to(self.total.dtype)
         if self.keep:
-            self.kept[pid] = contribs
+            self.kept[pid] = _compact(contribs, dtype)
 
     def finish(self) -> None:
         for pid in list(self.pending):  # uses whose output did not reach the loss add nothing
@@ -251,6 +256,21 @@ class _PassState:
             self.total = torch.zeros(self.batch_size or 0)
         for name in self.hooks.param_names.values():
             self.methods.setdefault(name, "unused")
+
+
+def _compact(contribs: list[Contribution], dtype: torch.dtype) -> list[Contribution]:
+    """For book-keeping: keep per-sample gradients (B, r, c) instead of the layer factors when
+    they are smaller (r·c < Σ T·(r + c)); the factors' memory is then released at once."""
+    mats = [c for c in contribs if isinstance(c, MatrixContribution)]
+    if not mats or len(mats) != len(contribs):
+        return contribs
+    r, c = mats[0].rows, mats[0].cols
+    if r * c >= sum(m.seq_len * (r + c) for m in mats):
+        return contribs
+    total = mats[0].materialize(dtype)
+    for m in mats[1:]:
+        total = total + m.materialize(dtype)
+    return [total]
 
 
 def _expand_batch(x: Any, b: int) -> Any:
