@@ -32,6 +32,7 @@ bench: install
 	$(PY) benchmarks/norm_layer.py
 	$(PY) benchmarks/step.py
 	$(PY) benchmarks/accountant.py
+	$(PY) benchmarks/report.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

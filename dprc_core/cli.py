@@ -20,16 +20,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     accounting_cli.add_subparser(sub)
 
-    demo = sub.add_parser("demo", help="run the demo job (completed by the service issues)")
+    demo = sub.add_parser("demo", help="DP fine-tune a tiny local Llama end to end (library)")
+    demo.add_argument("--out", default="runs/demo", help="output folder")
+    demo.add_argument("--epsilon", type=float, default=8.0)
     demo.set_defaults(func=_demo)
     return parser
 
 
 def _demo(args: argparse.Namespace) -> int:
-    print(
-        "dprc demo: the end-to-end service demo arrives with the API/worker issues.\n"
-        "Today the library is usable directly; see README.md (Library quick start)."
-    )
+    from pathlib import Path
+
+    from dprc_core.training.demo import run
+
+    run(Path(args.out), epsilon=args.epsilon)
     return 0
 
 
