@@ -163,6 +163,12 @@ class PerSampleHooks:
         keep_contributions: bool,
     ) -> tuple[torch.Tensor, NormPassResult]:
         """Run forward + norm backward. Returns (graph-attached losses, result)."""
+        if _uses_activation_checkpointing(self.model):
+            raise RuntimeError(
+                "gradient checkpointing recomputes the forward inside the backward, where the "
+                "per-sample hooks cannot see it; disable it with "
+                "model.gradient_checkpointing_disable()"
+            )
         state = _PassState(self, method, k, generator_for, keep_contributions)
         state.expected_batch = _batch_size(batch)
         self._state = state
@@ -256,6 +262,19 @@ class _PassState:
             self.total = torch.zeros(self.batch_size or 0)
         for name in self.hooks.param_names.values():
             self.methods.setdefault(name, "unused")
+
+
+def _uses_activation_checkpointing(model: nn.Module) -> bool:
+    """Hugging Face models report activation (gradient) checkpointing; check every submodule."""
+    for module in model.modules():
+        for attr in ("is_activation_checkpointing", "gradient_checkpointing"):
+            if getattr(type(module), attr, None) is not None or attr in vars(module):
+                try:
+                    if getattr(module, attr) is True:
+                        return True
+                except AttributeError:
+                    pass
+    return False
 
 
 def _compact(contribs: list[Contribution], dtype: torch.dtype) -> list[Contribution]:

@@ -168,3 +168,11 @@ def test_tied_sketch_is_unbiased_for_the_summed_gradient(tiny_gpt2, method):
     mean, sd = draws.mean(0), draws.std(0)
     # CLT bound, z = 5 (two-sided false-failure probability ≈ 6e-7 per sample)
     assert torch.all((mean - exact_sq).abs() <= 5 * sd / n**0.5 + 1e-12), (mean, exact_sq)
+
+
+def test_gradient_checkpointing_is_refused(tiny_llama):
+    tiny_llama.gradient_checkpointing_enable()
+    tiny_llama.train()
+    batch = lm_batch(tiny_llama.config.vocab_size)
+    with pytest.raises(RuntimeError, match="gradient checkpointing"):
+        dprc_core.per_sample_grad_norms(tiny_llama, causal_lm_per_sample_loss, batch)
