@@ -183,6 +183,7 @@ class PerSampleHooks:
                 )
             if not losses.requires_grad:
                 raise ValueError("the per-sample losses do not depend on trainable parameters")
+            self._check_all_uses_hooked(losses, state.uses)
             torch.autograd.grad(
                 losses.sum(), state.probes, retain_graph=retain_graph, allow_unused=True
             )
@@ -198,6 +199,40 @@ class PerSampleHooks:
             contributions=state.kept,
         )
         return losses, result
+
+
+    def _check_all_uses_hooked(self, losses: torch.Tensor, hooked_uses: dict[int, int]) -> None:
+        """Refuse a parameter that reaches the loss other than through its hooked module (e.g.
+        ``F.linear(h, embedding.weight)``): its per-sample gradient would be missed, and with
+        two-pass clipping that part of the update would escape clipping altogether.
+
+        Counts, in the autograd graph of the losses, the edges into each trainable parameter's
+        gradient accumulator; every supported layer uses each of its parameters once per call.
+        """
+        graph_uses: dict[int, int] = {}
+        seen: set[int] = set()
+        stack = [losses.grad_fn]
+        while stack:
+            node = stack.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            for nxt, _ in node.next_functions:
+                if nxt is None:
+                    continue
+                var = getattr(nxt, "variable", None)
+                if var is not None:
+                    graph_uses[id(var)] = graph_uses.get(id(var), 0) + 1
+                elif id(nxt) not in seen:
+                    stack.append(nxt)
+        for pid, n in graph_uses.items():
+            if pid in self.params and n > hooked_uses.get(pid, 0):
+                raise UnsupportedModuleError(
+                    f"parameter '{self.param_names[pid]}' is used {n} time(s) in the forward but "
+                    f"only {hooked_uses.get(pid, 0)} use(s) went through a supported module; a "
+                    "functional use (e.g. F.linear(x, module.weight)) has no per-sample gradient "
+                    "handler — route it through a module (e.g. an nn.Linear sharing the weight)"
+                )
 
 
 class _PassState:

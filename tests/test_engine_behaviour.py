@@ -211,3 +211,25 @@ def test_rmsnorm_3d_and_4d_linear_inputs(method):
         ref = _per_sample_reference(model, loss, x)
         got = dprc_core.per_sample_grad_norms(model, loss, x, method=method)
         torch.testing.assert_close(got, ref, rtol=1e-10, atol=0)
+
+
+class FunctionalTie(nn.Module):
+    """Output layer computed functionally from the embedding weight: not hookable."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(11, 4)
+
+    def forward(self, ids):
+        return torch.nn.functional.linear(self.emb(ids), self.emb.weight)
+
+
+def test_functional_use_of_a_parameter_is_refused():
+    m = FunctionalTie().double()
+    ids = torch.randint(0, 11, (3, 5))
+    loss = lambda m, x: m(x).logsumexp(-1).sum(-1)  # noqa: E731
+    with pytest.raises(UnsupportedModuleError, match=r"'emb.weight' is used 2 time"):
+        dprc_core.per_sample_grad_norms(m, loss, ids)
+    e, _ = make_engine(m, clipping_mode="two_pass")
+    with pytest.raises(UnsupportedModuleError, match="functional use"):
+        e.step(loss, ids)
