@@ -233,3 +233,15 @@ def test_functional_use_of_a_parameter_is_refused():
     e, _ = make_engine(m, clipping_mode="two_pass")
     with pytest.raises(UnsupportedModuleError, match="functional use"):
         e.step(loss, ids)
+
+
+def test_hutch_projections_are_fresh_every_step():
+    """lr = 0, σ = 0: the same batch twice gives different Hutchinson estimates (new P)."""
+    x, y = data()
+    m = TinyNet().double()
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)
+    e = dprc_core.PrivacyEngine(m, opt, max_grad_norm=1.0, noise_multiplier=0.0,
+                                expected_batch_size=8, norm_method="hutch", k=2, seed=5)
+    a = e.step(mse_per_sample, (x, y)).per_sample_norms
+    b = e.step(mse_per_sample, (x, y)).per_sample_norms
+    assert not torch.allclose(a, b)
