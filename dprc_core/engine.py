@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,8 +22,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from dprc_core.estimators import METHODS, RANDOMIZED_METHODS, MatrixContribution
-from dprc_core.hooks import PerSampleHooks, batch_size, trainable_parameters
+from dprc_core.batching import batch_size, select_samples
+from dprc_core.estimators import (
+    METHODS,
+    RANDOMIZED_METHODS,
+    MatrixContribution,
+    auto_method,
+)
+from dprc_core.hooks import PerSampleHooks, trainable_parameters
+from dprc_core.independence import check_sample_independence
 from dprc_core.noise import GaussianNoise
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -35,16 +43,41 @@ class StepStats:
 
     step: int
     batch_size: int  # samples actually in the logical batch (Poisson: random)
-    per_sample_norms: torch.Tensor  # (batch_size,) estimated per-sample gradient norms
+    # (batch_size,) estimated per-sample gradient norms (non-finite for dropped samples; in
+    # two_pass mode a batch with dropped samples lists those first)
+    per_sample_norms: torch.Tensor
     clipped_fraction: float  # fraction of samples with c_i < 1 (0.0 for an empty batch)
     mean_loss: float  # mean per-sample loss (nan for an empty batch)
     methods: dict[str, str] = field(default_factory=dict)  # parameter -> norm method used
+    # samples whose loss, norm or gradient was not finite (NaN / inf): removed from the update
+    # entirely (zero contribution) and not counted in clipped_fraction or mean_loss
+    dropped: int = 0
 
 
-def _check_k(k: Any) -> int:
+class PrivacyWarning(UserWarning):
+    """A setting that makes a run not (meaningfully) private."""
+
+
+def _check_k(k: Any, randomized: bool = False) -> int:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k (sketch dimension) must be an integer >= 1, got {k!r}")
+    if randomized and k < 2:
+        raise ValueError(
+            "k (sketch dimension) must be >= 2 for randomized clipping: the privacy analysis of "
+            "the Hutchinson estimate (the chi-square(k)/k envelope, DESIGN.md §4) needs k >= 2, "
+            f"and the accountant refuses k=1; got k={k!r}"
+        )
     return k
+
+
+def _number(name: str, value: Any, *, positive: bool) -> float:
+    """A finite real number (bools refused), > 0 if ``positive`` else >= 0."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok and math.isfinite(value) and (value > 0 if positive else value >= 0)
+    if not ok:
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
+    return float(value)
 
 
 def _check_method(method: str) -> str:
@@ -116,56 +149,105 @@ class PrivacyEngine:
         k: int = 32,
         seed: int | None = None,
         clipping_mode: str = "bookkeeping",
+        max_seq_len: int | None = None,
+        check_independence: bool = True,
     ):
-        if not (isinstance(max_grad_norm, (int, float)) and math.isfinite(max_grad_norm)
-                and max_grad_norm > 0):
-            raise ValueError(f"max_grad_norm must be a finite number > 0, got {max_grad_norm!r}")
-        if not (isinstance(noise_multiplier, (int, float)) and math.isfinite(noise_multiplier)
-                and noise_multiplier >= 0):
-            raise ValueError(
-                f"noise_multiplier must be a finite number >= 0, got {noise_multiplier!r}"
-            )
-        if not (isinstance(expected_batch_size, (int, float)) and expected_batch_size > 0):
-            raise ValueError(f"expected_batch_size must be > 0, got {expected_batch_size!r}")
         if clipping_mode not in CLIPPING_MODES:
             raise ValueError(
                 f"clipping_mode must be one of {CLIPPING_MODES}, got {clipping_mode!r}"
             )
         self.model = model
         self.optimizer = optimizer
-        self.max_grad_norm = float(max_grad_norm)
-        self.noise_multiplier = float(noise_multiplier)
-        self.expected_batch_size = float(expected_batch_size)
+        self.max_grad_norm = _number("max_grad_norm", max_grad_norm, positive=True)
+        self.noise_multiplier = _number("noise_multiplier", noise_multiplier, positive=False)
+        self.expected_batch_size = _number(
+            "expected_batch_size", expected_batch_size, positive=True
+        )
         self.norm_method = _check_method(norm_method)
-        self.k = _check_k(k)
+        self.k = _check_k(k, randomized=norm_method in (*RANDOMIZED_METHODS, "auto"))
+        if max_seq_len is not None and (
+            isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1
+        ):
+            raise ValueError(f"max_seq_len must be a positive integer, got {max_seq_len!r}")
+        if norm_method == "auto" and max_seq_len is None:
+            raise ValueError(
+                "norm_method='auto' needs max_seq_len (the longest sequence the model will "
+                "see): auto resolves exact or hutch once per layer for that length and keeps "
+                "it fixed, so that the accounting is known before training"
+            )
+        self.max_seq_len = max_seq_len
         self.clipping_mode = clipping_mode
+        self.check_independence = bool(check_independence)
         self.params = trainable_parameters(model)
         self._check_optimizer()
+        if self.noise_multiplier == 0:
+            warnings.warn(
+                "noise_multiplier=0: no noise is added, the updates are NOT differentially "
+                "private (clipping alone gives no privacy guarantee)",
+                PrivacyWarning,
+                stacklevel=2,
+            )
         self.seed = int.from_bytes(os.urandom(8), "little") if seed is None else int(seed)
         self.generators = _Generators(self.seed)
         self.noise = GaussianNoise(self.noise_multiplier * self.max_grad_norm)
         self.hooks = PerSampleHooks(model)
+        self._independence_checked = False
+        self.norm_plan = self._make_plan()
         self.steps = 0
         self._reset_batch()
 
     # ------------------------------------------------------------------ public API
     @property
     def randomized(self) -> bool:
-        """Whether any layer may use a randomized norm estimate (for the accountant)."""
-        return self.norm_method in (*RANDOMIZED_METHODS, "auto")
+        """Whether any parameter's norm is a randomized estimate (for the accountant)."""
+        return any(m in RANDOMIZED_METHODS for m in self.norm_plan.values())
 
     @property
     def accounting_clipping(self) -> str:
         """The ``clipping`` argument of the accountant that covers this engine's mechanism.
 
-        ``auto`` mixes exact and Hutchinson layers; the dimension-free envelope (DESIGN.md §4)
-        is valid for any such mix, so it is accounted as ``"hutch"``.
+        From the resolved plan: ``"exact"`` when no parameter uses a sketch (``auto`` with
+        every layer exact included), ``"hutchpp"`` for Hutch++, else ``"hutch"``. A mix of
+        exact and Hutchinson layers is covered by the dimension-free envelope (DESIGN.md §4).
         """
-        if self.norm_method in ("hutch", "auto"):
-            return "hutch"
-        if self.norm_method == "hutchpp":
+        methods = set(self.norm_plan.values())
+        if "hutchpp" in methods:
             return "hutchpp"
+        if "hutch" in methods:
+            return "hutch"
         return "exact"
+
+    def _make_plan(self) -> dict[str, str]:
+        """Parameter name -> the norm method it gets, fixed for the engine's life.
+
+        1-D parameters are always exact. ``auto`` is resolved here, once per parameter, for
+        ``max_seq_len`` tokens per use (tied parameters: one use per owning module), with the
+        same cost rule as :func:`dprc_core.estimators.auto_choice`; the hooks then use exactly
+        this method at every step, whatever the batch's length.
+        """
+        hooks = self.hooks
+        uses = hooks.uses_per_parameter()
+        one_hot: dict[int, bool] = {}
+        for h in hooks.hooked:
+            for p in h.params.values():
+                one_hot[id(p)] = one_hot.get(id(p), True) and h.handler.one_hot
+        plan: dict[str, str] = {}
+        hooks.plan = {}
+        for pid, name in hooks.param_names.items():
+            p = hooks.params[pid]
+            if p.dim() == 1:
+                plan[name] = "exact"
+            elif self.norm_method == "auto":
+                assert self.max_seq_len is not None
+                r, c = p.shape
+                t = uses.get(pid, 1) * self.max_seq_len
+                method = auto_method(t, r, c, one_hot.get(pid, False), self.k)
+                method = "exact" if method in ("fgc", "ghost") else method
+                hooks.plan[pid] = method
+                plan[name] = method
+            else:
+                plan[name] = self.norm_method
+        return plan
 
     def accumulate(self, loss_fn: LossFn, batch: Any) -> None:
         """Add one micro-batch's clipped per-sample gradients to the logical batch."""
@@ -173,8 +255,12 @@ class PrivacyEngine:
             for p in self.params:
                 p.grad = None
             self._in_batch = True
-        if batch_size(batch) == 0:
+        size = batch_size(batch)
+        if size == 0:
             return  # an empty (Poisson) micro-batch contributes nothing
+        if self.check_independence and not self._independence_checked and (size or 0) >= 2:
+            check_sample_independence(self.hooks, loss_fn, batch)
+            self._independence_checked = True
         two_pass = self.clipping_mode == "two_pass"
         losses, result = self.hooks.norm_pass(
             loss_fn,
@@ -186,15 +272,30 @@ class PrivacyEngine:
             keep_contributions=not two_pass,
         )
         norms = result.sq_norms.clamp(min=0).sqrt()
-        clip = (self.max_grad_norm / norms).clamp(max=1.0)  # n̂ = 0 gives inf -> 1
+        keep = torch.isfinite(norms) & torch.isfinite(result.losses).to(norms.device)
+        if not two_pass:
+            keep &= _finite_samples(result.contributions, keep)
+        if two_pass and not bool(keep.all()):
+            # The retained graph holds the non-finite samples' activations, and a backward
+            # through it would give 0 · NaN = NaN: run the kept samples again on their own
+            # (a fresh forward, norm pass and clipped backward for exactly those samples).
+            del losses
+            self._norms.append(norms.detach()[~keep])
+            self._dropped += int((~keep).sum())
+            kept = torch.nonzero(keep).flatten().cpu()
+            if kept.numel():
+                self.accumulate(loss_fn, select_samples(batch, kept, size))
+            return
+        clip = torch.where(keep, (self.max_grad_norm / norms).clamp(max=1.0), 0.0)
         if two_pass:
             weighted = (losses * clip.to(losses.dtype).detach()).sum()
             torch.autograd.backward(weighted, inputs=self.params)
         else:
-            self._bookkeeping_sum(result.contributions, clip)
+            self._bookkeeping_sum(result.contributions, clip, keep)
         self._norms.append(norms.detach())
-        self._losses.append(result.losses.detach())
-        self._clipped += int((clip < 1).sum())
+        self._losses.append(result.losses.detach()[keep.to(result.losses.device)])
+        self._clipped += int(((clip < 1) & keep).sum())
+        self._dropped += int((~keep).sum())
         self._methods.update(result.methods)
 
     def step(self, loss_fn: LossFn | None = None, batch: Any = None) -> StepStats:
@@ -213,18 +314,28 @@ class PrivacyEngine:
                 if noise is not None:
                     grad = grad + noise
                 p.grad = grad / self.expected_batch_size
+            if not all(bool(torch.isfinite(p.grad).all()) for p in self.params):
+                for p in self.params:
+                    p.grad = None
+                self._reset_batch()
+                raise FloatingPointError(
+                    "the noised update is not finite although every non-finite sample was "
+                    "dropped; the optimizer step was not taken"
+                )
         self.optimizer.step()
         self.steps += 1
         norms = torch.cat(self._norms) if self._norms else torch.zeros(0)
         losses = torch.cat(self._losses) if self._losses else torch.zeros(0)
         n = int(norms.shape[0])
+        kept = n - self._dropped
         stats = StepStats(
             step=self.steps,
             batch_size=n,
             per_sample_norms=norms,
-            clipped_fraction=self._clipped / n if n else 0.0,
-            mean_loss=float(losses.float().mean()) if n else float("nan"),
+            clipped_fraction=self._clipped / kept if kept else 0.0,
+            mean_loss=float(losses.float().mean()) if kept else float("nan"),
             methods=dict(self._methods),
+            dropped=self._dropped,
         )
         self._reset_batch()
         return stats
@@ -239,6 +350,7 @@ class PrivacyEngine:
         self._norms: list[torch.Tensor] = []
         self._losses: list[torch.Tensor] = []
         self._clipped = 0
+        self._dropped = 0
         self._methods: dict[str, str] = {}
 
     def _check_optimizer(self) -> None:
@@ -252,11 +364,16 @@ class PrivacyEngine:
                     )
 
     @torch.no_grad()
-    def _bookkeeping_sum(self, contributions: dict[int, list], clip: torch.Tensor) -> None:
+    def _bookkeeping_sum(
+        self, contributions: dict[int, list], clip: torch.Tensor, keep: torch.Tensor
+    ) -> None:
+        drop = not bool(keep.all())
         for p in self.params:
             contribs = contributions.get(id(p))
             if not contribs:
                 continue
+            if drop:  # remove dropped samples entirely: 0 · NaN would still be NaN
+                contribs = [_zero_samples(c, keep) for c in contribs]
             w = clip.to(p.dtype)
             total = torch.zeros_like(p)
             for c in contribs:
@@ -266,6 +383,30 @@ class PrivacyEngine:
                     wc = w.to(c.dtype).reshape(-1, *([1] * (c.dim() - 1)))
                     total += (c * wc).sum(0).to(p.dtype)
             p.grad = total if p.grad is None else p.grad + total
+
+
+def _finite_samples(contributions: dict[int, list], keep: torch.Tensor) -> torch.Tensor:
+    """Per-sample: every factor / per-sample gradient row of the sample is finite."""
+    ok = torch.ones_like(keep)
+    for contribs in contributions.values():
+        for c in contribs:
+            factors = (c.left, c.right) if isinstance(c, MatrixContribution) else (c,)
+            for f in factors:
+                if isinstance(f, torch.Tensor):
+                    ok &= torch.isfinite(f).flatten(1).all(1).to(ok.device)
+    return ok
+
+
+def _zero_samples(c: Any, keep: torch.Tensor) -> Any:
+    def zero(f):
+        if not isinstance(f, torch.Tensor):
+            return f  # one-hot indices: always finite
+        mask = keep.to(f.device).reshape(-1, *([1] * (f.dim() - 1)))
+        return torch.where(mask, f, torch.zeros((), dtype=f.dtype, device=f.device))
+
+    if isinstance(c, MatrixContribution):
+        return MatrixContribution(zero(c.left), zero(c.right))
+    return zero(c)
 
 
 def _dense_dtype(c: MatrixContribution) -> torch.dtype:

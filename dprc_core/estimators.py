@@ -234,16 +234,19 @@ def exact_choice(contribs: Sequence[MatrixContribution]) -> str:
     return "ghost" if 2 * t * t <= contribs[0].rows * contribs[0].cols else "fgc"
 
 
+def auto_method(t: int, r: int, c: int, one_hot: bool, k: int) -> str:
+    """``auto`` for a parameter (r, c) seen over t tokens in total: exact where its per-sample
+    memory is at most the sketch's, else hutch. Returns fgc | ghost | hutch."""
+    if one_hot:
+        return "fgc" if t * c <= k * (t + r + c) else "hutch"
+    exact = "ghost" if 2 * t * t <= r * c else "fgc"
+    return exact if min(2 * t * t, r * c) <= k * (t + r + c) else "hutch"
+
+
 def auto_choice(contribs: Sequence[MatrixContribution], k: int) -> str:
-    """``auto``: exact where its per-sample memory is at most the sketch's, else hutch."""
+    """``auto`` for one batch's contributions (see :func:`auto_method`)."""
     t = sum(c.seq_len for c in contribs)
-    r, c = contribs[0].rows, contribs[0].cols
-    exact = exact_choice(contribs)
-    if exact == "fgc" and _all_one_hot_left(contribs):
-        exact_cost = t * c
-    else:
-        exact_cost = min(2 * t * t, r * c)
-    return exact if exact_cost <= k * (t + r + c) else "hutch"
+    return auto_method(t, contribs[0].rows, contribs[0].cols, _all_one_hot_left(contribs), k)
 
 
 def _oriented(contribs: Sequence[MatrixContribution]) -> tuple[list[MatrixContribution], int]:

@@ -22,9 +22,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from dprc_core.batching import batch_size
 from dprc_core.estimators import MatrixContribution, matrix_sq_norms, vector_sq_norms
 from dprc_core.layers import LayerHandler, UnsupportedModuleError, handler_for, supported_types
-from dprc_core.layers.base import Contribution
+from dprc_core.layers.base import Contribution, handler_for_type, overriding_class
 
 
 @dataclass
@@ -76,24 +77,29 @@ class PerSampleHooks:
                 self.params[id(p)] = p
         if not self.param_names:
             raise ValueError("the model has no trainable parameters (requires_grad=True)")
+        _refuse_functional_parents(model)
         self.hooked: list[_HookedModule] = []
         for name, module in model.named_modules(remove_duplicate=False):
             params = {n: p for n, p in module.named_parameters(recurse=False) if p.requires_grad}
             if not params:
                 continue
-            handler = handler_for(module)
             label = name or "<root>"
+            handler = handler_for(module)
             if handler is None:
-                raise UnsupportedModuleError(
-                    f"module '{label}' of type {type(module).__name__} has trainable parameters "
-                    f"{sorted(params)} but no per-sample gradient handler (supported: "
-                    f"{', '.join(supported_types())}); freeze it with requires_grad_(False) or "
-                    "register a handler with dprc_core.layers.register"
-                )
+                raise UnsupportedModuleError(_unsupported_message(label, module, params))
             try:
                 handler.check(module)
             except ValueError as exc:
                 raise UnsupportedModuleError(f"module '{label}': {exc}") from exc
+            unknown = sorted(set(params) - set(handler.params))
+            if unknown:
+                raise UnsupportedModuleError(
+                    f"module '{label}' ({type(module).__name__}) has trainable parameters "
+                    f"{unknown} that its handler does not compute gradients for (it handles "
+                    f"{list(handler.params)}); reparametrisations such as "
+                    "torch.nn.utils.weight_norm are not supported — remove them "
+                    "(torch.nn.utils.remove_weight_norm) or freeze those parameters"
+                )
             for pname, p in params.items():
                 if p.dim() not in (1, 2):
                     raise UnsupportedModuleError(
@@ -103,7 +109,20 @@ class PerSampleHooks:
             self.hooked.append(_HookedModule(label, module, handler, params))
         self._handles: list[Any] = []
         self._state: _PassState | None = None
+        self.plan: dict[int, str] = {}  # id(parameter) -> fixed norm method (engine's auto plan)
         self._attach()
+
+    def uses_per_parameter(self) -> dict[int, int]:
+        """How many hooked modules own each trainable parameter (tied weights: several)."""
+        count: dict[int, int] = {}
+        seen: set[int] = set()
+        for h in self.hooked:
+            if id(h.module) in seen:
+                continue
+            seen.add(id(h.module))
+            for p in h.params.values():
+                count[id(p)] = count.get(id(p), 0) + 1
+        return count
 
     # ----------------------------------------------------------------------------- hooks
     def _attach(self) -> None:
@@ -112,7 +131,9 @@ class PerSampleHooks:
             if id(h.module) in seen:  # a module registered under two names: hook once
                 continue
             seen.add(id(h.module))
-            self._handles.append(h.module.register_forward_hook(self._forward_hook(h)))
+            self._handles.append(
+                h.module.register_forward_hook(self._forward_hook(h), with_kwargs=True)
+            )
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -120,7 +141,7 @@ class PerSampleHooks:
         self._handles.clear()
 
     def _forward_hook(self, hooked: _HookedModule) -> Callable:
-        def hook(module, args, output):
+        def hook(module, args, kwargs, output):
             state = self._state
             if state is None or not state.recording:
                 return None
@@ -136,7 +157,11 @@ class PerSampleHooks:
                 output = output.expand(b, *output.shape[1:])
                 args = tuple(_expand_batch(a, b) for a in args)
                 expanded = True
-            call = _Call(hooked, hooked.handler.capture(module, args, output))
+            if hooked.handler.capture_kwargs:
+                saved = hooked.handler.capture(module, args, output, kwargs)  # type: ignore
+            else:
+                saved = hooked.handler.capture(module, args, output)
+            call = _Call(hooked, saved)
             probe = torch.zeros((), dtype=output.dtype, device=output.device, requires_grad=True)
             state.probes.append(probe)
             for p in hooked.params.values():
@@ -177,13 +202,14 @@ class PerSampleHooks:
             state.recording = False
             check_per_sample_losses(losses, expected=_batch_size(batch))
             state.batch_size = losses.shape[0]
+            if losses.requires_grad:
+                self._check_all_uses_hooked(losses, state.uses)
             if not state.probes:
                 raise RuntimeError(
                     "no hooked module ran in the forward: does loss_fn call the model?"
                 )
             if not losses.requires_grad:
                 raise ValueError("the per-sample losses do not depend on trainable parameters")
-            self._check_all_uses_hooked(losses, state.uses)
             torch.autograd.grad(
                 losses.sum(), state.probes, retain_graph=retain_graph, allow_unused=True
             )
@@ -282,8 +308,9 @@ class _PassState:
             method = "exact"
         else:
             mats: list[MatrixContribution] = contribs  # type: ignore[assignment]
+            method = self.hooks.plan.get(pid, self.method)
             sq, method = matrix_sq_norms(
-                mats, self.method, k=self.k, generator=self.generator_for(p.device), dtype=dtype
+                mats, method, k=self.k, generator=self.generator_for(p.device), dtype=dtype
             )
         self.methods[self.hooks.param_names[pid]] = method
         self.total = sq if self.total is None else self.total + sq.to(self.total.dtype)
@@ -297,6 +324,43 @@ class _PassState:
             self.total = torch.zeros(self.batch_size or 0)
         for name in self.hooks.param_names.values():
             self.methods.setdefault(name, "unused")
+
+
+# Modules that use their children's parameters functionally (the children's forward never
+# runs), so no per-sample gradient of those parameters can be seen.
+_FUNCTIONAL_PARENTS: tuple[type, ...] = (nn.MultiheadAttention,)
+
+
+def _refuse_functional_parents(model: nn.Module) -> None:
+    for name, module in model.named_modules():
+        if isinstance(module, _FUNCTIONAL_PARENTS):
+            trainable = sorted(n for n, p in module.named_parameters() if p.requires_grad)
+            if trainable:
+                raise UnsupportedModuleError(
+                    f"module '{name or '<root>'}' of type {type(module).__name__} computes its "
+                    "projections functionally (F.multi_head_attention_forward), so per-sample "
+                    f"gradients of its trainable parameters {trainable} cannot be computed; "
+                    "freeze it, or use an attention built from nn.Linear modules"
+                )
+
+
+def _unsupported_message(label: str, module: nn.Module, params: dict) -> str:
+    cls = overriding_class(module)
+    if cls is not None:
+        base = next(b for b in cls.__mro__[1:] if handler_for_type(b))
+        return (
+            f"module '{label}' of type {type(module).__name__} subclasses the supported "
+            f"{base.__module__}.{base.__name__} but {cls.__name__} overrides forward(), so the "
+            f"base layer's per-sample gradient math does not apply to its trainable parameters "
+            f"{sorted(params)}; register a handler for {type(module).__name__} with "
+            "dprc_core.register (see docs/engine.md) or freeze it with requires_grad_(False)"
+        )
+    return (
+        f"module '{label}' of type {type(module).__name__} has trainable parameters "
+        f"{sorted(params)} but no per-sample gradient handler (supported: "
+        f"{', '.join(supported_types())}); freeze it with requires_grad_(False) or "
+        "register a handler with dprc_core.register (see docs/engine.md)"
+    )
 
 
 def _uses_activation_checkpointing(model: nn.Module) -> bool:
@@ -347,21 +411,4 @@ def check_per_sample_losses(losses: Any, expected: int | None) -> None:
         )
 
 
-def _batch_size(batch: Any) -> int | None:
-    """Leading dimension of the first tensor found in the batch (None if there is none)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.shape[0] if batch.dim() > 0 else None
-    if isinstance(batch, dict):
-        values = list(batch.values())
-    elif isinstance(batch, (list, tuple)):
-        values = list(batch)
-    else:
-        return None
-    for v in values:
-        size = _batch_size(v)
-        if size is not None:
-            return size
-    return None
-
-
-batch_size = _batch_size
+_batch_size = batch_size

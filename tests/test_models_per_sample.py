@@ -134,10 +134,11 @@ def test_auto_reports_a_method_per_layer(tiny_gpt2):
     opt = torch.optim.SGD(list(params.values()), lr=0.1)
     engine = dprc_core.PrivacyEngine(
         tiny_gpt2, opt, max_grad_norm=1.0, noise_multiplier=0.0, expected_batch_size=4,
-        norm_method="auto", k=4, seed=0,
+        norm_method="auto", k=4, seed=0, max_seq_len=batch["input_ids"].shape[1],
     )
     stats = engine.step(causal_lm_per_sample_loss, batch)
     assert set(stats.methods) == set(params)
+    assert engine.accounting_clipping == "hutch"
     assert set(stats.methods.values()) <= {"exact", "fgc", "ghost", "hutch"}
     for n, p in params.items():
         if p.dim() == 1:

@@ -1,12 +1,18 @@
 """Per-layer per-sample gradient handlers (one module per layer family)."""
 
-from dprc_core.layers import embedding, linear, norms  # noqa: F401  (registration side effects)
+from dprc_core.layers import (  # noqa: F401  (registration side effects)
+    embedding,
+    linear,
+    norms,
+    scaled_embedding,
+)
 from dprc_core.layers.base import (
     Contribution,
     LayerHandler,
     UnsupportedModuleError,
     handler_for,
     register,
+    register_by_name,
     supported_types,
 )
 
@@ -16,5 +22,6 @@ __all__ = [
     "UnsupportedModuleError",
     "handler_for",
     "register",
+    "register_by_name",
     "supported_types",
 ]

@@ -3,7 +3,12 @@
 A handler turns one call of a module — what the forward saw (``capture``) and the gradient of
 the loss with respect to the module's output (``contributions``) — into per-sample gradient
 contributions for each of the module's trainable parameters. The engine knows no layer math.
-Adding a layer type means adding one module with a ``@register(ModuleType)`` handler.
+Adding a layer type means adding one module with a ``register(ModuleType)(handler)`` call.
+
+Lookup is strict, because a handler encodes the math of one ``forward``: a module is handled by
+the handler registered for its exact type, or by the handler of a registered base class only
+when no class between the two overrides ``forward`` (``class Scaled(nn.Linear)`` with its own
+``forward`` is *not* a Linear for dprc). Anything else is refused at engine construction.
 """
 
 from __future__ import annotations
@@ -36,13 +41,27 @@ class LayerHandler:
     contributions: Callable[[nn.Module, Any, torch.Tensor], dict[str, Contribution]]
     # (module) -> None or raise with a clear message (unsupported configuration)
     check: Callable[[nn.Module], None] = lambda module: None
+    # names of the module's own parameters the handler computes gradients for; a trainable
+    # parameter outside this set (e.g. weight_norm's ``weight_g``) is refused
+    params: tuple[str, ...] = ("weight", "bias")
+    # the left factor of every weight contribution is a one-hot (embedding-style) matrix
+    one_hot: bool = False
+    # ``capture`` takes the forward's keyword arguments as a fourth argument
+    capture_kwargs: bool = False
 
 
 _REGISTRY: dict[type, LayerHandler] = {}
+# Handlers for classes of optional packages (transformers), keyed by "module.QualName" so that
+# registering them imports nothing; matched by exact type only.
+_NAMED: dict[str, LayerHandler] = {}
 
 
 def register(*module_types: type) -> Callable[[LayerHandler], LayerHandler]:
-    """Register a handler for the given module types (exact type match, then subclasses)."""
+    """Register a handler for the given module types.
+
+    The handler serves exactly these types, and subclasses of them that do not override
+    ``forward`` (see the module docstring).
+    """
 
     def deco(handler: LayerHandler) -> LayerHandler:
         for t in module_types:
@@ -52,18 +71,56 @@ def register(*module_types: type) -> Callable[[LayerHandler], LayerHandler]:
     return deco
 
 
-def handler_for(module: nn.Module) -> LayerHandler | None:
-    handler = _REGISTRY.get(type(module))
-    if handler is not None:
+def register_by_name(*qualified_names: str) -> Callable[[LayerHandler], LayerHandler]:
+    """Register a handler for classes named ``"package.module.ClassName"`` (exact type only),
+    without importing them."""
+
+    def deco(handler: LayerHandler) -> LayerHandler:
+        for name in qualified_names:
+            _NAMED[name] = handler
         return handler
-    for t, h in _REGISTRY.items():
-        if isinstance(module, t):
-            return h
+
+    return deco
+
+
+def _qualified_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def handler_for(module: nn.Module) -> LayerHandler | None:
+    """The handler for ``module``'s exact type, or for the nearest registered base class when
+    no class in between defines its own ``forward``; ``None`` otherwise."""
+    named = _NAMED.get(_qualified_name(type(module)))
+    if named is not None:
+        return named
+    for cls in type(module).__mro__:
+        handler = _REGISTRY.get(cls)
+        if handler is not None:
+            return handler
+        if "forward" in vars(cls):
+            return None  # this class has its own forward: a base class's math does not apply
+    return None
+
+
+def handler_for_type(cls: type) -> LayerHandler | None:
+    """The handler registered for exactly ``cls`` (by type or by name)."""
+    return _REGISTRY.get(cls) or _NAMED.get(_qualified_name(cls))
+
+
+def overriding_class(module: nn.Module) -> type | None:
+    """The class whose own ``forward`` keeps ``module`` from a registered base's handler."""
+    for cls in type(module).__mro__:
+        if cls in _REGISTRY:
+            return None
+        if "forward" in vars(cls) and any(
+            issubclass(cls, base) for base in _REGISTRY if base is not cls
+        ):
+            return cls
     return None
 
 
 def supported_types() -> list[str]:
-    return sorted({t.__name__ for t in _REGISTRY})
+    return sorted({t.__name__ for t in _REGISTRY} | {n.rsplit(".", 1)[1] for n in _NAMED})
 
 
 def as_sequence(x: torch.Tensor, batch_size: int | None = None) -> torch.Tensor:

@@ -35,4 +35,9 @@ def _contributions(module: nn.Embedding, ids, g):
     return {"weight": MatrixContribution(left=OneHot(ids, module.num_embeddings), right=g)}
 
 
-register(nn.Embedding)(LayerHandler(capture=_capture, contributions=_contributions, check=_check))
+register(nn.Embedding)(
+    LayerHandler(
+        capture=_capture, contributions=_contributions, check=_check, params=("weight",),
+        one_hot=True,
+    )
+)

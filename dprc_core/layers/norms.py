@@ -1,5 +1,7 @@
 """Normalisation layers: ``y = x̂ ⊙ w (+ b)``; per-sample grads ``Σ_t G ⊙ x̂`` and ``Σ_t G``.
 
+Gemma's RMSNorm scales by ``(1 + w)``: the same per-sample gradient ``Σ_t G ⊙ x̂``.
+
 The normalised input ``x̂`` is recomputed from the saved input at backward time, following each
 layer's own forward (dtype casts included), so no extra activation is kept.
 """
@@ -9,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dprc_core.layers.base import LayerHandler, as_sequence, register
+from dprc_core.layers.base import LayerHandler, as_sequence, register, register_by_name
 
 
 def _capture(module, inputs, output):
@@ -52,6 +54,15 @@ def _llama_rms_norm_contributions(module, x, g):
     return _affine(module, as_sequence(h.to(x.dtype)), g)
 
 
+def _gemma_rms_norm_contributions(module, x, g):
+    # GemmaRMSNorm: (x̂ · (1 + w)) computed in float32, cast back; per-sample grad Σ_t G ⊙ x̂.
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + module.eps)
+    return {"weight": (g.to(torch.float32) * as_sequence(h)).sum(1)} if (
+        module.weight.requires_grad
+    ) else {}
+
+
 def _check_rms(module) -> None:
     if len(getattr(module, "normalized_shape", (0,))) != 1:
         raise ValueError("RMSNorm over more than one dimension is not supported")
@@ -65,4 +76,12 @@ try:
 except ImportError:  # pragma: no cover
     LlamaRMSNorm = None
 if LlamaRMSNorm is not None:
-    register(LlamaRMSNorm)(LayerHandler(_capture, _llama_rms_norm_contributions))
+    register(LlamaRMSNorm)(
+        LayerHandler(_capture, _llama_rms_norm_contributions, params=("weight",))
+    )
+
+register_by_name(
+    "transformers.models.gemma.modeling_gemma.GemmaRMSNorm",
+    "transformers.models.gemma2.modeling_gemma2.Gemma2RMSNorm",
+    "transformers.models.gemma3.modeling_gemma3.Gemma3RMSNorm",
+)(LayerHandler(_capture, _gemma_rms_norm_contributions, params=("weight",)))
