@@ -3,13 +3,17 @@
 The library never imports the ``api`` or ``worker`` packages.
 """
 
-from dprc_core.engine import PrivacyEngine, StepStats, per_sample_grad_norms
+from dprc_core.engine import PrivacyEngine, PrivacyWarning, StepStats, per_sample_grad_norms
 from dprc_core.estimators import METHODS
-from dprc_core.layers import UnsupportedModuleError, register
+from dprc_core.independence import SampleMixingError
+from dprc_core.layers import LayerHandler, UnsupportedModuleError, register
 
 __all__ = [
     "METHODS",
+    "LayerHandler",
     "PrivacyEngine",
+    "PrivacyWarning",
+    "SampleMixingError",
     "StepStats",
     "UnsupportedModuleError",
     "per_sample_grad_norms",

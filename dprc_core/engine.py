@@ -259,7 +259,7 @@ class PrivacyEngine:
         if size == 0:
             return  # an empty (Poisson) micro-batch contributes nothing
         if self.check_independence and not self._independence_checked and (size or 0) >= 2:
-            check_sample_independence(self.hooks, loss_fn, batch)
+            check_sample_independence(self.hooks, loss_fn, batch, self.norm_method, self.k)
             self._independence_checked = True
         two_pass = self.clipping_mode == "two_pass"
         losses, result = self.hooks.norm_pass(

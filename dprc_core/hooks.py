@@ -157,6 +157,11 @@ class PerSampleHooks:
                 output = output.expand(b, *output.shape[1:])
                 args = tuple(_expand_batch(a, b) for a in args)
                 expanded = True
+            elif b and output.dim() >= 2 and output.shape[0] != b and output.shape[0] % b == 0:
+                # A batch-major flattened layout (B·T, d), as OPT's MLP uses: view the inputs
+                # as (B, T, ...). A sequence-major flattening would mix samples here; the
+                # engine's per-sample independence check refuses that.
+                args = tuple(_unflatten_batch(a, b, output.shape[0]) for a in args)
             if hooked.handler.capture_kwargs:
                 saved = hooked.handler.capture(module, args, output, kwargs)  # type: ignore
             else:
@@ -285,6 +290,9 @@ class _PassState:
         if not self.collecting:
             return  # e.g. the second backward of two-pass clipping
         hooked = call.hooked
+        b = self.batch_size
+        if b and g.dim() >= 2 and g.shape[0] != b and g.shape[0] % b == 0:
+            g = g.reshape(b, -1, g.shape[-1])  # batch-major flattened (B·T, d), see the hook
         if g.shape[0] != self.batch_size:
             raise ValueError(
                 f"module '{hooked.name}' output has leading dimension {g.shape[0]} but the loss "
@@ -389,6 +397,12 @@ def _compact(contribs: list[Contribution], dtype: torch.dtype) -> list[Contribut
     for m in mats[1:]:
         total = total + m.materialize(dtype)
     return [total]
+
+
+def _unflatten_batch(x: Any, b: int, lead: int) -> Any:
+    if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == lead:
+        return x.reshape(b, lead // b, *x.shape[1:])
+    return x
 
 
 def _expand_batch(x: Any, b: int) -> Any:

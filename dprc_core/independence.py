@@ -6,9 +6,12 @@ sample i alone. Layouts and layers that mix samples break that silently: a Linea
 sequence-first ``(T, B, d)`` activation (indistinguishable by shape when T == B), batch
 statistics (BatchNorm in training mode, even frozen), or custom code that pools over the batch.
 No shape rule catches them all, so the engine compares, once, on the first logical batch with
-at least two samples: the exact per-sample losses and gradient norms of its first two samples
-computed together, against each sample computed alone. Cost: three exact norm passes on one or
-two samples, once per engine.
+at least two samples: the per-sample losses and gradient norms of its first two samples
+computed together, against each sample computed alone. The norms use the engine's own norm
+plan (so the check never needs more memory than a two-sample step: no exact norms where the
+engine sketches) with one fixed projection seed for all runs, which makes a sketched norm a
+deterministic function of the sample. Cost: three norm passes on one or two samples, once per
+engine; the projections are not the training ones (no privacy cost).
 
 While it runs, ``nn.Dropout``-family modules are put in eval mode (their masks would differ
 between the runs), buffers (e.g. BatchNorm running statistics) and the global RNG state are
@@ -61,9 +64,18 @@ def _quiet_model(model: nn.Module) -> Iterator[None]:
                 b.copy_(saved)
 
 
-def _exact(hooks: PerSampleHooks, loss_fn: Callable, batch: Any) -> tuple[torch.Tensor, ...]:
+_CHECK_SEED = 0x5EED
+
+
+def _fixed_generator(device: torch.device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(_CHECK_SEED)
+
+
+def _norms(
+    hooks: PerSampleHooks, loss_fn: Callable, batch: Any, method: str, k: int
+) -> tuple[torch.Tensor, ...]:
     _, result = hooks.norm_pass(
-        loss_fn, batch, method="exact", k=2, generator_for=lambda device: None,
+        loss_fn, batch, method=method, k=k, generator_for=_fixed_generator,
         retain_graph=False, keep_contributions=False,
     )
     return result.losses.double(), result.sq_norms.clamp(min=0).sqrt().double()
@@ -76,43 +88,45 @@ def _close(a: torch.Tensor, b: torch.Tensor, rtol: float) -> bool:
     return bool((ok | same_nonfinite).all())
 
 
-def check_sample_independence(hooks: PerSampleHooks, loss_fn: Callable, batch: Any) -> None:
-    """Raise :class:`SampleMixingError` unless samples 0 and 1 of ``batch`` get the same exact
-    loss and gradient norm in a batch of two as alone. ``batch`` has at least two samples."""
+def check_sample_independence(
+    hooks: PerSampleHooks, loss_fn: Callable, batch: Any, method: str = "exact", k: int = 2
+) -> None:
+    """Raise :class:`SampleMixingError` unless samples 0 and 1 of ``batch`` get the same loss
+    and gradient norm (``method``, fixed projections) in a batch of two as alone. ``batch`` has
+    at least two samples."""
     model = hooks.model
     dtype = next((p.dtype for p in hooks.params.values()), torch.float32)
     rtol = tolerance(dtype)
-    plan, hooks.plan = hooks.plan, {}
-    try:
-        with _quiet_model(model):
-            pair = select_samples(batch, torch.arange(2))
-            pair_loss, pair_norm = _exact(hooks, loss_fn, pair)  # its errors are the user's
-            try:
-                alone = [_exact(hooks, loss_fn, select_samples(batch, torch.tensor([i])))
-                         for i in range(2)]
-            except (ValueError, RuntimeError) as exc:
-                raise SampleMixingError(
-                    "the per-sample independence check could evaluate the model on a batch of "
-                    f"two samples but not on each sample alone: {exc}. dprc needs "
-                    "batch-first layouts in which each sample is computed independently "
-                    "(no sequence-first activations, no batch statistics)"
-                ) from exc
-            single_loss = torch.cat([a[0] for a in alone])
-            single_norm = torch.cat([a[1] for a in alone])
-            if _close(pair_loss, single_loss, rtol) and _close(pair_norm, single_norm, rtol):
-                return
-            again_loss, again_norm = _exact(hooks, loss_fn, pair)
-            if not (_close(pair_loss, again_loss, rtol) and _close(pair_norm, again_norm, rtol)):
-                raise SampleMixingError(
-                    "the per-sample independence check found the model's forward random "
-                    "beyond nn.Dropout (two identical runs differ), so it cannot compare a "
-                    "batch with single samples; make the forward deterministic for the check, "
-                    "or, once you know samples do not mix, pass check_independence=False"
-                )
-    finally:
-        hooks.plan = plan
+
+    def norms(b: Any) -> tuple[torch.Tensor, ...]:
+        return _norms(hooks, loss_fn, b, method, k)
+
+    with _quiet_model(model):
+        pair = select_samples(batch, torch.arange(2))
+        pair_loss, pair_norm = norms(pair)  # its errors are the user's
+        try:
+            alone = [norms(select_samples(batch, torch.tensor([i]))) for i in range(2)]
+        except (ValueError, RuntimeError) as exc:
+            raise SampleMixingError(
+                "the per-sample independence check could evaluate the model on a batch of "
+                f"two samples but not on each sample alone: {exc}. dprc needs "
+                "batch-first layouts in which each sample is computed independently "
+                "(no sequence-first activations, no batch statistics)"
+            ) from exc
+        single_loss = torch.cat([a[0] for a in alone])
+        single_norm = torch.cat([a[1] for a in alone])
+        if _close(pair_loss, single_loss, rtol) and _close(pair_norm, single_norm, rtol):
+            return
+        again_loss, again_norm = norms(pair)
+        if not (_close(pair_loss, again_loss, rtol) and _close(pair_norm, again_norm, rtol)):
+            raise SampleMixingError(
+                "the per-sample independence check found the model's forward random "
+                "beyond nn.Dropout (two identical runs differ), so it cannot compare a "
+                "batch with single samples; make the forward deterministic for the check, "
+                "or, once you know samples do not mix, pass check_independence=False"
+            )
     raise SampleMixingError(
-        "samples are not independent: per-sample losses / exact gradient norms of two samples "
+        "samples are not independent: per-sample losses / gradient norms of two samples "
         f"computed together ({_fmt(pair_loss)} / {_fmt(pair_norm)}) differ from each computed "
         f"alone ({_fmt(single_loss)} / {_fmt(single_norm)}). Per-sample clipping would not "
         "bound each example's influence. Typical causes: sequence-first activations "

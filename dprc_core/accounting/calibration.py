@@ -10,6 +10,26 @@ from dprc_core.accounting.events import PrivacyEvent, check_delta, check_epsilon
 
 SIGMA_MIN = 0.01
 SIGMA_MAX = 1e3
+REL_TOL_MIN = 1e-9  # below this the bracket hi/lo cannot close in double precision
+REL_TOL_MAX = 1.0
+MAX_REFINEMENTS = 200  # each halves the bracket at worst: 200 halvings exceed any width
+
+
+def check_rel_tol(rel_tol: object) -> float:
+    """``rel_tol`` must be a finite real in [1e-9, 1] (0 or negative would never terminate)."""
+    ok = isinstance(rel_tol, (int, float)) and not isinstance(rel_tol, bool)
+    if not ok or not math.isfinite(rel_tol) or not REL_TOL_MIN <= rel_tol <= REL_TOL_MAX:
+        raise ValueError(
+            f"rel_tol must be a number in [{REL_TOL_MIN:g}, {REL_TOL_MAX:g}], got {rel_tol!r}"
+        )
+    return float(rel_tol)
+
+
+def _check_sigma_max(sigma_max: object) -> float:
+    ok = isinstance(sigma_max, (int, float)) and not isinstance(sigma_max, bool)
+    if not ok or not math.isfinite(sigma_max) or sigma_max <= SIGMA_MIN:
+        raise ValueError(f"sigma_max must be a finite number > {SIGMA_MIN}, got {sigma_max!r}")
+    return float(sigma_max)
 
 
 def _log_eps(value: float) -> float | None:
@@ -73,7 +93,9 @@ def _calibrate(
         raise RuntimeError("noise calibration failed to bracket the target epsilon")
     same_side = 0
     last_side = ""
-    while hi / lo > 1.0 + rel_tol:
+    for _ in range(MAX_REFINEMENTS):
+        if hi / lo <= 1.0 + rel_tol:
+            break
         l_lo, l_hi = _log_eps(f(lo)), _log_eps(f(hi))
         width = math.log(hi / lo)
         if same_side >= 2 or l_lo is None or l_hi is None or l_lo == l_hi:
@@ -94,6 +116,8 @@ def _calibrate(
         if frac == 0.5:
             same_side = 0
         last_side = side
+    else:  # pragma: no cover - MAX_REFINEMENTS halvings close any bracket in double precision
+        raise RuntimeError(f"noise calibration did not reach rel_tol={rel_tol:g}")
     return hi
 
 
@@ -118,6 +142,8 @@ def noise_multiplier(
     """
     target = check_epsilon(target_epsilon)
     delta = check_delta(target_delta)
+    rel_tol = check_rel_tol(rel_tol)
+    sigma_max = _check_sigma_max(sigma_max)
     PrivacyEvent(1.0, sample_rate, steps, clipping, k, rank)  # validate the other inputs
 
     def eps_of(sigma: float) -> float:

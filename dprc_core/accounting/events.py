@@ -74,6 +74,11 @@ def check_clipping(clipping: Any, k: Any, rank: Any) -> tuple[str, int | None, i
         return clipping, None, None
     if k is None:
         raise ValueError(f"clipping={clipping!r} needs the projection dimension k")
+    if clipping == "hutchpp" and rank is not None:
+        raise ValueError(
+            "rank applies to clipping='hutch' only: Hutch++ is always accounted with the "
+            "dimension-free envelope, so a rank would be ignored"
+        )
     return clipping, check_k(k), check_rank(rank)
 
 

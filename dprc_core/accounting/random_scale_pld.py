@@ -153,6 +153,8 @@ def connect_dots_probabilities(eps: np.ndarray, deltas: np.ndarray) -> tuple[np.
     # Make the profile non-increasing by raising values (never lowering them).
     deltas = np.maximum.accumulate(deltas[::-1])[::-1]
     gaps = np.diff(eps)
+    if not bool(np.all(gaps > 0)):
+        raise ValueError("connect-the-dots support must be strictly increasing")
     diffs = -np.diff(deltas)  # δ_i − δ_{i+1} ≥ 0
     from_left = np.concatenate([[1.0 - deltas[0]], diffs / -np.expm1(-gaps)])
     from_right = np.concatenate([diffs / np.expm1(gaps), [0.0]])
@@ -191,7 +193,9 @@ def bulk_interval(
     lo, hi = lims
     if hi <= lo:
         return lo, hi, lo, 0.0
-    eps = np.linspace(lo, hi, n_probe)
+    eps = np.unique(np.linspace(lo, hi, n_probe))  # a range of a few ulps has repeated points
+    if eps.size < 2:
+        return lo, hi, lo, 0.0
     probs, _ = connect_dots_probabilities(eps, mixture_delta(eps, mech, direction))
     total = probs.sum()
     if total <= 0:
@@ -199,7 +203,7 @@ def bulk_interval(
     p = probs / total
     cdf = np.cumsum(p)
     b_lo = eps[max(int(np.searchsorted(cdf, _BULK_TAIL)) - 1, 0)]
-    b_hi = eps[min(int(np.searchsorted(cdf, 1.0 - _BULK_TAIL)) + 1, n_probe - 1)]
+    b_hi = eps[min(int(np.searchsorted(cdf, 1.0 - _BULK_TAIL)) + 1, eps.size - 1)]
     mean = float(np.dot(p, eps))
     std = float(np.sqrt(max(np.dot(p, (eps - mean) ** 2), 0.0)))
     return float(b_lo), float(b_hi), mean, std
