@@ -110,16 +110,21 @@ def per_sample_grad_norms(
     method: str = "exact",
     k: int = 32,
     generator: torch.Generator | None = None,
+    check_independence: bool = False,
 ) -> torch.Tensor:
     """L2 norm of each sample's gradient over all parameters with ``requires_grad=True``.
 
     ``loss_fn(model, batch)`` must return per-sample losses of shape [B]. Leaves no ``.grad``
     behind. ``method``: fgc | ghost | exact | hutch | hutchpp | auto (see DESIGN.md §2).
+    ``check_independence=True`` first runs the per-sample independence check (as
+    :class:`PrivacyEngine` does) and then also accepts batch-major flattened layouts.
     """
     _check_method(method)
     _check_k(k)
-    hooks = PerSampleHooks(model)
+    hooks = PerSampleHooks(model, allow_flattened=check_independence)
     try:
+        if check_independence and (batch_size(batch) or 0) >= 2:
+            check_sample_independence(hooks, loss_fn, batch, method, k)
         _, result = hooks.norm_pass(
             loss_fn,
             batch,
@@ -190,7 +195,7 @@ class PrivacyEngine:
         self.seed = int.from_bytes(os.urandom(8), "little") if seed is None else int(seed)
         self.generators = _Generators(self.seed)
         self.noise = GaussianNoise(self.noise_multiplier * self.max_grad_norm)
-        self.hooks = PerSampleHooks(model)
+        self.hooks = PerSampleHooks(model, allow_flattened=self.check_independence)
         self._independence_checked = False
         self.norm_plan = self._make_plan()
         self.steps = 0

@@ -67,8 +67,11 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
 class PerSampleHooks:
     """Hooks on every module of ``model`` that owns trainable parameters."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, allow_flattened: bool = False):
         self.model = model
+        # accept batch-major flattened (B·T, d) module inputs; only safe when the engine's
+        # per-sample independence check verifies that no samples mix
+        self.allow_flattened = allow_flattened
         self.param_names: dict[int, str] = {}  # id(parameter) -> first qualified name
         self.params: dict[int, nn.Parameter] = {}
         for name, p in model.named_parameters(remove_duplicate=False):
@@ -157,7 +160,8 @@ class PerSampleHooks:
                 output = output.expand(b, *output.shape[1:])
                 args = tuple(_expand_batch(a, b) for a in args)
                 expanded = True
-            elif b and output.dim() >= 2 and output.shape[0] != b and output.shape[0] % b == 0:
+            elif (self.allow_flattened and b and output.dim() >= 2 and output.shape[0] != b
+                  and output.shape[0] % b == 0):
                 # A batch-major flattened layout (B·T, d), as OPT's MLP uses: view the inputs
                 # as (B, T, ...). A sequence-major flattening would mix samples here; the
                 # engine's per-sample independence check refuses that.
@@ -291,12 +295,15 @@ class _PassState:
             return  # e.g. the second backward of two-pass clipping
         hooked = call.hooked
         b = self.batch_size
-        if b and g.dim() >= 2 and g.shape[0] != b and g.shape[0] % b == 0:
+        flat = self.hooks.allow_flattened and g.dim() >= 2 and g.shape[0] % (b or 1) == 0
+        if b and flat and g.shape[0] != b:
             g = g.reshape(b, -1, g.shape[-1])  # batch-major flattened (B·T, d), see the hook
         if g.shape[0] != self.batch_size:
             raise ValueError(
                 f"module '{hooked.name}' output has leading dimension {g.shape[0]} but the loss "
-                f"has {self.batch_size} samples; dprc needs batch-first inputs"
+                f"has {self.batch_size} samples; dprc needs batch-first inputs (a batch-major "
+                "flattened (B·T, d) layout is accepted only by a PrivacyEngine with "
+                "check_independence=True, which verifies that samples do not mix)"
             )
         g = g.reshape(g.shape[0], -1, g.shape[-1]) if g.dim() != 2 else g[:, None, :]
         contribs = hooked.handler.contributions(hooked.module, call.saved, g.detach())

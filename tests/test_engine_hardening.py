@@ -157,6 +157,26 @@ class SeqFirst(nn.Module):
         return self.lin(x.transpose(0, 1)).transpose(0, 1)
 
 
+class SeqMajorFlat(nn.Module):
+    """Flattens (B, T, d) sequence-major to (T·B, d) before its Linear: read batch-major,
+    rows of different samples would be mixed."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.lin(x.transpose(0, 1).reshape(t * b, d))
+        return h.reshape(t, b, -1).transpose(0, 1)
+
+
+def test_sequence_major_flattened_layout_is_refused():
+    x = torch.randn(4, 3, 4, dtype=torch.float64)
+    with pytest.raises(SampleMixingError, match="not independent"):
+        _engine(SeqMajorFlat().double()).step(_seq_loss, x)
+
+
 class BatchCentering(nn.Module):
     """Subtracts the batch mean (like BatchNorm in training mode): samples mix."""
 
@@ -295,3 +315,38 @@ def test_auto_plan_is_fixed_whatever_the_batch_length():
         stats = engine.step(lambda m, b: m(b).pow(2).sum((1, 2)), torch.randn(3, t, 32).double())
         assert stats.methods["big.weight"] == "hutch"
         assert stats.methods["small.weight"] in ("ghost", "fgc")
+
+
+# ------------------------------------------------- the handler example of docs/engine.md
+class DocScaledLinear(nn.Linear):  # y = 3 · (x Wᵀ + b)
+    def forward(self, x):
+        return 3.0 * super().forward(x)
+
+
+def test_the_documented_handler_registration_gives_true_norms():
+    from dprc_core.estimators import MatrixContribution
+    from dprc_core.layers import LayerHandler
+
+    def capture(module, args, output):
+        return args[0].detach()
+
+    def contributions(module, x, g):
+        x = x.reshape(x.shape[0], -1, x.shape[-1])
+        return {"weight": MatrixContribution(left=3.0 * g, right=x), "bias": 3.0 * g.sum(1)}
+
+    torch.manual_seed(0)
+    net = nn.Sequential(DocScaledLinear(6, 4), nn.Tanh(), nn.Linear(4, 2)).double()
+    loss = lambda m, b: m(b).pow(2).sum((1, 2))  # noqa: E731
+    x = torch.randn(3, 5, 6, dtype=torch.float64)
+    with pytest.raises(UnsupportedModuleError, match="DocScaledLinear"):
+        dprc_core.per_sample_grad_norms(net, loss, x)
+    dprc_core.register(DocScaledLinear)(LayerHandler(capture, contributions))
+    params = list(net.parameters())
+    ref = torch.stack([
+        torch.sqrt(sum(g.pow(2).sum() for g in torch.autograd.grad(loss(net, x[i:i + 1])[0],
+                                                                    params)))
+        for i in range(3)
+    ])
+    for method in ("fgc", "ghost"):
+        got = dprc_core.per_sample_grad_norms(net, loss, x, method=method)
+        torch.testing.assert_close(got, ref, rtol=1e-10, atol=0)

@@ -119,7 +119,9 @@ def test_models_use_the_subclasses(hf_case):
 def test_exact_norms_match_torch_func(hf_case, method):
     name, model, loss_fn, batch = hf_case
     ref = grad_norms(torch_func_per_sample_grads(model, loss_fn, batch))
-    got = dprc_core.per_sample_grad_norms(model, loss_fn, batch, method=method)
+    # OPT's MLP runs on a flattened (B·T, d) view: accepted once independence is checked
+    got = dprc_core.per_sample_grad_norms(model, loss_fn, batch, method=method,
+                                          check_independence=True)
     # Gemma's RMSNorm computes in float32 even in a float64 model
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=0)
 
@@ -148,6 +150,17 @@ class _Shifted(nn.Embedding):
 
     def forward(self, ids):
         return super().forward(ids) + 1.0
+
+
+def test_flattened_layout_is_refused_without_the_independence_check(tmp_path):
+    model, loss_fn, batch = opt(tmp_path)
+    with pytest.raises(ValueError, match="flattened"):
+        dprc_core.per_sample_grad_norms(model, loss_fn, batch, method="exact")
+    with pytest.raises(ValueError, match="flattened"):
+        opt_ = torch.optim.SGD(model.parameters(), lr=0.1)
+        dprc_core.PrivacyEngine(model, opt_, max_grad_norm=1.0, noise_multiplier=1.0,
+                                expected_batch_size=3, check_independence=False).step(
+                                    loss_fn, batch)
 
 
 def test_registered_subclass_whose_forward_does_not_fit_is_refused_at_the_step():

@@ -47,7 +47,8 @@ def test_rank_envelope_between_rank_one_and_dimension_free():
     by_rank = [eps(clipping="hutch", k=32, rank=d) for d in (1, 2, 4, 8)]
     assert all(a <= b * (1 + 1e-3) for a, b in zip(by_rank, by_rank[1:], strict=False))
     assert all(v <= free * (1 + 1e-3) for v in by_rank)
-    assert eps(clipping="hutchpp", k=32, rank=4) == eps(clipping="hutchpp", k=32)
+    with pytest.raises(ValueError, match="rank applies to clipping='hutch' only"):
+        eps(clipping="hutchpp", k=32, rank=4)  # it would be silently ignored
 
 
 @pytest.mark.parametrize(
