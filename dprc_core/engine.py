@@ -215,44 +215,29 @@ class PrivacyEngine:
         every layer exact included), ``"hutchpp"`` for Hutch++, else ``"hutch"``. A mix of
         exact and Hutchinson layers is covered by the dimension-free envelope (DESIGN.md §4).
         """
-        methods = set(self.norm_plan.values())
-        if "hutchpp" in methods:
-            return "hutchpp"
-        if "hutch" in methods:
-            return "hutch"
-        return "exact"
+        return accounting_clipping_for(self.norm_plan)
 
     def _make_plan(self) -> dict[str, str]:
-        """Parameter name -> the norm method it gets, fixed for the engine's life.
+        by_name, by_id = make_norm_plan(self.hooks, self.norm_method, self.k, self.max_seq_len)
+        self.hooks.plan = by_id
+        return by_name
 
-        1-D parameters are always exact. ``auto`` is resolved here, once per parameter, for
-        ``max_seq_len`` tokens per use (tied parameters: one use per owning module), with the
-        same cost rule as :func:`dprc_core.estimators.auto_choice`; the hooks then use exactly
-        this method at every step, whatever the batch's length.
-        """
-        hooks = self.hooks
-        uses = hooks.uses_per_parameter()
-        one_hot: dict[int, bool] = {}
-        for h in hooks.hooked:
-            for p in h.params.values():
-                one_hot[id(p)] = one_hot.get(id(p), True) and h.handler.one_hot
-        plan: dict[str, str] = {}
-        hooks.plan = {}
-        for pid, name in hooks.param_names.items():
-            p = hooks.params[pid]
-            if p.dim() == 1:
-                plan[name] = "exact"
-            elif self.norm_method == "auto":
-                assert self.max_seq_len is not None
-                r, c = p.shape
-                t = uses.get(pid, 1) * self.max_seq_len
-                method = auto_method(t, r, c, one_hot.get(pid, False), self.k)
-                method = "exact" if method in ("fgc", "ghost") else method
-                hooks.plan[pid] = method
-                plan[name] = method
-            else:
-                plan[name] = self.norm_method
-        return plan
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to continue exactly: step count and the generators' states
+        (projections and noise). PRIVATE: the noise generator's state reveals the noise, so it
+        must never be released with a model."""
+        return {
+            "steps": self.steps,
+            "seed": self.seed,
+            "generators": {k: g.get_state() for k, g in self.generators._by_device.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = int(state["steps"])
+        self.seed = int(state["seed"])
+        self.generators = _Generators(self.seed)
+        for device, gen_state in state["generators"].items():
+            self.generators(device).set_state(gen_state.cpu())
 
     def accumulate(self, loss_fn: LossFn, batch: Any) -> None:
         """Add one micro-batch's clipped per-sample gradients to the logical batch."""
@@ -388,6 +373,67 @@ class PrivacyEngine:
                     wc = w.to(c.dtype).reshape(-1, *([1] * (c.dim() - 1)))
                     total += (c * wc).sum(0).to(p.dtype)
             p.grad = total if p.grad is None else p.grad + total
+
+
+def make_norm_plan(
+    hooks: PerSampleHooks, norm_method: str, k: int, max_seq_len: int | None
+) -> tuple[dict[str, str], dict[int, str]]:
+    """Parameter name -> the norm method it gets, fixed for an engine's life; and the same
+    keyed by id(parameter) for the hooks (only for ``auto``, else empty: the hooks use the
+    global method).
+
+    1-D parameters are always exact. ``auto`` is resolved once per parameter, for
+    ``max_seq_len`` tokens per use (tied parameters: one use per owning module), with the cost
+    rule of :func:`dprc_core.estimators.auto_method`.
+    """
+    uses = hooks.uses_per_parameter()
+    one_hot: dict[int, bool] = {}
+    for h in hooks.hooked:
+        for p in h.params.values():
+            one_hot[id(p)] = one_hot.get(id(p), True) and h.handler.one_hot
+    by_name: dict[str, str] = {}
+    by_id: dict[int, str] = {}
+    for pid, name in hooks.param_names.items():
+        p = hooks.params[pid]
+        if p.dim() == 1:
+            by_name[name] = "exact"
+        elif norm_method == "auto":
+            if max_seq_len is None:
+                raise ValueError("norm_method='auto' needs max_seq_len")
+            r, c = p.shape
+            t = uses.get(pid, 1) * max_seq_len
+            method = auto_method(t, r, c, one_hot.get(pid, False), k)
+            method = "exact" if method in ("fgc", "ghost") else method
+            by_id[pid] = by_name[name] = method
+        else:
+            by_name[name] = norm_method
+    return by_name, by_id
+
+
+def accounting_clipping_for(plan: dict[str, str]) -> str:
+    """The accountant's ``clipping`` for a resolved norm plan (see
+    :attr:`PrivacyEngine.accounting_clipping`)."""
+    methods = set(plan.values())
+    if "hutchpp" in methods:
+        return "hutchpp"
+    if "hutch" in methods:
+        return "hutch"
+    return "exact"
+
+
+def norm_plan(
+    model: nn.Module, norm_method: str, k: int = 32, max_seq_len: int | None = None
+) -> dict[str, str]:
+    """The plan a :class:`PrivacyEngine` would resolve for ``model`` (no hooks left behind):
+    lets a caller know ``accounting_clipping_for(plan)`` — hence calibrate σ — before building
+    the engine."""
+    _check_method(norm_method)
+    _check_k(k, randomized=norm_method in (*RANDOMIZED_METHODS, "auto"))
+    hooks = PerSampleHooks(model)
+    try:
+        return make_norm_plan(hooks, norm_method, k, max_seq_len)[0]
+    finally:
+        hooks.remove()
 
 
 def _finite_samples(contributions: dict[int, list], keep: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,322 @@
+"""The job runner: one DP fine-tuning job, end to end, usable without the service.
+
+``run_job(spec)`` loads the local model and tokenizer (safetensors, no remote code), optionally
+wraps LoRA, tokenizes the JSONL file, plans the privacy (q, steps, δ, σ — see
+:mod:`dprc_core.training.plan`), and trains with **real Poisson sampling** at rate q for the
+planned steps; a logical batch is split into micro-batches of at most
+``max_physical_batch_size`` and noise is added once per logical batch. Every step is recorded
+in the privacy ledger as it runs; checkpoints (:mod:`dprc_core.training.checkpoint`) are written
+every ``checkpoint_every`` steps, when asked to stop, and at the end.
+
+Resume: a run whose ``output_dir`` holds a checkpoint continues at the next step with the
+saved weights, optimizer, sampler and generator states. Steps after the last checkpoint of a
+crashed run were never released; they are replayed with the same randomness. The ledger counts
+every step of the released chain exactly once, so a run that completes — resumed or not — ends
+with ε equal to the planned ε.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dprc_core.accounting import PrivacyEvent, PrivacyLedger
+from dprc_core.engine import PrivacyEngine, accounting_clipping_for, norm_plan
+from dprc_core.estimators import METHODS
+from dprc_core.losses import causal_lm_per_sample_loss, sequence_classification_per_sample_loss
+from dprc_core.training import checkpoint as ckpt_io
+from dprc_core.training.data import TASKS, TokenizedData, label_names, load_jsonl, tokenize
+from dprc_core.training.models import LoraSpec, load_model, load_tokenizer
+from dprc_core.training.plan import PrivacyPlan, plan_privacy
+from dprc_core.training.sampling import PoissonSampler
+
+OPTIMIZERS = ("adam", "sgd")
+
+
+@dataclass
+class JobSpec:
+    """Everything a job needs; ``from_dict`` validates a YAML/JSON mapping."""
+
+    model: str  # a local model directory (the service resolves allow-listed names to it)
+    task: str  # causal_lm | classification
+    train_file: str
+    output_dir: str
+    epochs: float = 1.0
+    batch_size: float = 32  # expected Poisson batch size
+    learning_rate: float = 1e-3
+    optimizer: str = "adam"
+    max_seq_len: int = 128
+    lora: LoraSpec | None = None
+    target_epsilon: float | None = 8.0
+    target_delta: float | None = None  # default 1/N^1.1 rounded down
+    noise_multiplier: float | None = None  # when given, used as is instead of calibrating
+    max_grad_norm: float = 1.0
+    clipping: str = "hutch"  # exact | fgc | ghost | hutch | hutchpp | auto
+    k: int = 32
+    checkpoint_every: int | None = None
+    seed: int | None = None
+    max_physical_batch_size: int = 16
+    device: str = "auto"
+    dtype: str = "float32"
+    report_train_loss: bool = True
+    epsilon_every: int = 10  # compute ε spent for progress every this many steps
+    classes: list[str] | None = None  # classification: class names (default: from the file)
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        if self.clipping not in METHODS:
+            raise ValueError(f"clipping must be one of {METHODS}, got {self.clipping!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        for name in ("max_seq_len", "max_physical_batch_size", "k", "epsilon_every"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        ce = self.checkpoint_every
+        if ce is not None and (isinstance(ce, bool) or not isinstance(ce, int) or ce < 1):
+            raise ValueError(f"checkpoint_every must be a positive integer, got {ce!r}")
+        lr = self.learning_rate
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (
+            math.isfinite(lr) and lr > 0
+        ):
+            raise ValueError(f"learning_rate must be a finite number > 0, got {lr!r}")
+        if isinstance(self.lora, dict):
+            self.lora = LoraSpec(**self.lora)
+        if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobSpec:
+        if not isinstance(data, dict):
+            raise ValueError("a job spec must be a mapping")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"unknown job fields: {sorted(unknown)}")
+        return cls(**data)
+
+
+@dataclass
+class Progress:
+    step: int
+    steps: int
+    batch_size: int
+    loss: float | None  # None when report_train_loss is off (training loss is NOT private)
+    clipped_fraction: float | None
+    dropped: int
+    epsilon: float | None  # ε spent so far, computed every `epsilon_every` steps and at ends
+    checkpoint: str | None = None
+
+
+@dataclass
+class JobResult:
+    status: str  # succeeded | stopped
+    steps_done: int
+    steps: int
+    epsilon: float
+    delta: float
+    plan: PrivacyPlan
+    checkpoint: str
+    seconds: float
+    resumed_from: int = 0
+    losses: list[float] = field(default_factory=list)
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _ledger(prior: list[PrivacyEvent], current: PrivacyEvent | None) -> PrivacyLedger:
+    events = list(prior)
+    if current is not None:
+        last = events[-1] if events else None
+        if last is not None and dataclasses.replace(last, steps=current.steps) == current:
+            events[-1] = dataclasses.replace(last, steps=last.steps + current.steps)
+        else:
+            events.append(current)
+    return PrivacyLedger(events)
+
+
+def prepare_data(spec: JobSpec, tokenizer: Any) -> tuple[TokenizedData, list[str] | None]:
+    examples = load_jsonl(spec.train_file, spec.task)
+    classes = None
+    if spec.task == "classification":
+        classes = list(spec.classes) if spec.classes else label_names(examples.labels)
+        if len(classes) < 2:
+            raise ValueError(f"classification needs at least 2 classes, found {classes}")
+    return tokenize(examples, tokenizer, spec.max_seq_len, classes), classes
+
+
+def run_job(
+    spec: JobSpec,
+    on_progress: Callable[[Progress], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    resume: bool = True,
+) -> JobResult:
+    """Run (or resume) a job; returns when it finishes or ``should_stop()`` turns true."""
+    t0 = time.perf_counter()
+    out = Path(spec.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    device = _device(spec.device)
+    tokenizer = load_tokenizer(spec.model)
+    data, classes = prepare_data(spec, tokenizer)
+    n = len(data)
+    latest = ckpt_io.latest_checkpoint(out) if resume else None
+    lora = spec.lora
+    if latest is not None:
+        state, opt_state, rng, ledger_json = ckpt_io.load_resume(latest)
+        if lora is not None:
+            model = load_model(spec.model, spec.task, num_labels=len(classes or []) or None,
+                               dtype=spec.dtype, adapter_path=latest / "model")
+        else:
+            model = load_model(latest / "model", spec.task, num_labels=len(classes or []) or None,
+                               dtype=spec.dtype)
+    else:
+        state, opt_state, rng, ledger_json = None, None, None, None
+        model = load_model(spec.model, spec.task, num_labels=len(classes or []) or None,
+                           lora=lora, dtype=spec.dtype)
+        if classes is not None:
+            model.config.id2label = dict(enumerate(classes))
+            model.config.label2id = {c: i for i, c in enumerate(classes)}
+    model.to(device).train()
+    if spec.task == "classification" and getattr(model.config, "pad_token_id", None) is None:
+        model.config.pad_token_id = data.pad_id
+
+    plan_methods = norm_plan(model, spec.clipping, spec.k, spec.max_seq_len)
+    clipping = accounting_clipping_for(plan_methods)
+    plan = plan_privacy(
+        dataset_size=n, batch_size=spec.batch_size, epochs=spec.epochs, clipping=clipping,
+        k=spec.k, target_epsilon=None if spec.noise_multiplier is not None else spec.target_epsilon,
+        delta=spec.target_delta, noise_multiplier_value=spec.noise_multiplier,
+    )
+    if state is not None and state["plan"] != plan.to_dict():
+        raise ValueError(
+            f"the checkpoint {latest} was written for another plan ({state['plan']}); "
+            f"this spec plans {plan.to_dict()}. Use a fresh output_dir"
+        )
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if spec.optimizer == "adam":
+        opt: torch.optim.Optimizer = torch.optim.Adam(params, lr=spec.learning_rate)
+    else:
+        opt = torch.optim.SGD(params, lr=spec.learning_rate)
+    seed = spec.seed if spec.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+    engine = PrivacyEngine(
+        model, opt, max_grad_norm=spec.max_grad_norm, noise_multiplier=plan.noise_multiplier,
+        expected_batch_size=plan.sample_rate * n, norm_method=spec.clipping, k=spec.k,
+        seed=seed, max_seq_len=spec.max_seq_len,
+    )
+    assert engine.accounting_clipping == clipping
+    sampler = PoissonSampler(n, plan.sample_rate, plan.steps, seed=(seed * 31 + 7) % 2**63)
+    prior: list[PrivacyEvent] = []
+    done = 0
+    if state is not None:
+        assert opt_state is not None and rng is not None and ledger_json is not None
+        opt.load_state_dict(opt_state)
+        engine.load_state_dict({
+            "steps": state["engine"]["steps"], "seed": state["engine"]["seed"],
+            "generators": {k[len("engine:"):]: v for k, v in rng.items()
+                           if k.startswith("engine:")},
+        })
+        sampler.generator.set_state(rng["sampler"])
+        prior = list(PrivacyLedger.from_json(ledger_json).events)
+        done = int(state["steps_done"])
+    resumed_from = done
+    loss_fn = (causal_lm_per_sample_loss if spec.task == "causal_lm"
+               else sequence_classification_per_sample_loss)
+    losses: list[float] = []
+    epsilon_now = _ledger(prior, None).epsilon(plan.delta)
+
+    def ledger_now() -> PrivacyLedger:
+        seg = done - resumed_from
+        return _ledger(prior, plan.event(seg) if seg else None)
+
+    def save() -> Path:
+        ledger = ledger_now()
+        eps = ledger.epsilon(plan.delta)
+        rng_out = {"sampler": sampler.generator.get_state()}
+        est = engine.state_dict()
+        rng_out.update({f"engine:{k}": v for k, v in est["generators"].items()})
+        return ckpt_io.save_checkpoint(
+            out, step=done, model=model, tokenizer=tokenizer, ledger_json=ledger.to_json(),
+            metadata={"step": done, "steps": plan.steps, "epsilon": eps, "delta": plan.delta,
+                      "task": spec.task, "classes": classes, "lora": lora is not None,
+                      "noise_multiplier": plan.noise_multiplier, "clipping": clipping,
+                      "k": plan.k, "sample_rate": plan.sample_rate},
+            optimizer=opt, rng=rng_out,
+            state={"steps_done": done, "plan": plan.to_dict(),
+                   "engine": {"steps": est["steps"], "seed": est["seed"]}},
+        )
+
+    last_ckpt = latest
+    status = "succeeded"
+    samples = iter(sampler)  # on resume its generator already holds the state after `done` draws
+    try:
+        while done < plan.steps:
+            idx = next(samples)
+            for chunk in idx.split(spec.max_physical_batch_size):
+                batch = {k: v.to(device) for k, v in data.batch(chunk).items()}
+                engine.accumulate(loss_fn, batch)
+            stats = engine.step()
+            done += 1
+            if stats.batch_size - stats.dropped > 0 and math.isfinite(stats.mean_loss):
+                losses.append(stats.mean_loss)
+            due = (spec.checkpoint_every is not None and done % spec.checkpoint_every == 0)
+            stop = should_stop is not None and should_stop()
+            saved = None
+            if due or done == plan.steps or stop:
+                last_ckpt = save()
+                saved = str(last_ckpt)
+            if saved or done % spec.epsilon_every == 0 or done == 1:
+                epsilon_now = ledger_now().epsilon(plan.delta)
+            if on_progress is not None:
+                on_progress(Progress(
+                    step=done, steps=plan.steps, batch_size=stats.batch_size,
+                    loss=stats.mean_loss if spec.report_train_loss else None,
+                    clipped_fraction=stats.clipped_fraction if spec.report_train_loss else None,
+                    dropped=stats.dropped, epsilon=epsilon_now, checkpoint=saved,
+                ))
+            if stop and done < plan.steps:
+                status = "stopped"
+                break
+    finally:
+        engine.detach()
+    if last_ckpt is None:  # zero steps planned cannot happen (steps >= 1); keep mypy calm
+        last_ckpt = save()
+    return JobResult(
+        status=status, steps_done=done, steps=plan.steps,
+        epsilon=ledger_now().epsilon(plan.delta), delta=plan.delta, plan=plan,
+        checkpoint=str(last_ckpt), seconds=time.perf_counter() - t0, resumed_from=resumed_from,
+        losses=losses if spec.report_train_loss else [],
+    )
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, data: TokenizedData, task: str,
+             batch_size: int = 32) -> float:
+    """Held-out accuracy (classification) or mean per-example loss (causal LM)."""
+    model.eval()
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    for start in range(0, len(data), batch_size):
+        idx = list(range(start, min(start + batch_size, len(data))))
+        batch = {k: v.to(device) for k, v in data.batch(idx).items()}
+        if task == "classification":
+            logits = model(input_ids=batch["input_ids"],
+                           attention_mask=batch["attention_mask"]).logits
+            total += float((logits.argmax(-1) == batch["labels"]).sum())
+        else:
+            total += float(causal_lm_per_sample_loss(model, batch).sum())
+        count += len(idx)
+    return total / max(count, 1)
