@@ -89,6 +89,9 @@ def load_model(
         dtype=_DTYPES[dtype],
     )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     if task == "causal_lm":
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     else:

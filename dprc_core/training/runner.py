@@ -102,6 +102,12 @@ class JobSpec:
         unknown = set(data) - names
         if unknown:
             raise ValueError(f"unknown job fields: {sorted(unknown)}")
+        missing_value = dataclasses.MISSING
+        required = {f.name for f in dataclasses.fields(cls)
+                    if f.default is missing_value and f.default_factory is missing_value}
+        missing = required - set(data)
+        if missing:
+            raise ValueError(f"missing job fields: {sorted(missing)}")
         return cls(**data)
 
 
@@ -236,15 +242,22 @@ def run_job(
     loss_fn = (causal_lm_per_sample_loss if spec.task == "causal_lm"
                else sequence_classification_per_sample_loss)
     losses: list[float] = []
-    epsilon_now = _ledger(prior, None).epsilon(plan.delta)
+    epsilon_now = _ledger(prior, None).epsilon(plan.delta) if prior else 0.0
 
     def ledger_now() -> PrivacyLedger:
         seg = done - resumed_from
         return _ledger(prior, plan.event(seg) if seg else None)
 
+    eps_cache: dict[int, float] = {}
+
+    def epsilon_at_done() -> float:  # the accountant takes ~0.1–0.5 s: once per step count
+        if done not in eps_cache:
+            eps_cache[done] = ledger_now().epsilon(plan.delta)
+        return eps_cache[done]
+
     def save() -> Path:
         ledger = ledger_now()
-        eps = ledger.epsilon(plan.delta)
+        eps = epsilon_at_done()
         rng_out = {"sampler": sampler.generator.get_state()}
         est = engine.state_dict()
         rng_out.update({f"engine:{k}": v for k, v in est["generators"].items()})
@@ -279,7 +292,7 @@ def run_job(
                 last_ckpt = save()
                 saved = str(last_ckpt)
             if saved or done % spec.epsilon_every == 0 or done == 1:
-                epsilon_now = ledger_now().epsilon(plan.delta)
+                epsilon_now = epsilon_at_done()
             if on_progress is not None:
                 on_progress(Progress(
                     step=done, steps=plan.steps, batch_size=stats.batch_size,
@@ -296,7 +309,7 @@ def run_job(
         last_ckpt = save()
     return JobResult(
         status=status, steps_done=done, steps=plan.steps,
-        epsilon=ledger_now().epsilon(plan.delta), delta=plan.delta, plan=plan,
+        epsilon=epsilon_at_done(), delta=plan.delta, plan=plan,
         checkpoint=str(last_ckpt), seconds=time.perf_counter() - t0, resumed_from=resumed_from,
         losses=losses if spec.report_train_loss else [],
     )
