@@ -42,7 +42,7 @@ def _job(req: EpsilonRequest | NoiseMultiplierRequest) -> tuple[float, int, str,
         clipping, k, rank = check_clipping(req.clipping, req.k, req.rank)
     except ValueError as exc:
         msg = str(exc)
-        param = "clipping" if msg.startswith("clipping") else (
+        param = "clipping" if msg.startswith("clipping must") else (
             "rank" if msg.startswith("rank") else "k")
         raise InvalidRequest(msg, param=param, code="invalid_value") from exc
     if k is not None and k > 4096:
