@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
@@ -41,6 +41,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_handlers(app)
+
+    @app.middleware("http")
+    async def refuse_nul(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        # NUL can be stored by neither PostgreSQL text nor file names: refuse it up front
+        if "\x00" in request.url.path or "%00" in request.url.query or "\x00" in unquote(
+            request.url.query
+        ):
+            return JSONResponse(
+                error_body("NUL characters are not allowed in paths or query parameters",
+                           "invalid_request_error", None, "invalid_value"),
+                status_code=400,
+            )
+        return await call_next(request)
 
     @app.middleware("http")
     async def upload_cap(

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("dprc.api")
@@ -118,6 +119,16 @@ def install_handlers(app: FastAPI) -> None:
             error_body(str(exc.detail), type_, None, code),
             status_code=exc.status_code,
             headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(DataError)
+    async def _data_error(_request: Request, exc: DataError) -> JSONResponse:
+        # a value the database cannot store (e.g. NUL in PostgreSQL text) is the client's
+        log.info("database refused a value: %s", exc.orig)
+        return JSONResponse(
+            error_body("a value in the request cannot be stored (invalid characters)",
+                       "invalid_request_error", None, "invalid_value"),
+            status_code=400,
         )
 
     @app.exception_handler(Exception)

@@ -66,7 +66,18 @@ def main() -> int:
                        files={"file": ("seed.jsonl", lines.encode())},
                        data={"purpose": "fine-tune", "epsilon_budget": "8"})
         r.raise_for_status()
-        cmd = [sys.executable, "-m", "schemathesis.cli", "run", f"{base}/openapi.json",
+        file_id = r.json()["id"]
+        r = httpx.post(f"{base}/v1/fine_tuning/jobs", headers=headers, timeout=60, json={
+            "model": "minilm-l6-v2", "training_file": file_id,
+            "hyperparameters": {"n_epochs": 1, "batch_size": 5},
+            "privacy": {"target_epsilon": 1.0, "clipping": {"method": "exact"}}})
+        r.raise_for_status()
+        config = data_dir / "schemathesis.toml"  # real ids, so that tests reach the services
+        config.write_text(f'[parameters]\n"path.file_id" = "{file_id}"\n'
+                          f'"path.fine_tuning_job_id" = "{r.json()["id"]}"\n'
+                          '"path.model" = "minilm-l6-v2"\n')
+        cmd = [sys.executable, "-m", "schemathesis.cli", "--config-file", str(config),
+               "run", f"{base}/openapi.json",
                "-H", f"Authorization: Bearer {key}", "--checks", "not_a_server_error",
                "--max-examples", str(args.max_examples), "--workers", args.workers,
                "--request-timeout", "60", "--no-color", "--seed", "1",

@@ -94,7 +94,7 @@ class PrivacyRequest(Strict):
 
 class JobCreate(Strict):
     model: str = Field(min_length=1, max_length=256)
-    training_file: str = Field(min_length=1, max_length=128)
+    training_file: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
     privacy: PrivacyRequest
     checkpoint_every: int | None = Field(default=None, ge=1, le=1_000_000)

@@ -248,3 +248,15 @@ def test_healthz(server, tmp_path):
         with srv.http(None) as http:
             r = http.get("/healthz")
             assert r.status_code == 503 and r.json()["checks"]["broker"].startswith("error")
+
+
+def test_nul_characters_are_4xx(server):
+    """PostgreSQL text cannot hold NUL: such values are refused before the store sees them."""
+    key = server.key("nul")
+    with server.http(key) as http:
+        assert _error(http.get("/v1/files", params={"after": "a\x00b"}), 400)
+        assert _error(http.get("/v1/fine_tuning/jobs/ftjob-x%00/events"), 400)
+        r = http.post("/v1/fine_tuning/jobs", json={
+            "model": "minilm-l6-v2", "training_file": "\x00x",
+            "privacy": {"target_epsilon": 1.0}})
+        assert _error(r, 422)["param"] == "training_file"
