@@ -348,3 +348,50 @@ def record_checkpoint(store: Store, job_id: str, step: int, epsilon_at_step: flo
                   data={"step": step, "epsilon_spent": epsilon_at_step, **(metrics or {})})
         session.commit()
         return ckpt.id
+
+
+def start_job(store: Store, job_id: str, owner: str, lease_seconds: int = 60) -> bool:
+    """Worker-side: take the lease on a queued job (or one whose lease expired) and mark it
+    running. Returns False if another live worker holds it or the job is not runnable."""
+    from datetime import UTC, datetime, timedelta
+
+    with locked_session(store.sessions) as session:
+        job = session.scalar(select(JobRow).where(JobRow.id == job_id).with_for_update())
+        if job is None or job.status not in ("queued", "running") or job.cancel_requested:
+            return False
+        moment = datetime.now(UTC)
+        expires = job.lease_expires_at
+        if expires is not None and expires.tzinfo is None:  # SQLite returns naive datetimes
+            expires = expires.replace(tzinfo=UTC)
+        if job.status == "running" and job.lease_owner not in (None, owner) and (
+            expires is not None and expires > moment
+        ):
+            return False
+        job.status = "running"
+        job.started_at = job.started_at or now()
+        job.lease_owner = owner
+        job.heartbeat_at = moment
+        job.lease_expires_at = moment + timedelta(seconds=lease_seconds)
+        job.attempts += 1
+        add_event(session, job.id, f"Job started (attempt {job.attempts})")
+        session.commit()
+        return True
+
+
+def record_progress(store: Store, job_id: str, steps_done: int, epsilon_spent: float,
+                    metrics: dict[str, Any] | None = None) -> None:
+    """Worker-side: steps done (counted when a step starts) and ε spent so far; a metrics
+    event (training loss is dropped when the job has ``report_train_loss: false``)."""
+    with store.sessions() as session:
+        job = session.scalar(select(JobRow).where(JobRow.id == job_id))
+        assert job is not None
+        if not 0 <= steps_done <= job.steps_total:
+            raise ValueError(f"steps_done={steps_done} outside [0, {job.steps_total}]")
+        job.steps_done = steps_done
+        job.epsilon_spent = epsilon_spent
+        metrics = dict(metrics or {})
+        if not job.privacy.get("report_train_loss", True):
+            metrics = {k: v for k, v in metrics.items() if "loss" not in k}
+        add_event(session, job.id, f"Step {steps_done}/{job.steps_total}", type_="metrics",
+                  data={"step": steps_done, "epsilon_spent": epsilon_spent, **metrics})
+        session.commit()

@@ -24,6 +24,8 @@ def test_schemathesis_finds_no_server_error():
              "--max-examples", "8"],
             cwd=ROOT, capture_output=True, text=True, timeout=600)
         tail = (proc.stdout + proc.stderr)[-4000:]
+        if proc.returncode:
+            print(proc.stdout, proc.stderr)  # shown by pytest on failure
         assert proc.returncode == 0, tail
         assert "Server error" not in proc.stdout, tail
     finally:
