@@ -8,6 +8,8 @@ PLD accountant (``epsilon_for_events``) under a lock on the file row; ε's are n
 
 from __future__ import annotations
 
+import math
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -83,14 +85,14 @@ def default_delta(n: int) -> float:
     if n < 2:
         raise ValueError("a data set needs at least 2 examples for a default delta")
     x = n**-1.1
-    m = 0
-    while x * 10**m < 1:
+    m = math.ceil(-math.log10(x))
+    a = math.floor(x * 10**m)
+    while a < 1:  # x·10^m rounded to just below 1
         m += 1
-    a = int(x * 10**m)  # 1..9, rounded down
+        a = math.floor(x * 10**m)
     value = a / 10**m
-    while value > x:  # guard against binary rounding
-        value = (a - 1) / 10**m if a > 1 else value / 10
-        a -= 1
+    while value > x:  # binary rounding of a/10^m
+        value = math.nextafter(value, 0.0)
     return value
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -353,8 +354,6 @@ def record_checkpoint(store: Store, job_id: str, step: int, epsilon_at_step: flo
 def start_job(store: Store, job_id: str, owner: str, lease_seconds: int = 60) -> bool:
     """Worker-side: take the lease on a queued job (or one whose lease expired) and mark it
     running. Returns False if another live worker holds it or the job is not runnable."""
-    from datetime import UTC, datetime, timedelta
-
     with locked_session(store.sessions) as session:
         job = session.scalar(select(JobRow).where(JobRow.id == job_id).with_for_update())
         if job is None or job.status not in ("queued", "running") or job.cancel_requested:
