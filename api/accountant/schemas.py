@@ -34,7 +34,10 @@ class NoiseMultiplierRequest(_Job):
 
 class AccountantResult(BaseModel):
     object: Literal["accountant.epsilon", "accountant.noise_multiplier"]
-    epsilon: float = Field(description="upper bound on epsilon at delta (add/remove, Poisson)")
+    epsilon: float | None = Field(
+        description="upper bound on epsilon at delta (add/remove, Poisson); null when no "
+        "finite epsilon reaches delta"
+    )
     noise_multiplier: float
     delta: float
     sample_rate: float

@@ -59,10 +59,14 @@ def _envelope(clipping: str, k: int | None, rank: int | None) -> str:
 
 
 def _result(kind: str, event: PrivacyEvent, delta: float) -> AccountantResult:
-    res = account([event], delta, DEFAULT_SETTINGS)
+    try:
+        res = account([event], delta, DEFAULT_SETTINGS)
+    except ValueError as exc:  # e.g. "parameters too extreme" for the loss grid
+        raise InvalidRequest(f"cannot account these parameters: {exc}", param=None,
+                             code="accounting_failed") from exc
     return AccountantResult(
         object=kind,  # type: ignore[arg-type]
-        epsilon=res.epsilon if math.isfinite(res.epsilon) else 1e308,
+        epsilon=res.epsilon if math.isfinite(res.epsilon) else None,
         noise_multiplier=event.noise_multiplier, delta=delta, sample_rate=event.sample_rate,
         steps=event.steps, clipping=event.clipping, k=event.k, rank=event.rank,
         envelope=_envelope(event.clipping, event.k, event.rank),

@@ -49,8 +49,14 @@ def committed_event(job: Job) -> PrivacyEvent | None:
 
 
 def compose(events: list[PrivacyEvent | None], delta: float) -> float:
+    """ε of the composition; +inf (fits no budget) when the accountant cannot bound it."""
     present = [e for e in events if e is not None]
-    return epsilon_for_events(present, delta) if present else 0.0
+    if not present:
+        return 0.0
+    try:
+        return epsilon_for_events(present, delta)
+    except ValueError:
+        return math.inf
 
 
 def lock_file(session: Session, tenant_id: int, file_id: str) -> File | None:

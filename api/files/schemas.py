@@ -14,9 +14,9 @@ class Budget(BaseModel):
 
     epsilon: float
     delta: float
-    spent: float
-    reserved: float
-    committed: float
+    spent: float | None = Field(description="null: no finite bound")
+    reserved: float | None
+    committed: float | None
     remaining: float
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -107,13 +108,14 @@ def read_capped(stream: IO[bytes], cap: int) -> bytes:
 def to_object(f: File) -> FileObject:
     b = None
     if f.epsilon_budget is not None and f.delta is not None:
+        spent, committed = f.epsilon_spent, f.epsilon_committed
         b = Budget(
             epsilon=f.epsilon_budget,
             delta=f.delta,
-            spent=f.epsilon_spent,
-            reserved=max(0.0, f.epsilon_committed - f.epsilon_spent),
-            committed=f.epsilon_committed,
-            remaining=max(0.0, f.epsilon_budget - f.epsilon_committed),
+            spent=spent if math.isfinite(spent) else None,
+            reserved=max(0.0, committed - spent) if math.isfinite(committed) else None,
+            committed=committed if math.isfinite(committed) else None,
+            remaining=max(0.0, f.epsilon_budget - committed),
         )
     return FileObject(id=f.id, bytes=f.bytes, created_at=f.created_at, filename=f.filename,
                       purpose=f.purpose, n_examples=f.n_examples, format=f.data_format, budget=b)

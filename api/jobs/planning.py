@@ -101,7 +101,7 @@ def make_plan(req: JobCreate, n: int, default_k: int) -> Plan:
         sigma = noise_multiplier(pr.target_epsilon, delta, sample_rate=q, steps=steps,
                                  clipping=acc_clip, k=acc_k)
         planned = epsilon(sigma, q, steps, delta, acc_clip, acc_k)
-    except ValueError as exc:
+    except (ValueError, RuntimeError) as exc:
         raise InvalidRequest(f"cannot calibrate the noise: {exc}",
                              param="privacy.target_epsilon", code="calibration_failed") from exc
     if not math.isfinite(planned) or planned > pr.target_epsilon:  # pragma: no cover

@@ -175,6 +175,9 @@ def test_accountant(server):
         ]:
             err = _error(http.post("/v1/accountant/epsilon", json={**base, **patch}), 400)
             assert err["param"] == param, (patch, err)
+        err = _error(http.post("/v1/accountant/epsilon", json={
+            "noise_multiplier": 0.001, "delta": 1e-5, "sample_rate": 0.5, "steps": 1000000}), 400)
+        assert err["code"] == "accounting_failed"  # too extreme for the accountant's grid
         err = _error(http.post("/v1/accountant/epsilon", json={**base, "steps": "ten"}), 422)
         assert err["param"] == "steps"
         err = _error(http.post("/v1/accountant/epsilon", json={**base, "extra": 1}), 422)
