@@ -321,6 +321,8 @@ def end_job(store: Store, job_id: str, status: str, *, error_code: str | None = 
         file = session.scalar(select(File).where(File.id == file_id).with_for_update())
         job = session.scalar(select(JobRow).where(JobRow.id == job_id).with_for_update())
         assert job is not None and file is not None
+        if job.status in budget.TERMINAL:
+            raise ValueError(f"job {job_id} has already ended ({job.status})")
         job.status = status
         job.finished_at = now()
         job.error_code, job.error_message = error_code, error_message
