@@ -12,7 +12,7 @@ from typing import IO, Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.common import Store, new_id, now
+from api.common import Store, cursor_page, new_id, now
 from api.db import locked_session
 from api.errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge
 from api.files import budget
@@ -228,17 +228,9 @@ def list_files(store: Store, caller: Caller, purpose: str | None, limit: int, af
         q = select(File).where(File.tenant_id == caller.tenant_id, File.deleted.is_(False))
         if purpose:
             q = q.where(File.purpose == purpose)
-        desc = order == "desc"
-        if after:
-            anchor = session.scalar(select(File.seq).where(File.id == after,
-                                                           File.tenant_id == caller.tenant_id))
-            if anchor is None:
-                raise NotFound(f"no such file: {after[:64]!r}", param="after",
-                               code="file_not_found")
-            q = q.where(File.seq < anchor if desc else File.seq > anchor)
-        q = q.order_by(File.seq.desc() if desc else File.seq.asc()).limit(limit + 1)
-        rows = list(session.scalars(q))
-        return [to_object(r) for r in rows[:limit]], len(rows) > limit
+        rows, more = cursor_page(session, q, File, after, limit, "file",
+                                 descending=order == "desc")
+        return [to_object(r) for r in rows], more
 
 
 def content_path(store: Store, caller: Caller, file_id: str) -> tuple[Path, str]:

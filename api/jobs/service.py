@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.common import Store, new_id, now
+from api.common import Store, cursor_page, new_id, now
 from api.db import locked_session
 from api.errors import Conflict, InvalidRequest, NotFound, RateLimited
 from api.files import budget
@@ -223,11 +223,8 @@ def list_jobs(
 ) -> tuple[list[Job], bool]:
     with store.sessions() as session:
         q = select(JobRow).where(JobRow.tenant_id == caller.tenant_id)
-        if after:
-            anchor = get_row(session, caller, after).seq
-            q = q.where(JobRow.seq < anchor)
-        rows = list(session.scalars(q.order_by(JobRow.seq.desc()).limit(limit + 1)))
-        return [to_object(r, _org(caller)) for r in rows[:limit]], len(rows) > limit
+        rows, more = cursor_page(session, q, JobRow, after, limit, "job")
+        return [to_object(r, _org(caller)) for r in rows], more
 
 
 def list_events(store: Store, caller: Caller, job_id: str, after: str | None,
@@ -235,17 +232,10 @@ def list_events(store: Store, caller: Caller, job_id: str, after: str | None,
     with store.sessions() as session:
         job = get_row(session, caller, job_id)
         q = select(JobEvent).where(JobEvent.job_id == job.id)
-        if after:
-            anchor = session.scalar(select(JobEvent.seq).where(JobEvent.id == after,
-                                                               JobEvent.job_id == job.id))
-            if anchor is None:
-                raise NotFound(f"no such event: {after[:64]!r}", param="after",
-                               code="event_not_found")
-            q = q.where(JobEvent.seq < anchor)
-        rows = list(session.scalars(q.order_by(JobEvent.seq.desc()).limit(limit + 1)))
+        rows, more = cursor_page(session, q, JobEvent, after, limit, "event")
         data = [Event(id=r.id, created_at=r.created_at, level=r.level, message=r.message,
-                      type=r.type, data=r.data) for r in rows[:limit]]
-        return data, len(rows) > limit
+                      type=r.type, data=r.data) for r in rows]
+        return data, more
 
 
 def list_checkpoints(store: Store, caller: Caller, job_id: str, after: str | None,
@@ -253,21 +243,14 @@ def list_checkpoints(store: Store, caller: Caller, job_id: str, after: str | Non
     with store.sessions() as session:
         job = get_row(session, caller, job_id)
         q = select(Checkpoint).where(Checkpoint.job_id == job.id)
-        if after:
-            anchor = session.scalar(select(Checkpoint.seq).where(Checkpoint.id == after,
-                                                                 Checkpoint.job_id == job.id))
-            if anchor is None:
-                raise NotFound(f"no such checkpoint: {after[:64]!r}", param="after",
-                               code="checkpoint_not_found")
-            q = q.where(Checkpoint.seq < anchor)
-        rows = list(session.scalars(q.order_by(Checkpoint.seq.desc()).limit(limit + 1)))
+        rows, more = cursor_page(session, q, Checkpoint, after, limit, "checkpoint")
         data = [CheckpointObject(
             id=r.id, created_at=r.created_at,
             fine_tuned_model_checkpoint=f"ft:{job.model}:{job.suffix or ''}:{job.id}:"
                                         f"ckpt-step-{r.step}",
             fine_tuning_job_id=job.id, metrics={"step": r.step, **(r.metrics or {})},
-            step_number=r.step, epsilon=r.epsilon, file_id=r.file_id) for r in rows[:limit]]
-        return data, len(rows) > limit
+            step_number=r.step, epsilon=r.epsilon, file_id=r.file_id) for r in rows]
+        return data, more
 
 
 def ledger(store: Store, caller: Caller, job_id: str) -> Ledger:

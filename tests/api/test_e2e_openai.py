@@ -126,6 +126,16 @@ def test_pagination_and_default_delta(server):
     rest = client.fine_tuning.jobs.list(limit=2, after=first.data[-1].id)
     assert [j.id for j in rest.data] == [ids[0]] and not rest.has_more
     assert [j.id for j in client.fine_tuning.jobs.list(limit=1)] == ids[::-1]
+    events = client.fine_tuning.jobs.list_events(ids[0], limit=100).data
+    assert len(events) >= 3
+    first_events = client.fine_tuning.jobs.list_events(ids[0], limit=1)
+    assert first_events.has_more and first_events.data[0].id == events[0].id
+    paged = [e.id for e in client.fine_tuning.jobs.list_events(ids[0], limit=1)]
+    assert paged == [e.id for e in events]
+    files_page = client.files.list(limit=1)
+    assert [x.id for x in files_page.data] == [f.id] and not files_page.has_more
+    with pytest.raises(openai.NotFoundError):
+        client.fine_tuning.jobs.list_events(ids[0], after=ids[1])  # not an event of this job
 
 
 def test_causal_lm_job_builds_tiny_model(server):
