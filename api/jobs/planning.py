@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import Any
 
 from api.errors import InvalidRequest
@@ -66,6 +67,15 @@ def steps_for(n_epochs: int, n: int, batch_size: int) -> int:
     return -(-(n_epochs * n) // batch_size)
 
 
+@lru_cache(maxsize=512)
+def calibrate(target_epsilon: float, delta: float, q: float, steps: int, clipping: str,
+              k: int | None) -> tuple[float, float]:
+    """(σ, ε(σ)) for a plan; cached, as retried and repeated jobs ask for the same plan."""
+    sigma = noise_multiplier(target_epsilon, delta, sample_rate=q, steps=steps,
+                             clipping=clipping, k=k)
+    return sigma, epsilon(sigma, q, steps, delta, clipping, k)
+
+
 def make_plan(req: JobCreate, n: int, default_k: int) -> Plan:
     hp, pr = req.hyperparameters, req.privacy
     n_epochs = DEFAULT_EPOCHS if hp.n_epochs == "auto" else hp.n_epochs
@@ -98,9 +108,7 @@ def make_plan(req: JobCreate, n: int, default_k: int) -> Plan:
                                  code="invalid_value")
         acc_clip, acc_k = ("hutch" if method == "auto" else method), k
     try:
-        sigma = noise_multiplier(pr.target_epsilon, delta, sample_rate=q, steps=steps,
-                                 clipping=acc_clip, k=acc_k)
-        planned = epsilon(sigma, q, steps, delta, acc_clip, acc_k)
+        sigma, planned = calibrate(pr.target_epsilon, delta, q, steps, acc_clip, acc_k)
     except (ValueError, RuntimeError) as exc:
         raise InvalidRequest(f"cannot calibrate the noise: {exc}",
                              param="privacy.target_epsilon", code="calibration_failed") from exc
