@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test lint demo bench clean
+.PHONY: install test test-api services serve schemathesis lint demo bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +21,21 @@ install: $(STAMP)
 lint: install
 	$(VENV)/bin/ruff check .
 
-test: install
+services:
+	./scripts/services.sh
+
+test: install services
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q tests
+
+test-api: install services
+	$(PY) -m pytest -q tests/api
+
+serve: install
+	$(VENV)/bin/dprc serve
+
+schemathesis: install services
+	$(PY) scripts/schemathesis_run.py
 
 demo: install
 	$(PY) -m dprc_core.cli demo

@@ -1,0 +1,1 @@
+"""Pure privacy-accounting computations over HTTP (no ledger is touched)."""

@@ -1,0 +1,52 @@
+"""Accountant requests use the library's parameter names; results echo every setting."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+
+Number = StrictFloat | StrictInt
+
+
+class _Job(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sample_rate: Number
+    steps: StrictInt
+    clipping: str = "exact"
+    k: StrictInt | None = None
+    rank: StrictInt | None = Field(
+        default=None, description="hutch only: total rank D; null = dimension-free envelope"
+    )
+
+
+class EpsilonRequest(_Job):
+    noise_multiplier: Number
+    delta: Number
+
+
+class NoiseMultiplierRequest(_Job):
+    target_epsilon: Number
+    target_delta: Number
+    rel_tol: Number = 0.005
+
+
+class AccountantResult(BaseModel):
+    object: Literal["accountant.epsilon", "accountant.noise_multiplier"]
+    epsilon: float | None = Field(
+        description="upper bound on epsilon at delta (add/remove, Poisson); null when no "
+        "finite epsilon reaches delta"
+    )
+    noise_multiplier: float
+    delta: float
+    sample_rate: float
+    steps: int
+    clipping: str
+    k: int | None
+    rank: int | None
+    target_epsilon: float | None = None
+    rel_tol: float | None = None
+    envelope: str
+    adjacency: str
+    accountant: dict[str, Any]

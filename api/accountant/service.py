@@ -1,0 +1,105 @@
+"""ε for a noise multiplier and σ for a target ε, with every setting used in the answer."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+
+from api.accountant.schemas import AccountantResult, EpsilonRequest, NoiseMultiplierRequest
+from api.errors import InvalidRequest
+from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent, account, noise_multiplier
+from dprc_core.accounting.events import (
+    check_clipping,
+    check_delta,
+    check_epsilon,
+    check_noise_multiplier,
+    check_sample_rate,
+    check_steps,
+)
+
+MAX_STEPS = 1_000_000
+MAX_RANK = 10**9
+
+
+def _check(param: str, fn, *args):  # type: ignore[no-untyped-def]
+    try:
+        return fn(*args)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param=param, code="invalid_value") from exc
+
+
+def _job(req: EpsilonRequest | NoiseMultiplierRequest) -> tuple[float, int, str, int | None,
+                                                                  int | None]:
+    q = _check("sample_rate", check_sample_rate, req.sample_rate)
+    steps = _check("steps", check_steps, req.steps)
+    if steps > MAX_STEPS:
+        raise InvalidRequest(f"steps must be at most {MAX_STEPS}", param="steps",
+                             code="invalid_value")
+    if req.rank is not None and req.rank > MAX_RANK:
+        raise InvalidRequest(f"rank must be at most {MAX_RANK}", param="rank",
+                             code="invalid_value")
+    try:
+        clipping, k, rank = check_clipping(req.clipping, req.k, req.rank)
+    except ValueError as exc:
+        msg = str(exc)
+        param = "clipping" if msg.startswith("clipping must") else (
+            "rank" if msg.startswith("rank") else "k")
+        raise InvalidRequest(msg, param=param, code="invalid_value") from exc
+    if k is not None and k > 4096:
+        raise InvalidRequest("k must be at most 4096", param="k", code="invalid_value")
+    return q, steps, clipping, k, rank
+
+
+def _envelope(clipping: str, k: int | None, rank: int | None) -> str:
+    if clipping == "exact":
+        return "exact per-sample norms (sensitivity 1)"
+    if clipping == "hutchpp" or rank is None:
+        return f"{clipping}, k={k}, dimension-free envelope"
+    return f"{clipping}, k={k}, rank-dependent envelope with total rank D={rank}"
+
+
+def _result(kind: str, event: PrivacyEvent, delta: float) -> AccountantResult:
+    try:
+        res = account([event], delta, DEFAULT_SETTINGS)
+    except ValueError as exc:  # e.g. "parameters too extreme" for the loss grid
+        raise InvalidRequest(f"cannot account these parameters: {exc}", param=None,
+                             code="accounting_failed") from exc
+    return AccountantResult(
+        object=kind,  # type: ignore[arg-type]
+        epsilon=res.epsilon if math.isfinite(res.epsilon) else None,
+        noise_multiplier=event.noise_multiplier, delta=delta, sample_rate=event.sample_rate,
+        steps=event.steps, clipping=event.clipping, k=event.k, rank=event.rank,
+        envelope=_envelope(event.clipping, event.k, event.rank),
+        adjacency="add/remove, Poisson sampling, max over both directions",
+        accountant={"description": res.describe(), "grid_interval": res.grid_interval,
+                    "scale_bins": list(res.scale_bins),
+                    "tail_budget_per_step": res.tail_budget_per_step,
+                    "settings": asdict(res.settings)},
+    )
+
+
+def epsilon(req: EpsilonRequest) -> AccountantResult:
+    q, steps, clipping, k, rank = _job(req)
+    sigma = _check("noise_multiplier", check_noise_multiplier, req.noise_multiplier)
+    if sigma < 1e-3 or sigma > 1e4:
+        raise InvalidRequest("noise_multiplier must be in [0.001, 10000]",
+                             param="noise_multiplier", code="invalid_value")
+    delta = _check("delta", check_delta, req.delta)
+    return _result("accountant.epsilon", PrivacyEvent(sigma, q, steps, clipping, k, rank), delta)
+
+
+def calibrate(req: NoiseMultiplierRequest) -> AccountantResult:
+    q, steps, clipping, k, rank = _job(req)
+    target = _check("target_epsilon", check_epsilon, req.target_epsilon)
+    delta = _check("target_delta", check_delta, req.target_delta)
+    if not 1e-6 <= req.rel_tol <= 0.5:
+        raise InvalidRequest("rel_tol must be in [1e-6, 0.5]", param="rel_tol",
+                             code="invalid_value")
+    try:
+        sigma = noise_multiplier(target, delta, q, steps, clipping, k, rank,
+                                 rel_tol=float(req.rel_tol))
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param="target_epsilon", code="calibration_failed") from exc
+    out = _result("accountant.noise_multiplier", PrivacyEvent(sigma, q, steps, clipping, k, rank),
+                  delta)
+    return out.model_copy(update={"target_epsilon": target, "rel_tol": float(req.rel_tol)})

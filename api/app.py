@@ -1,0 +1,108 @@
+"""The FastAPI application: routers per domain under ``/v1``, OpenAI-style errors,
+migrations applied at start-up."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from urllib.parse import unquote, urlparse
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from api.accountant.router import router as accountant_router
+from api.errors import error_body, install_handlers
+from api.files.router import router as files_router
+from api.jobs.router import router as jobs_router
+from api.keys.router import router as keys_router
+from api.models.router import router as models_router
+from api.settings import Settings, get_settings
+from api.store import open_store
+
+MULTIPART_SLACK = 1 << 20  # form fields and boundaries around the uploaded file
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.store = open_store(settings)
+        yield
+        app.state.store.engine.dispose()
+
+    app = FastAPI(
+        title="dprc",
+        version="0.1.0",
+        description="Differentially private fine-tuning: an OpenAI-compatible fine-tuning API "
+        "with privacy budgets and a privacy accountant.",
+        lifespan=lifespan,
+    )
+    install_handlers(app)
+
+    @app.middleware("http")
+    async def refuse_nul(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        # NUL can be stored by neither PostgreSQL text nor file names: refuse it up front
+        if "\x00" in request.url.path or "%00" in request.url.query or "\x00" in unquote(
+            request.url.query
+        ):
+            return JSONResponse(
+                error_body("NUL characters are not allowed in paths or query parameters",
+                           "invalid_request_error", None, "invalid_value"),
+                status_code=400,
+            )
+        return await call_next(request)
+
+    @app.middleware("http")
+    async def upload_cap(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        if request.method == "POST" and request.url.path.rstrip("/") == "/v1/files":
+            length = request.headers.get("content-length")
+            cap = settings.max_upload_bytes
+            if length and length.isdigit() and int(length) > cap + MULTIPART_SLACK:
+                return JSONResponse(
+                    error_body(f"file exceeds the upload limit of {cap} bytes",
+                               "invalid_request_error", "file", "file_too_large"),
+                    status_code=413,
+                )
+        return await call_next(request)
+
+    for router in (files_router, jobs_router, models_router, accountant_router, keys_router):
+        app.include_router(router)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz(request: Request) -> JSONResponse:
+        checks: dict[str, str] = {}
+        ok = True
+        try:
+            with request.app.state.store.sessions() as session:
+                session.execute(text("SELECT 1"))
+            checks["store"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            ok, checks["store"] = False, f"error: {type(exc).__name__}"
+        if settings.broker_url:
+            checks["broker"] = _ping_broker(settings.broker_url)
+            ok = ok and checks["broker"] == "ok"
+        return JSONResponse({"status": "ok" if ok else "error", "checks": checks},
+                            status_code=200 if ok else 503)
+
+    return app
+
+
+def _ping_broker(url: str) -> str:
+    """PING a Redis broker over a raw socket (no client library needed)."""
+    parsed = urlparse(url)
+    try:
+        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 6379),
+                                      timeout=2) as sock:
+            sock.sendall(b"PING\r\n")
+            reply = sock.recv(64)
+        return "ok" if reply.startswith(b"+PONG") or reply.startswith(b"-NOAUTH") else (
+            f"error: unexpected reply {reply[:20]!r}")
+    except OSError as exc:
+        return f"error: {type(exc).__name__}"

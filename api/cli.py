@@ -1,0 +1,96 @@
+"""The ``dprc`` console script: the library's commands (``dprc_core.cli``) plus the service's
+``serve`` and ``keys``. It lives here so that ``dprc_core`` never imports the service."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from dprc_core.cli import build_parser as core_parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = core_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+    serve = sub.add_parser("serve", help="run the API server (uvicorn)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(func=_serve)
+
+    keys = sub.add_parser("keys", help="manage API keys (tenants are created on demand)")
+    ksub = keys.add_subparsers(dest="keys_command", required=True)
+    create = ksub.add_parser("create", help="create a key; prints only the key on stdout")
+    create.add_argument("--tenant", required=True)
+    create.set_defaults(func=_keys_create)
+    revoke = ksub.add_parser("revoke", help="revoke a key by its id")
+    revoke.add_argument("key_id")
+    revoke.set_defaults(func=_keys_revoke)
+    lst = ksub.add_parser("list", help="list keys (id, tenant, prefix, created, revoked)")
+    lst.set_defaults(func=_keys_list)
+    return parser
+
+
+def _store():  # type: ignore[no-untyped-def]
+    from api.settings import Settings
+    from api.store import open_store
+
+    return open_store(Settings())
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.app import create_app
+
+    uvicorn.run(create_app(), host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def _keys_create(args: argparse.Namespace) -> int:
+    from api.keys.service import create_key
+
+    store = _store()
+    with store.sessions() as session:
+        key_id, secret = create_key(session, args.tenant)
+    print(f"created key {key_id} for tenant {args.tenant!r}", file=sys.stderr)
+    print(secret)
+    return 0
+
+
+def _keys_revoke(args: argparse.Namespace) -> int:
+    from api.keys.service import revoke_key
+
+    store = _store()
+    with store.sessions() as session:
+        if not revoke_key(session, args.key_id):
+            raise ValueError(f"no such key: {args.key_id}")
+    print(f"revoked {args.key_id}", file=sys.stderr)
+    return 0
+
+
+def _keys_list(_args: argparse.Namespace) -> int:
+    from api.keys.service import list_keys
+
+    store = _store()
+    with store.sessions() as session:
+        for key, tenant in list_keys(session):
+            state = "revoked" if key.revoked_at is not None else "active"
+            print(f"{key.id}\t{tenant}\t{key.prefix}...\t{key.created_at}\t{state}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, RuntimeError) as exc:
+        print(f"dprc: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,76 @@
+"""Engine, sessions and migrations (Alembic, applied at start-up)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.settings import Settings
+
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+
+
+def make_engine(settings: Settings) -> Engine:
+    url = settings.sqlalchemy_url
+    if url.startswith("sqlite"):
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        _sqlite_transactions(engine)
+        return engine
+    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+
+def _sqlite_transactions(engine: Engine) -> None:
+    """SQLite: take over BEGIN from pysqlite so that a session can ask for BEGIN IMMEDIATE
+    (the database write lock, taken before the first read) with the execution option
+    ``sqlite_immediate=True`` — SQLite's equivalent of SELECT ... FOR UPDATE."""
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cur = dbapi_connection.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        immediate = conn.get_execution_options().get("sqlite_immediate", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def is_sqlite(engine: Engine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextmanager
+def locked_session(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """A session whose transaction holds the database write lock from its start on SQLite
+    (BEGIN IMMEDIATE); on PostgreSQL rows are locked with SELECT ... FOR UPDATE by callers."""
+    with factory() as session:
+        engine = session.get_bind()
+        if isinstance(engine, Engine) and is_sqlite(engine):
+            session.connection(execution_options={"sqlite_immediate": True})
+        yield session
+
+
+def upgrade(engine: Engine) -> None:
+    """Apply the Alembic migrations up to head on ``engine``."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")

@@ -1,0 +1,1 @@
+"""Uploaded data sets (JSONL) with their privacy budgets, and checkpoint archives."""

@@ -1,0 +1,78 @@
+"""``/v1/files``: upload, list, retrieve, delete, content, budget."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, File, Form, Query, Request, UploadFile
+from fastapi.responses import FileResponse
+
+from api.common import get_store
+from api.errors import NotFound
+from api.files import service
+from api.files.schemas import BudgetRequest, FileDeleted, FileList, FileObject
+from api.keys.dependencies import CallerDep
+
+router = APIRouter(prefix="/v1/files", tags=["files"])
+
+
+
+@router.post("", response_model=FileObject)
+def upload_file(
+    request: Request,
+    caller: CallerDep,
+    file: Annotated[UploadFile, File(description="JSONL data set")],
+    purpose: Annotated[str, Form(max_length=64)],
+    epsilon_budget: Annotated[
+        float | None, Form(gt=0, le=100, allow_inf_nan=False,
+                           description="privacy budget of this data set")
+    ] = None,
+    delta: Annotated[
+        float | None, Form(gt=0, lt=1, allow_inf_nan=False,
+                           description="δ of the budget (default 1/N^1.1 rounded down)")
+    ] = None,
+) -> FileObject:
+    store = get_store(request)
+    data = service.read_capped(file.file, store.settings.max_upload_bytes)
+    return service.create_file(store, caller, data, file.filename, purpose, epsilon_budget, delta)
+
+
+@router.get("", response_model=FileList)
+def list_files(
+    request: Request,
+    caller: CallerDep,
+    purpose: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 10000,
+    after: Annotated[str | None, Query(max_length=128)] = None,
+    order: Literal["asc", "desc"] = "desc",
+) -> FileList:
+    data, has_more = service.list_files(get_store(request), caller, purpose, limit, after, order)
+    return FileList(data=data, has_more=has_more,
+                    first_id=data[0].id if data else None, last_id=data[-1].id if data else None)
+
+
+@router.get("/{file_id}", response_model=FileObject)
+def retrieve_file(file_id: str, request: Request, caller: CallerDep) -> FileObject:
+    return service.retrieve(get_store(request), caller, file_id)
+
+
+@router.delete("/{file_id}", response_model=FileDeleted)
+def delete_file(file_id: str, request: Request, caller: CallerDep) -> FileDeleted:
+    return FileDeleted(id=service.delete(get_store(request), caller, file_id), deleted=True)
+
+
+@router.get("/{file_id}/content", response_class=FileResponse,
+            responses={200: {"content": {"application/octet-stream": {}}}})
+def file_content(file_id: str, request: Request, caller: CallerDep) -> FileResponse:
+    path, filename = service.content_path(get_store(request), caller, file_id)
+    if not path.exists():
+        raise NotFound(f"the content of file {file_id} is gone", param="file_id",
+                       code="file_not_found")
+    return FileResponse(path, media_type="application/octet-stream", filename=filename)
+
+
+@router.post("/{file_id}/budget", response_model=FileObject)
+def set_budget(file_id: str, body: BudgetRequest, request: Request,
+               caller: CallerDep) -> FileObject:
+    return service.set_budget(get_store(request), caller, file_id, body.epsilon_budget,
+                              body.delta)

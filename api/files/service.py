@@ -1,0 +1,284 @@
+"""Files: JSONL validation at upload, storage under ``DPRC_DATA_DIR/files``, budgets."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from api.common import Store, cursor_page, new_id, now
+from api.db import locked_session
+from api.errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge
+from api.files import budget
+from api.files.schemas import Budget, FileObject
+from api.keys.service import Caller
+from api.tables import File, Job
+
+UPLOAD_PURPOSES = ("fine-tune",)
+RESULT_PURPOSE = "fine-tune-results"
+TEXT_KEYS = {"text"}
+CLASSIFICATION_KEYS = {"text", "label"}
+ROLES = ("system", "user", "assistant")
+
+
+# -- JSONL ------------------------------------------------------------------------------------
+
+
+def _line_format(obj: Any, lineno: int) -> str:
+    def bad(why: str) -> InvalidRequest:
+        return InvalidRequest(f"line {lineno}: {why}", param="file", code="invalid_jsonl")
+
+    if not isinstance(obj, dict):
+        raise bad("each line must be a JSON object")
+    keys = set(obj)
+    if keys == {"messages"}:
+        msgs = obj["messages"]
+        if not isinstance(msgs, list) or not msgs:
+            raise bad("'messages' must be a non-empty list")
+        for m in msgs:
+            if not isinstance(m, dict) or not {"role", "content"} <= set(m):
+                raise bad("each message needs 'role' and 'content'")
+            if m["role"] not in ROLES or not isinstance(m["content"], str):
+                raise bad(f"message role must be one of {ROLES} with string content")
+        return "chat"
+    if keys == TEXT_KEYS or keys == CLASSIFICATION_KEYS:
+        if not isinstance(obj["text"], str) or not obj["text"]:
+            raise bad("'text' must be a non-empty string")
+        if "label" not in obj:
+            return "text"
+        label = obj["label"]
+        if isinstance(label, bool) or not isinstance(label, int | str):
+            raise bad("'label' must be an integer or a string")
+        return "classification"
+    raise bad(
+        "expected {\"text\": ...}, {\"text\": ..., \"label\": ...} or {\"messages\": [...]}, "
+        f"got keys {sorted(keys)[:5]}"
+    )
+
+
+def validate_jsonl(data: bytes) -> tuple[int, str]:
+    """(number of examples, format) of a fine-tune JSONL file, or 400 naming the first bad
+    line. Blank lines are skipped; every line must have the same format."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"file is not UTF-8 text: {exc}", param="file",
+                             code="invalid_jsonl") from exc
+    n, fmt = 0, None
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InvalidRequest(f"line {lineno}: not valid JSON ({exc.msg})", param="file",
+                                 code="invalid_jsonl") from exc
+        this = _line_format(obj, lineno)
+        if fmt is None:
+            fmt = this
+        elif this != fmt:
+            raise InvalidRequest(f"line {lineno}: {this} line in a {fmt} file (formats mixed)",
+                                 param="file", code="invalid_jsonl")
+        n += 1
+    if fmt is None:
+        raise InvalidRequest("file has no examples", param="file", code="invalid_jsonl")
+    if n < 2:
+        raise InvalidRequest("a data set needs at least 2 examples", param="file",
+                             code="invalid_jsonl")
+    return n, fmt
+
+
+def read_capped(stream: IO[bytes], cap: int) -> bytes:
+    data = stream.read(cap + 1)
+    if len(data) > cap:
+        raise PayloadTooLarge(f"file exceeds the upload limit of {cap} bytes", param="file",
+                              code="file_too_large")
+    return data
+
+
+# -- objects ----------------------------------------------------------------------------------
+
+
+def to_object(f: File) -> FileObject:
+    b = None
+    if f.epsilon_budget is not None and f.delta is not None:
+        spent, committed = f.epsilon_spent, f.epsilon_committed
+        b = Budget(
+            epsilon=f.epsilon_budget,
+            delta=f.delta,
+            spent=spent if math.isfinite(spent) else None,
+            reserved=max(0.0, committed - spent) if math.isfinite(committed) else None,
+            committed=committed if math.isfinite(committed) else None,
+            remaining=max(0.0, f.epsilon_budget - committed),
+        )
+    return FileObject(id=f.id, bytes=f.bytes, created_at=f.created_at, filename=f.filename,
+                      purpose=f.purpose, n_examples=f.n_examples, format=f.data_format, budget=b)
+
+
+def _clean_filename(name: str | None) -> str:
+    base = os.path.basename((name or "upload.jsonl").replace("\\", "/"))
+    base = "".join(ch for ch in base if ch.isprintable() and ch != "\x00")[:255]
+    return base or "upload.jsonl"
+
+
+def _storage_dir(store: Store, tenant_id: int) -> Path:
+    path = store.settings.files_dir / str(tenant_id)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _write_atomic(directory: Path, name: str, data: bytes) -> Path:
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".upload-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        target = directory / name
+        os.replace(tmp, target)
+        return target
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _budget_values(n: int, epsilon_budget: float | None, delta: float | None) -> tuple[
+    float | None, float | None
+]:
+    if epsilon_budget is None:
+        if delta is not None:
+            raise InvalidRequest("delta needs epsilon_budget", param="delta", code="invalid_value")
+        return None, None
+    d = budget.default_delta(n) if delta is None else budget.check_delta_for(n, delta, "delta")
+    return epsilon_budget, d
+
+
+# -- operations -------------------------------------------------------------------------------
+
+
+def create_file(
+    store: Store,
+    caller: Caller,
+    data: bytes,
+    filename: str | None,
+    purpose: str,
+    epsilon_budget: float | None,
+    delta: float | None,
+) -> FileObject:
+    if purpose not in UPLOAD_PURPOSES:
+        raise InvalidRequest(f"purpose must be one of {UPLOAD_PURPOSES}, got {purpose[:40]!r}",
+                             param="purpose", code="invalid_value")
+    n, fmt = validate_jsonl(data)
+    eps_b, d = _budget_values(n, epsilon_budget, delta)
+    file_id = new_id("file")
+    path = _write_atomic(_storage_dir(store, caller.tenant_id), f"{file_id}.jsonl", data)
+    try:
+        with store.sessions() as session:
+            row = File(id=file_id, tenant_id=caller.tenant_id, filename=_clean_filename(filename),
+                       purpose=purpose, bytes=len(data), created_at=now(),
+                       storage_path=str(path), n_examples=n, data_format=fmt,
+                       epsilon_budget=eps_b, delta=d, epsilon_spent=0.0, epsilon_committed=0.0,
+                       deleted=False)
+            session.add(row)
+            session.commit()
+            return to_object(row)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+
+
+def store_result_file(
+    session: Session, store: Store, tenant_id: int, source: Path, filename: str
+) -> File:
+    """Register a worker-produced archive (e.g. a checkpoint) as a tenant's file. The caller
+    commits."""
+    file_id = new_id("file")
+    directory = _storage_dir(store, tenant_id)
+    target = directory / f"{file_id}{''.join(source.suffixes)[-16:]}"
+    os.replace(source, target)
+    row = File(id=file_id, tenant_id=tenant_id, filename=_clean_filename(filename),
+               purpose=RESULT_PURPOSE, bytes=target.stat().st_size, created_at=now(),
+               storage_path=str(target), epsilon_spent=0.0, epsilon_committed=0.0,
+               deleted=False)
+    session.add(row)
+    session.flush()
+    return row
+
+
+def get_row(session: Session, caller: Caller, file_id: str) -> File:
+    row = session.scalar(select(File).where(File.id == file_id, File.tenant_id == caller.tenant_id,
+                                            File.deleted.is_(False)))
+    if row is None:
+        raise NotFound(f"no such file: {file_id[:64]!r}", param="file_id", code="file_not_found")
+    return row
+
+
+def retrieve(store: Store, caller: Caller, file_id: str) -> FileObject:
+    with store.sessions() as session:
+        return to_object(get_row(session, caller, file_id))
+
+
+def list_files(store: Store, caller: Caller, purpose: str | None, limit: int, after: str | None,
+               order: str) -> tuple[list[FileObject], bool]:
+    with store.sessions() as session:
+        q = select(File).where(File.tenant_id == caller.tenant_id, File.deleted.is_(False))
+        if purpose:
+            q = q.where(File.purpose == purpose)
+        rows, more = cursor_page(session, q, File, after, limit, "file",
+                                 descending=order == "desc")
+        return [to_object(r) for r in rows], more
+
+
+def content_path(store: Store, caller: Caller, file_id: str) -> tuple[Path, str]:
+    with store.sessions() as session:
+        row = get_row(session, caller, file_id)
+        return Path(row.storage_path), row.filename
+
+
+def delete(store: Store, caller: Caller, file_id: str) -> str:
+    with locked_session(store.sessions) as session:
+        row = budget.lock_file(session, caller.tenant_id, file_id)
+        if row is None:
+            raise NotFound(f"no such file: {file_id[:64]!r}", param="file_id",
+                           code="file_not_found")
+        active = session.scalar(select(func.count()).select_from(Job).where(
+            Job.training_file_id == row.id, Job.status.in_(budget.ACTIVE)))
+        if active:
+            raise Conflict(f"file {file_id} is used by {active} active fine-tuning job(s); "
+                           "cancel them first", param="file_id", code="file_in_use")
+        row.deleted = True
+        path = Path(row.storage_path)
+        session.commit()
+    path.unlink(missing_ok=True)
+    return file_id
+
+
+def set_budget(store: Store, caller: Caller, file_id: str, epsilon_budget: float,
+               delta: float | None) -> FileObject:
+    """Set or change a data set's budget; refused (409) if what is already committed does not
+    fit the new one."""
+    with locked_session(store.sessions) as session:
+        row = budget.lock_file(session, caller.tenant_id, file_id)
+        if row is None:
+            raise NotFound(f"no such file: {file_id[:64]!r}", param="file_id",
+                           code="file_not_found")
+        if row.purpose not in UPLOAD_PURPOSES or row.n_examples is None:
+            raise InvalidRequest("only fine-tune data sets carry a budget", param="file_id",
+                                 code="invalid_value")
+        eps_b, d = _budget_values(row.n_examples, epsilon_budget, delta)
+        assert eps_b is not None and d is not None
+        old = (row.epsilon_budget, row.delta)
+        row.epsilon_budget, row.delta = eps_b, d
+        _spent, committed = budget.refresh(session, row)
+        if committed > eps_b:
+            row.epsilon_budget, row.delta = old
+            session.rollback()
+            raise Conflict(f"the jobs on this file already commit epsilon={committed:.4g} at "
+                           f"delta={d:g}, above the requested budget {eps_b:g}",
+                           param="epsilon_budget", code="budget_exceeded")
+        session.commit()
+        return to_object(row)

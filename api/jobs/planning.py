@@ -1,0 +1,119 @@
+"""The privacy plan of a job: q, steps, δ, σ and the accountant settings used.
+
+- q = batch_size / N (Poisson sampling with expected batch size B).
+- steps = ⌈n_epochs · N / B⌉ = ⌈n_epochs / q⌉ (integer arithmetic). Rounding up makes the
+  expected number of examples seen, steps·B, at least n_epochs·N; the runner executes exactly
+  ``steps`` noisy steps and the ledger records every one of them, so the accounted steps are
+  never fewer than the steps run.
+- δ defaults to 1/N^1.1 rounded down to one significant digit (never above 1/N); a δ above
+  1/N is refused.
+- σ = ``dprc_core.accounting.noise_multiplier`` with the dimension-free envelope (rank=None).
+  ``auto`` clipping is planned as ``hutch`` (conservative: an all-exact auto run would be
+  accounted as exact, which has a smaller ε for the same σ).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from typing import Any
+
+from api.errors import InvalidRequest
+from api.files.budget import check_delta_for, default_delta
+from api.jobs.schemas import JobCreate
+from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent, epsilon, noise_multiplier
+
+MAX_STEPS = 200_000
+DEFAULT_EPOCHS = 3
+DEFAULT_BATCH = 32
+
+
+@dataclass(frozen=True)
+class Plan:
+    n_examples: int
+    n_epochs: int
+    batch_size: int
+    sample_rate: float
+    steps: int
+    target_epsilon: float
+    target_delta: float
+    method: str
+    k: int | None
+    accounting_clipping: str
+    accounting_k: int | None
+    noise_multiplier: float
+    planned_epsilon: float
+
+    def event(self) -> PrivacyEvent:
+        return PrivacyEvent(self.noise_multiplier, self.sample_rate, self.steps,
+                            self.accounting_clipping, self.accounting_k)
+
+    def accountant(self) -> dict[str, Any]:
+        return {
+            "mechanism": "dp-sgd",
+            "adjacency": "add/remove (epsilon is the larger of the two directions)",
+            "sampling": "poisson",
+            "clipping": self.accounting_clipping,
+            "k": self.accounting_k,
+            "envelope": "dimension-free" if self.accounting_k is not None else None,
+            "rank": None,
+            "steps_rule": "ceil(n_epochs * N / batch_size)",
+            "settings": asdict(DEFAULT_SETTINGS),
+        }
+
+
+def steps_for(n_epochs: int, n: int, batch_size: int) -> int:
+    return -(-(n_epochs * n) // batch_size)
+
+
+@lru_cache(maxsize=512)
+def calibrate(target_epsilon: float, delta: float, q: float, steps: int, clipping: str,
+              k: int | None) -> tuple[float, float]:
+    """(σ, ε(σ)) for a plan; cached, as retried and repeated jobs ask for the same plan."""
+    sigma = noise_multiplier(target_epsilon, delta, sample_rate=q, steps=steps,
+                             clipping=clipping, k=k)
+    return sigma, epsilon(sigma, q, steps, delta, clipping, k)
+
+
+def make_plan(req: JobCreate, n: int, default_k: int) -> Plan:
+    hp, pr = req.hyperparameters, req.privacy
+    n_epochs = DEFAULT_EPOCHS if hp.n_epochs == "auto" else hp.n_epochs
+    batch = min(DEFAULT_BATCH, n) if hp.batch_size == "auto" else hp.batch_size
+    if batch > n:
+        raise InvalidRequest(
+            f"batch_size={batch} is larger than the data set (N={n}); the expected Poisson "
+            "batch size must be at most N", param="hyperparameters.batch_size",
+            code="invalid_value")
+    q = batch / n
+    steps = steps_for(n_epochs, n, batch)
+    if steps > MAX_STEPS:
+        raise InvalidRequest(f"this job would run {steps} steps (at most {MAX_STEPS})",
+                             param="hyperparameters.n_epochs", code="invalid_value")
+    if pr.target_delta is None:
+        delta = default_delta(n)
+    else:
+        delta = check_delta_for(n, pr.target_delta, "privacy.target_delta")
+    method = pr.clipping.method
+    if method == "exact":
+        if pr.clipping.k is not None:
+            raise InvalidRequest("k is only meaningful for hutch, hutchpp and auto clipping",
+                                 param="privacy.clipping.k", code="invalid_value")
+        k, acc_clip, acc_k = None, "exact", None
+    else:
+        k = pr.clipping.k if pr.clipping.k is not None else default_k
+        if k < 2:
+            raise InvalidRequest("k must be >= 2 for randomized clipping (the envelope needs "
+                                 "chi2(k) log-concave)", param="privacy.clipping.k",
+                                 code="invalid_value")
+        acc_clip, acc_k = ("hutch" if method == "auto" else method), k
+    try:
+        sigma, planned = calibrate(pr.target_epsilon, delta, q, steps, acc_clip, acc_k)
+    except (ValueError, RuntimeError) as exc:
+        raise InvalidRequest(f"cannot calibrate the noise: {exc}",
+                             param="privacy.target_epsilon", code="calibration_failed") from exc
+    if not math.isfinite(planned) or planned > pr.target_epsilon:  # pragma: no cover
+        raise InvalidRequest("calibration did not reach the target epsilon",
+                             param="privacy.target_epsilon", code="calibration_failed")
+    return Plan(n, n_epochs, batch, q, steps, pr.target_epsilon, delta, method, k, acc_clip,
+                acc_k, sigma, planned)

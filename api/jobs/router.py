@@ -1,0 +1,73 @@
+"""``/v1/fine_tuning/jobs``: create, list, retrieve, cancel, events, checkpoints, ledger."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request
+
+from api.common import get_store
+from api.jobs import service
+from api.jobs.schemas import CheckpointList, EventList, Job, JobCreate, JobList, Ledger
+from api.keys.dependencies import CallerDep
+
+router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
+
+Limit = Annotated[int, Query(ge=1, le=100)]
+After = Annotated[str | None, Query(max_length=128)]
+
+
+@router.post("", response_model=Job)
+def create_job(
+    body: JobCreate,
+    request: Request,
+    caller: CallerDep,
+    idempotency_key: Annotated[
+        str | None, Header(alias="Idempotency-Key", min_length=1, max_length=255,
+                           pattern=r"^[\x21-\x7e]+$")
+    ] = None,
+) -> Job:
+    return service.create_job(get_store(request), caller, body, idempotency_key)
+
+
+@router.get("", response_model=JobList)
+def list_jobs(request: Request, caller: CallerDep, after: After = None,
+              limit: Limit = 20) -> JobList:
+    data, has_more = service.list_jobs(get_store(request), caller, after, limit)
+    return JobList(data=data, has_more=has_more)
+
+
+@router.get("/{fine_tuning_job_id}", response_model=Job)
+def retrieve_job(fine_tuning_job_id: str, request: Request, caller: CallerDep) -> Job:
+    return service.retrieve(get_store(request), caller, fine_tuning_job_id)
+
+
+@router.post("/{fine_tuning_job_id}/cancel", response_model=Job)
+def cancel_job(fine_tuning_job_id: str, request: Request, caller: CallerDep) -> Job:
+    return service.cancel(get_store(request), caller, fine_tuning_job_id)
+
+
+@router.get("/{fine_tuning_job_id}/events", response_model=EventList)
+def list_events(fine_tuning_job_id: str, request: Request, caller: CallerDep,
+                after: After = None, limit: Limit = 20) -> EventList:
+    """Job events. Metrics in ``data`` (such as ``train_loss``) are computed on the private
+    training data and are **not** covered by the differential-privacy guarantee; create the
+    job with ``privacy.report_train_loss: false`` to turn them off."""
+    data, has_more = service.list_events(get_store(request), caller, fine_tuning_job_id,
+                                         after, limit)
+    return EventList(data=data, has_more=has_more)
+
+
+@router.get("/{fine_tuning_job_id}/checkpoints", response_model=CheckpointList)
+def list_checkpoints(fine_tuning_job_id: str, request: Request, caller: CallerDep,
+                     after: After = None, limit: Limit = 10) -> CheckpointList:
+    data, has_more = service.list_checkpoints(get_store(request), caller, fine_tuning_job_id,
+                                              after, limit)
+    return CheckpointList(data=data, has_more=has_more,
+                          first_id=data[0].id if data else None,
+                          last_id=data[-1].id if data else None)
+
+
+@router.get("/{fine_tuning_job_id}/ledger", response_model=Ledger)
+def job_ledger(fine_tuning_job_id: str, request: Request, caller: CallerDep) -> Ledger:
+    return service.ledger(get_store(request), caller, fine_tuning_job_id)

@@ -1,0 +1,210 @@
+"""Fine-tuning job requests and objects (OpenAI's shape; privacy fields are extras)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SUFFIX = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Lora(Strict):
+    r: int = Field(default=8, ge=1, le=256)
+    alpha: float = Field(default=16.0, gt=0, le=1e4, allow_inf_nan=False)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"], min_length=1, max_length=64
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not re.fullmatch(r"[A-Za-z0-9_.]{1,128}", name):
+                raise ValueError(f"invalid module name {name[:40]!r}")
+        return v
+
+
+class Hyperparameters(Strict):
+    n_epochs: int | Literal["auto"] = Field(default="auto", description="'auto' = 3")
+    batch_size: int | Literal["auto"] = Field(
+        default="auto",
+        description="expected Poisson batch size B (q = B/N); 'auto' = min(32, N)",
+    )
+    learning_rate_multiplier: float | Literal["auto"] | None = Field(default=None)
+    learning_rate: float | None = Field(default=None, gt=0, le=10, allow_inf_nan=False)
+    max_seq_len: int = Field(default=128, ge=8, le=8192)
+    lora: Lora | None = None
+
+    @field_validator("n_epochs")
+    @classmethod
+    def _epochs(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 1000:
+            raise ValueError("n_epochs must be between 1 and 1000")
+        return v
+
+    @field_validator("batch_size")
+    @classmethod
+    def _batch(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 1_000_000:
+            raise ValueError("batch_size must be between 1 and 1000000")
+        return v
+
+    @field_validator("learning_rate_multiplier")
+    @classmethod
+    def _lrm(cls, v: float | str | None) -> float | str | None:
+        if isinstance(v, float | int) and not (0 < v <= 100):
+            raise ValueError("learning_rate_multiplier must be in (0, 100]")
+        return v
+
+    @model_validator(mode="after")
+    def _one_lr(self) -> Hyperparameters:
+        if self.learning_rate is not None and self.learning_rate_multiplier not in (None, "auto"):
+            raise ValueError("give learning_rate or learning_rate_multiplier, not both")
+        return self
+
+
+class Clipping(Strict):
+    method: Literal["exact", "hutch", "hutchpp", "auto"] = "auto"
+    k: int | None = Field(default=None, ge=1, le=4096,
+                          description="projection dimension (hutch, hutchpp, auto)")
+
+
+class Noise(Strict):
+    mechanism: Literal["gaussian"] = "gaussian"
+
+
+class PrivacyRequest(Strict):
+    target_epsilon: float = Field(gt=0, le=100, allow_inf_nan=False)
+    target_delta: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
+    max_grad_norm: float = Field(default=1.0, gt=0, le=1e4, allow_inf_nan=False)
+    clipping: Clipping = Field(default_factory=Clipping)
+    noise: Noise = Field(default_factory=Noise)
+    report_train_loss: bool = Field(
+        default=True,
+        description="training loss is computed on private data and is NOT covered by DP; "
+        "false turns it off in events and checkpoints",
+    )
+
+
+class JobCreate(Strict):
+    model: str = Field(min_length=1, max_length=256)
+    training_file: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
+    hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
+    privacy: PrivacyRequest
+    checkpoint_every: int | None = Field(default=None, ge=1, le=1_000_000)
+    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    suffix: str | None = Field(default=None, max_length=64)
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    validation_file: None = Field(default=None, description="not supported (must be null)")
+
+    @field_validator("suffix")
+    @classmethod
+    def _suffix(cls, v: str | None) -> str | None:
+        if v is not None and not SUFFIX.match(v):
+            raise ValueError("suffix: 1 to 64 characters of A-Z a-z 0-9 _ -")
+        return v
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        for key, value in (v or {}).items():
+            if not 0 < len(key) <= 64 or len(value) > 512 or "\x00" in key + value:
+                raise ValueError("metadata: keys of 1-64 and values of up to 512 characters")
+        return v
+
+
+class JobError(BaseModel):
+    code: str
+    message: str
+    param: str | None = None
+
+
+class Job(BaseModel):
+    """An OpenAI fine-tuning job plus ``privacy``, ``steps_done``/``steps_total``."""
+
+    id: str
+    object: Literal["fine_tuning.job"] = "fine_tuning.job"
+    created_at: int
+    error: JobError | None
+    fine_tuned_model: str | None
+    finished_at: int | None
+    hyperparameters: dict[str, Any]
+    model: str
+    organization_id: str
+    result_files: list[str]
+    seed: int
+    status: Literal["validating_files", "queued", "running", "succeeded", "failed",
+                    "cancelled"]
+    trained_tokens: int | None
+    training_file: str
+    validation_file: str | None = None
+    estimated_finish: int | None = None
+    integrations: list[Any] | None = None
+    metadata: dict[str, str] | None = None
+    user_provided_suffix: str | None = None
+    privacy: dict[str, Any]
+    steps_done: int
+    steps_total: int
+    checkpoint_every: int | None
+    cancel_requested: bool
+
+
+class JobList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Job]
+    has_more: bool
+
+
+class Event(BaseModel):
+    """A job event. ``data`` may carry metrics (step, epsilon_spent, and — unless the job has
+    ``privacy.report_train_loss: false`` — train_loss). Training loss is computed on the
+    private data and is **not** covered by the differential-privacy guarantee."""
+
+    id: str
+    object: Literal["fine_tuning.job.event"] = "fine_tuning.job.event"
+    created_at: int
+    level: Literal["info", "warn", "error"]
+    message: str
+    type: Literal["message", "metrics"]
+    data: dict[str, Any] | None = None
+
+
+class EventList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Event]
+    has_more: bool
+
+
+class Checkpoint(BaseModel):
+    id: str
+    object: Literal["fine_tuning.job.checkpoint"] = "fine_tuning.job.checkpoint"
+    created_at: int
+    fine_tuned_model_checkpoint: str
+    fine_tuning_job_id: str
+    metrics: dict[str, Any]
+    step_number: int
+    epsilon: float = Field(description="privacy spent up to this step, at the job's delta")
+    file_id: str = Field(description="archive: safetensors weights, config, tokenizer, ledger")
+
+
+class CheckpointList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Checkpoint]
+    has_more: bool
+    first_id: str | None = None
+    last_id: str | None = None
+
+
+class Ledger(BaseModel):
+    object: Literal["privacy.ledger"] = "privacy.ledger"
+    job_id: str
+    delta: float
+    epsilon_spent: float
+    ledger: dict[str, Any] = Field(description="dprc-privacy-ledger JSON of the steps that ran")
+    planned: dict[str, Any] = Field(description="the planned event (reservation)")

@@ -1,0 +1,106 @@
+"""API keys: high-entropy random secrets stored as SHA-256 hashes, compared in constant time."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from api.common import new_id, now
+from api.errors import AuthenticationError
+from api.tables import ApiKey, Tenant
+
+KEY_PREFIX = "dprc-"
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Caller:
+    tenant_id: int
+    tenant_name: str
+    key_id: str
+
+
+def get_or_create_tenant(session: Session, name: str) -> Tenant:
+    name = name.strip()
+    if not name or len(name) > 128 or "\x00" in name:
+        raise ValueError("tenant name must be 1 to 128 characters")
+    tenant = session.scalar(select(Tenant).where(Tenant.name == name))
+    if tenant is None:
+        tenant = Tenant(name=name, created_at=now())
+        session.add(tenant)
+        try:
+            session.flush()
+        except IntegrityError:  # created concurrently
+            session.rollback()
+            tenant = session.scalar(select(Tenant).where(Tenant.name == name))
+            assert tenant is not None
+    return tenant
+
+
+def create_key(session: Session, tenant_name: str) -> tuple[str, str]:
+    """Create a key for ``tenant_name`` (created if new). Returns (key id, secret key)."""
+    tenant = get_or_create_tenant(session, tenant_name)
+    secret = KEY_PREFIX + secrets.token_urlsafe(32)
+    key = ApiKey(
+        id=new_id("key"),
+        tenant_id=tenant.id,
+        key_hash=hash_key(secret),
+        prefix=secret[: len(KEY_PREFIX) + 4],
+        created_at=now(),
+    )
+    session.add(key)
+    session.commit()
+    return key.id, secret
+
+
+def revoke_key(session: Session, key_id: str) -> bool:
+    key = session.get(ApiKey, key_id)
+    if key is None:
+        return False
+    if key.revoked_at is None:
+        key.revoked_at = now()
+        session.commit()
+    return True
+
+
+def list_keys(session: Session) -> list[tuple[ApiKey, str]]:
+    rows = session.execute(
+        select(ApiKey, Tenant.name).join(Tenant, Tenant.id == ApiKey.tenant_id).order_by(
+            ApiKey.created_at, ApiKey.id
+        )
+    )
+    return [(k, name) for k, name in rows]
+
+
+def authenticate(session: Session, authorization: str | None) -> Caller:
+    """The caller for an ``Authorization: Bearer <key>`` header, or 401."""
+    if not authorization:
+        raise AuthenticationError(
+            "missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key"
+        )
+    scheme, _, secret = authorization.partition(" ")
+    secret = secret.strip()
+    if scheme.lower() != "bearer" or not secret:
+        raise AuthenticationError("malformed Authorization header", code="invalid_api_key")
+    digest = hash_key(secret)
+    row = session.execute(
+        select(ApiKey, Tenant.name)
+        .join(Tenant, Tenant.id == ApiKey.tenant_id)
+        .where(ApiKey.key_hash == digest)
+    ).first()
+    # compare in constant time even though the lookup is by hash (defence in depth)
+    if row is None or not hmac.compare_digest(row[0].key_hash, digest):
+        raise AuthenticationError("incorrect API key provided", code="invalid_api_key")
+    key, tenant_name = row
+    if key.revoked_at is not None:
+        raise AuthenticationError("this API key has been revoked", code="invalid_api_key")
+    return Caller(tenant_id=key.tenant_id, tenant_name=tenant_name, key_id=key.id)

@@ -1,0 +1,1 @@
+"""Allow-listed base models (``GET /v1/models``)."""

@@ -1,0 +1,63 @@
+"""Service settings, read from ``DPRC_*`` environment variables (pydantic-settings)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Task = Literal["causal_lm", "classification"]
+
+
+class ModelSpec(BaseModel):
+    """One allow-listed base model: a local folder of safetensors weights and its task."""
+
+    path: Path | None = Field(
+        default=None, description="local folder; None for a built-in model built on first use"
+    )
+    task: Task
+    builtin: Literal["minilm", "tiny-llama"] | None = None
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DPRC_", extra="ignore")
+
+    data_dir: Path = Path("./dprc-data")
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL (postgresql+psycopg://...); default SQLite under data_dir",
+    )
+    broker_url: str | None = Field(default=None, description="redis://host:port (healthz)")
+    max_upload_bytes: int = 50 * 1024 * 1024
+    max_active_jobs_per_tenant: int = 16
+    models: dict[str, ModelSpec] = Field(
+        default_factory=dict,
+        description='extra allow-listed models, JSON: {"name": {"path": "/dir", "task": "..."}}',
+    )
+    builtin_models: bool = True
+    default_k: int = 32
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        if self.database_url:
+            url = self.database_url
+            if url.startswith("postgresql://"):
+                url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+            return url
+        return f"sqlite:///{(self.data_dir / 'dprc.sqlite3').resolve()}"
+
+    @property
+    def files_dir(self) -> Path:
+        return self.data_dir / "files"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

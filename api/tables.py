@@ -1,0 +1,158 @@
+"""The store's tables (SQLAlchemy 2). Migrations live in ``api/migrations``.
+
+A job's row is the truth about the job. The lease columns (``lease_owner``,
+``lease_expires_at``, ``heartbeat_at``) let a worker own a job; ``steps_done`` and
+``epsilon_spent`` are written by the worker as steps run, and a job's privacy reservation is
+its planned event minus what ran (see ``api/budget.py``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    revoked_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class File(Base):
+    __tablename__ = "files"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    filename: Mapped[str] = mapped_column(String(255))
+    purpose: Mapped[str] = mapped_column(String(32))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    storage_path: Mapped[str] = mapped_column(String(512))
+    # data-set facts (purpose fine-tune): number of examples and line format
+    n_examples: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    data_format: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # privacy budget of the data set (None: no budget)
+    epsilon_budget: Mapped[float | None] = mapped_column(Float, nullable=True)
+    delta: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # cached composition results, recomputed under the file's lock whenever events change
+    epsilon_spent: Mapped[float] = mapped_column(Float, default=0.0)
+    epsilon_committed: Mapped[float] = mapped_column(Float, default=0.0)
+    deleted: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    model: Mapped[str] = mapped_column(String(128))
+    training_file_id: Mapped[str] = mapped_column(ForeignKey("files.id"), index=True)
+    status: Mapped[str] = mapped_column(String(24), index=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    finished_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    hyperparameters: Mapped[dict[str, Any]] = mapped_column(JSON)
+    privacy: Mapped[dict[str, Any]] = mapped_column(JSON)  # request + plan, see jobs/planning
+    seed: Mapped[int] = mapped_column(BigInteger)
+    suffix: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    job_metadata: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    checkpoint_every: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # the privacy plan as columns (the budget check composes these)
+    noise_multiplier: Mapped[float] = mapped_column(Float)
+    sample_rate: Mapped[float] = mapped_column(Float)
+    steps_total: Mapped[int] = mapped_column(Integer)
+    accounting_clipping: Mapped[str] = mapped_column(String(16))
+    accounting_k: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # progress, written by the worker
+    steps_done: Mapped[int] = mapped_column(Integer, default=0)
+    epsilon_spent: Mapped[float] = mapped_column(Float, default=0.0)
+    trained_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    fine_tuned_model: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    result_files: Mapped[list[str]] = mapped_column(JSON, default=list)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # lease of the worker that runs the job
+    lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), nullable=True
+    )
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+
+    __table_args__ = (Index("ix_jobs_tenant_seq", "tenant_id", "seq"),)
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    level: Mapped[str] = mapped_column(String(8))
+    type: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text)
+    data: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    step: Mapped[int] = mapped_column(Integer)
+    epsilon: Mapped[float] = mapped_column(Float)
+    file_id: Mapped[str] = mapped_column(ForeignKey("files.id"))
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+    __table_args__ = (UniqueConstraint("job_id", "step", name="uq_checkpoints_job_step"),)
+
+
+class IdempotencyKey(Base):
+    __tablename__ = "idempotency_keys"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"))
+    key: Mapped[str] = mapped_column(String(255))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (UniqueConstraint("tenant_id", "key", name="uq_idempotency_tenant_key"),)

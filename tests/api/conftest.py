@@ -1,0 +1,131 @@
+"""API fixtures: a real PostgreSQL database (created per session, dropped after) and SQLite,
+uvicorn serving the app on a free 127.0.0.1 port in a thread, tenants with keys."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import psycopg
+import pytest
+import uvicorn
+
+from api.app import create_app
+from api.common import Store
+from api.keys.service import create_key
+from api.settings import Settings
+from api.store import open_store
+
+PG_ADMIN = os.environ.get("DPRC_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def _pg_admin_conn() -> psycopg.Connection:
+    try:
+        return psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:  # fail, never skip: the suite needs PostgreSQL
+        pytest.fail(f"PostgreSQL is not reachable at {PG_ADMIN} (run scripts/services.sh): {exc}")
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    name = f"dprc_test_{uuid.uuid4().hex[:12]}"
+    with _pg_admin_conn() as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    with _pg_admin_conn() as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
+        )
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+
+
+@dataclass
+class Server:
+    base_url: str
+    store: Store
+    settings: Settings
+
+    def key(self, tenant: str) -> str:
+        with self.store.sessions() as session:
+            return create_key(session, tenant)[1]
+
+    def client(self, key: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=key, max_retries=0,
+                             timeout=120)
+
+    def http(self, key: str | None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=120)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(settings: Settings) -> Iterator[Server]:
+    app = create_app(settings)
+    port = _free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                            lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield Server(f"http://127.0.0.1:{port}", app.state.store, settings)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def _settings(tmp: Path, database_url: str | None, **kw: object) -> Settings:
+    return Settings(data_dir=tmp, database_url=database_url, max_upload_bytes=64 * 1024,
+                    max_active_jobs_per_tenant=40, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session", params=["postgresql", "sqlite"])
+def server(request, pg_url, tmp_path_factory) -> Iterator[Server]:
+    """The API over uvicorn, on PostgreSQL and on SQLite."""
+    tmp = tmp_path_factory.mktemp(f"dprc-{request.param}")
+    url = pg_url if request.param == "postgresql" else None
+    yield from _serve(_settings(tmp, url))
+
+
+@pytest.fixture(scope="session")
+def pg_server(pg_url, tmp_path_factory) -> Iterator[Server]:
+    yield from _serve(_settings(tmp_path_factory.mktemp("dprc-pg-only"), pg_url))
+
+
+@pytest.fixture()
+def sqlite_store(tmp_path) -> Store:
+    return open_store(_settings(tmp_path, None))
+
+
+def jsonl(lines: list[dict]) -> bytes:
+    import json
+
+    return ("\n".join(json.dumps(x) for x in lines) + "\n").encode()
+
+
+def text_lines(n: int) -> bytes:
+    return jsonl([{"text": f"example number {i}: the quick brown fox"} for i in range(n)])
+
+
+def labelled_lines(n: int) -> bytes:
+    return jsonl([{"text": f"review {i} was {'good' if i % 2 else 'bad'}", "label": i % 2}
+                  for i in range(n)])
