@@ -31,6 +31,7 @@ import numpy as np
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
+from dprc_core.accounting.dpftrl import gaussian_epsilon
 from dprc_core.accounting.events import NU_DPFTRL, PrivacyEvent, check_delta
 from dprc_core.accounting.pld_epsilon import epsilon_from_pld
 from dprc_core.accounting.random_scale_pld import (
@@ -185,6 +186,11 @@ class AccountingResult:
     settings: AccountingSettings
 
     def describe(self) -> str:
+        if math.isnan(self.grid_interval):
+            return (
+                "exact: nu-dp-ftrl runs only, Gaussian mechanisms composing to one Gaussian "
+                "with mu = sqrt(sum mu_i^2), analytic epsilon"
+            )
         bins = ", ".join(str(b) for b in self.scale_bins)
         return (
             f"loss grid h={self.grid_interval:.3g}, scale bins per event=[{bins}] "
@@ -237,7 +243,16 @@ def account(
     delta: float,
     settings: AccountingSettings = DEFAULT_SETTINGS,
 ) -> AccountingResult:
-    """Upper bound on ε at ``delta`` for the composition of ``events``, with its settings."""
+    """Upper bound on ε at ``delta`` for the composition of ``events``, with its settings.
+
+    When every event is a ν-DP-FTRL run (a Gaussian mechanism with μ_i), the composition is
+    exactly the Gaussian mechanism with μ = sqrt(Σ μ_i²) and ε is analytic (no discretisation;
+    the same value as :func:`dprc_core.accounting.dpftrl_epsilon` for a single run, so a σ
+    calibrated by ``dpftrl_noise_multiplier`` meets its target in the ledger too)."""
+    if events and all(e.mechanism == NU_DPFTRL for e in events):
+        mu = math.sqrt(sum(e.mu**2 for e in events))
+        eps = gaussian_epsilon(mu, check_delta(delta))
+        return AccountingResult(eps, delta, math.nan, (1,) * len(events), 0.0, settings)
     pld, info = compose_events(events, delta, settings)
     return replace(info, epsilon=epsilon_from_pld(pld, info.delta))
 
