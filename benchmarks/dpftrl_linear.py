@@ -175,7 +175,6 @@ def main() -> None:
                     m[0], sigmas[eps][m], m[1], bands, lrs, problem, n, batch, epochs
                 )
         print(f"alpha={alpha} done at {time.perf_counter() - t0:.1f}s", flush=True)
-    wall = time.perf_counter() - t0
     config = dict(d=d, n=n, batch=batch, epochs=epochs, steps=steps, seeds=seeds, bands=bands)
     horizons = [100, 400] if args.quick else [1000, 10_000]
     analytic_nus = nus if args.quick else [0.05, 0.01, 0.002, 0.0005]
