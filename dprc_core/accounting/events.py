@@ -105,7 +105,7 @@ class PrivacyEvent:
     ``min_separation`` steps apart. Exact clipping only; ``sample_rate`` must be 1 (no
     amplification by sampling is claimed). ``sensitivity`` is recomputed from the other fields
     (:func:`dprc_core.accounting.dpftrl.dpftrl_sensitivity`); a stored value is kept only if it
-    is larger (conservative), a smaller one is refused. Build it with :meth:`nu_dpftrl`.
+    is larger (conservative), never used to lower it. Build it with :meth:`nu_dpftrl`.
     """
 
     noise_multiplier: float
@@ -164,11 +164,8 @@ class PrivacyEvent:
             stored = self.sensitivity
             if not _is_real(stored) or not math.isfinite(stored) or stored <= 0:
                 raise ValueError(f"sensitivity must be a finite number > 0, got {stored!r}")
-            if stored < sens * (1 - 1e-9):
-                raise ValueError(
-                    f"recorded sensitivity {stored} is below the sensitivity {sens} of the "
-                    "implemented nu-dp-ftrl matrix; refusing it"
-                )
+            # a smaller stored value (tampering, or a ledger from a version with a looser
+            # algorithm) never lowers the recomputed one; a larger one is kept (conservative)
             sens = max(sens, float(stored))
         object.__setattr__(self, "sensitivity", sens)
 

@@ -111,14 +111,16 @@ def test_json_round_trip_and_v1_dp_sgd_ledgers_unchanged():
     assert PrivacyLedger.from_json(json.dumps(old)).events[0].mechanism == "dp-sgd"
 
 
-def test_stored_sensitivity_is_checked():
+def test_stored_sensitivity_can_only_raise_the_recomputed_one():
     payload = json.loads(PrivacyLedger([PrivacyEvent.nu_dpftrl(1.5, 300, **FTRL)]).to_json())
     true = payload["events"][0]["sensitivity"]
-    payload["events"][0]["sensitivity"] = true * 0.9
-    with pytest.raises(ValueError, match="below the sensitivity"):
-        PrivacyLedger.from_json(json.dumps(payload))
+    payload["events"][0]["sensitivity"] = true * 0.9  # never lowers the recomputed value
+    assert PrivacyLedger.from_json(json.dumps(payload)).events[0].sensitivity == true
     payload["events"][0]["sensitivity"] = true * 1.5  # larger: conservative, kept
     assert PrivacyLedger.from_json(json.dumps(payload)).events[0].sensitivity == true * 1.5
+    payload["events"][0]["sensitivity"] = -1.0
+    with pytest.raises(ValueError, match="sensitivity must be"):
+        PrivacyLedger.from_json(json.dumps(payload))
 
 
 @pytest.mark.parametrize(
