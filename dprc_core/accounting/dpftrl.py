@@ -32,8 +32,10 @@ from scipy import signal, special
 # Relative inflation of every computed sensitivity: covers float64 round-off of the O(T·k)
 # sums (≤ 1e-11 relative for T·k ≤ 1e5), so the value returned stays an upper bound.
 ROUNDOFF_MARGIN = 1e-9
-# Exhaustive search over participation patterns is used up to this many patterns.
+# Exhaustive search over participation patterns is used up to this many patterns and steps
+# (the Gram matrix it builds is steps × steps).
 MAX_EXHAUSTIVE_PATTERNS = 200_000
+MAX_EXHAUSTIVE_STEPS = 2_000
 MU_MIN = 1e-8
 MU_MAX = 1e4
 
@@ -184,8 +186,9 @@ def toeplitz_sensitivity(
       X_ij = Σ_{m ≤ T−1−max(i,j)} c_m c_{m+|i−j|} are ≥ 0, non-increasing in |i−j| and in
       max(i, j); the pattern q_l = l·b has |q_i − q_j| ≤ |p_i − p_j| and max(q_i, q_j) ≤
       max(p_i, p_j) for any allowed p, so it maximises every term: **exact**.
-    * otherwise, few patterns: exhaustive maximum of sqrt(Σ |X_st|): exact when X ≥ 0 (it is
-      for c ≥ 0), an upper bound otherwise.
+    * one participation: the first column (column j is a prefix of c), **exact**.
+    * otherwise, few patterns and steps: exhaustive maximum of sqrt(Σ |X_st|): exact when
+      X ≥ 0 (it is for c ≥ 0), an upper bound otherwise.
     * otherwise: the earliest-pattern norm of ĉ_t = max_{s≥t} |c_s|, a non-negative
       non-increasing majorant of |c|, so |X| ≤ X̂ entrywise: a sound **upper bound**.
     """
@@ -200,7 +203,12 @@ def toeplitz_sensitivity(
     margin = 1.0 + ROUNDOFF_MARGIN
     if np.all(c >= 0) and np.all(np.diff(c) <= 0):
         return SensitivityResult(earliest * margin, True, "monotone: earliest pattern", earliest)
-    if _count_patterns(n, k, b, MAX_EXHAUSTIVE_PATTERNS) <= MAX_EXHAUSTIVE_PATTERNS:
+    if k == 1:  # column j is c[: n − j]: the first column has the largest norm, whatever c is
+        return SensitivityResult(earliest * margin, True, "one participation: first column",
+                                 earliest)
+    if n <= MAX_EXHAUSTIVE_STEPS and (
+        _count_patterns(n, k, b, MAX_EXHAUSTIVE_PATTERNS) <= MAX_EXHAUSTIVE_PATTERNS
+    ):
         value = _exhaustive(c, k, b)
         exact = bool(np.all(c >= 0))
         return SensitivityResult(value * margin, exact, "exhaustive over patterns", earliest)

@@ -148,6 +148,15 @@ def test_negative_coefficients_are_bounded_for_vector_gradients():
     assert best <= res.value
 
 
+def test_one_participation_is_always_the_first_column():
+    c = np.array([1.0, 0.1, 0.8, -0.05, 0.6, 0.0, 0.7])
+    inv = np.zeros((7, 7))
+    for j in range(7):
+        inv[j:, j] = c[: 7 - j]
+    res = toeplitz_sensitivity(c, 1, 1)
+    assert res.exact and res.value == pytest.approx(dense_sensitivity(inv, 1, 1), rel=1e-8)
+
+
 def test_large_pattern_count_falls_back_to_a_sound_majorant(monkeypatch):
     c = np.array([1.0, 0.1, 0.8, 0.05, 0.6, 0.0, 0.7, 0.2, 0.1, 0.3, 0.2, 0.25])
     exact = toeplitz_sensitivity(c, 3, 2)
