@@ -234,7 +234,9 @@ def render(results, sigmas, alphas, methods, lrs, config, wall, args) -> str:
         f"learning rate tuned on {{{', '.join(f'{x:g}' for x in lrs)}}} per (mechanism, α) by the "
         "mean over the reported seeds (oracle tuning, identical for all). Cells: mean excess "
         "risk ½‖θ_T − θ*‖²_H of the last iterate ± standard error over seeds. Ratios are "
-        "DP-SGD / ν-DP-FTRL (best ν): > 1 means correlated noise wins.",
+        "DP-SGD / ν-DP-FTRL (best ν): > 1 means correlated noise wins. Reading of the three "
+        "parts (simulation, exact expectation with tuned η, fixed η with long horizons): "
+        "docs/dpftrl.md, 'What the linear-regression experiment shows'.",
         "",
     ]
     for eps in epsilons:
