@@ -17,6 +17,7 @@ SECTIONS = [
     ("step", "benchmarks/step.py"),
     ("step_cuda", "benchmarks/step.py --device cuda"),
     ("accountant", "benchmarks/accountant.py"),
+    ("dpftrl", "benchmarks/dpftrl_linear.py"),
 ]
 
 PREFACE = """# Benchmarks

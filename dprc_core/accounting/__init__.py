@@ -7,9 +7,14 @@ Public API::
     envelope_cdf(x, k, rank=None)     # F(x; Y), an upper bound on P(Y ≤ x) for every spectrum
     x_plus(k, rank)                    # Proposition 1 threshold
     PrivacyLedger().record(...); .epsilon(delta); .to_json(); PrivacyLedger.from_json(s)
+    dpftrl_sensitivity(nu, steps, participations, min_separation, bands=None)   # ν-DP-FTRL
+    dpftrl_epsilon(noise_multiplier, delta, nu, steps, participations, min_separation, bands)
+    dpftrl_noise_multiplier(target_epsilon, target_delta, nu, steps, participations, ...)
 
-Every ε is an upper bound for add/remove adjacency under Poisson sampling (the larger of the
-two directions); see docs/accounting.md for the construction and its soundness argument.
+Every DP-SGD ε is an upper bound for add/remove adjacency under Poisson sampling (the larger of
+the two directions); ν-DP-FTRL (fixed-order batches, no amplification) is accounted under
+zero-out adjacency, which DP-SGD's add/remove guarantee implies, so the ledger composes both;
+see docs/accounting.md for the constructions and their soundness arguments.
 """
 
 from dprc_core.accounting.accountant import (
@@ -21,6 +26,11 @@ from dprc_core.accounting.accountant import (
 )
 from dprc_core.accounting.calibration import noise_multiplier
 from dprc_core.accounting.dp_sgd import epsilon
+from dprc_core.accounting.dpftrl import (
+    dpftrl_epsilon,
+    dpftrl_noise_multiplier,
+    dpftrl_sensitivity,
+)
 from dprc_core.accounting.envelope import RANK_ENVELOPE_MAX, envelope_cdf, x_plus
 from dprc_core.accounting.events import (
     CLIPPINGS,
@@ -39,6 +49,9 @@ __all__ = [
     "PrivacyLedger",
     "UnsupportedMechanismError",
     "account",
+    "dpftrl_epsilon",
+    "dpftrl_noise_multiplier",
+    "dpftrl_sensitivity",
     "envelope_cdf",
     "epsilon",
     "epsilon_for_events",

@@ -14,6 +14,11 @@ Pipeline for a list of events and a target δ (docs/accounting.md has the soundn
    drives it (tiny q), a grid of 2^17 points over the step's loss range is ample.
 4. Per-step PLD (both adjacencies) by connect-the-dots on that grid, ``self_compose(steps)``
    and ``compose`` across events with ``dp_accounting``; ε from the composed PMFs.
+
+A ν-DP-FTRL event is one Gaussian mechanism for its whole run (μ = sensitivity/σ, no
+sampling): its PLD is ``dp_accounting``'s Gaussian PLD, pessimistic connect-the-dots on the
+same grid, composed with the others (a PLD composition, never a sum of ε's). Its loss has
+std μ, so it asks for h ≤ rel_h·μ like a one-step event.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
-from dprc_core.accounting.events import PrivacyEvent, check_delta
+from dprc_core.accounting.dpftrl import gaussian_epsilon
+from dprc_core.accounting.events import NU_DPFTRL, PrivacyEvent, check_delta
 from dprc_core.accounting.pld_epsilon import epsilon_from_pld
 from dprc_core.accounting.random_scale_pld import (
     StepGeometry,
@@ -106,11 +113,20 @@ def _prepare(event: PrivacyEvent, tail: float, settings: AccountingSettings) -> 
     )
 
 
-def choose_grid(prepared: Sequence[_Prepared], settings: AccountingSettings) -> float:
-    """The common loss-grid interval h for a set of events (see module docstring)."""
+def choose_grid(
+    prepared: Sequence[_Prepared],
+    settings: AccountingSettings,
+    gaussian_mus: Sequence[float] = (),
+) -> float:
+    """The common loss-grid interval h for a set of events (see module docstring);
+    ``gaussian_mus``: the μ of whole-run Gaussian (ν-DP-FTRL) events, loss ~ N(μ²/2, μ²)."""
     h = settings.h_max
     composed_range = 0.0
     step_range = 0.0
+    for mu in gaussian_mus:
+        h = min(h, settings.rel_h * mu)
+        composed_range = max(composed_range, mu * mu / 2 + 12.0 * mu)
+        step_range = max(step_range, mu * mu + 24.0 * mu)
     for p in prepared:
         n = p.event.steps
         std = min(p.geometry.std.values())
@@ -128,15 +144,34 @@ def choose_grid(prepared: Sequence[_Prepared], settings: AccountingSettings) -> 
 
 
 def _merge(events: Sequence[PrivacyEvent]) -> list[PrivacyEvent]:
-    """Events equal up to their step counts are one event (composition is commutative)."""
+    """DP-SGD events equal up to their step counts are one event (composition is
+    commutative). ν-DP-FTRL events are never merged: the steps of a run enter its sensitivity,
+    and two runs are two Gaussian mechanisms, not one longer run."""
     merged: dict[tuple, int] = {}
+    others: list[PrivacyEvent] = []
     for e in events:
+        if e.mechanism == NU_DPFTRL:
+            others.append(e)
+            continue
         key = (e.noise_multiplier, e.sample_rate, e.clipping, e.k, e.rank, e.mechanism)
         merged[key] = merged.get(key, 0) + e.steps
     return [
         PrivacyEvent(sig, q, steps, clip, k, rank, mech)
         for (sig, q, clip, k, rank, mech), steps in merged.items()
-    ]
+    ] + others
+
+
+def _gaussian_pld(mu: float, h: float, tail: float) -> PrivacyLossDistribution:
+    """Pessimistic (connect-the-dots) PLD of the Gaussian mechanism with sensitivity μ, σ = 1;
+    the truncated x-tails (mass ≤ tail) go to +∞ loss, i.e. into δ."""
+    return pld_lib.from_gaussian_mechanism(
+        1.0,
+        sensitivity=mu,
+        pessimistic_estimate=True,
+        value_discretization_interval=h,
+        log_mass_truncation_bound=math.log(tail),
+        use_connect_dots=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -151,6 +186,11 @@ class AccountingResult:
     settings: AccountingSettings
 
     def describe(self) -> str:
+        if math.isnan(self.grid_interval):
+            return (
+                "exact: nu-dp-ftrl runs only, Gaussian mechanisms composing to one Gaussian "
+                "with mu = sqrt(sum mu_i^2), analytic epsilon"
+            )
         bins = ", ".join(str(b) for b in self.scale_bins)
         return (
             f"loss grid h={self.grid_interval:.3g}, scale bins per event=[{bins}] "
@@ -170,26 +210,31 @@ def compose_events(
         raise ValueError("no privacy events to compose")
     delta = check_delta(delta)
     events = _merge(events)
-    total_steps = sum(e.steps for e in events)
+    sgd = [e for e in events if e.mechanism != NU_DPFTRL]
+    gaussians = [e for e in events if e.mechanism == NU_DPFTRL]
+    # a whole ν-DP-FTRL run is one mechanism: it counts as one "step" in the tail budget
+    total_steps = sum(e.steps for e in sgd) + len(gaussians)
     tail = settings.tail_fraction * delta / total_steps
     truncation = min(1e-15, 1e-3 * delta)
-    prepared = [_prepare(e, tail, settings) for e in events]
-    h = choose_grid(prepared, settings)
+    prepared = [_prepare(e, tail, settings) for e in sgd]
+    h = choose_grid(prepared, settings, [e.mu for e in gaussians])
     result: PrivacyLossDistribution | None = None
-    for p in prepared:
-        pld = step_pld(p.mech, h, tail, p.geometry)
+    plds: list[tuple[PrivacyLossDistribution, int]] = [
+        (step_pld(p.mech, h, tail, p.geometry), p.event.steps) for p in prepared
+    ]
+    plds += [(_gaussian_pld(e.mu, h, tail), 1) for e in gaussians]
+    for pld, steps in plds:
         # dp_accounting's Chernoff bounds take logsumexp over PMFs with many exact zeros, which
         # raises harmless overflow warnings inside scipy; the results are unaffected.
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-            if p.event.steps > 1:
-                pld = pld.self_compose(p.event.steps, tail_mass_truncation=truncation)
+            if steps > 1:
+                pld = pld.self_compose(steps, tail_mass_truncation=truncation)
             if result is not None:
                 pld = result.compose(pld, tail_mass_truncation=truncation)
         result = pld
     assert result is not None
-    info = AccountingResult(
-        math.nan, delta, h, tuple(len(p.mech.scale.values) for p in prepared), tail, settings
-    )
+    bins = tuple(len(p.mech.scale.values) for p in prepared) + (1,) * len(gaussians)
+    info = AccountingResult(math.nan, delta, h, bins, tail, settings)
     return result, info
 
 
@@ -198,7 +243,16 @@ def account(
     delta: float,
     settings: AccountingSettings = DEFAULT_SETTINGS,
 ) -> AccountingResult:
-    """Upper bound on ε at ``delta`` for the composition of ``events``, with its settings."""
+    """Upper bound on ε at ``delta`` for the composition of ``events``, with its settings.
+
+    When every event is a ν-DP-FTRL run (a Gaussian mechanism with μ_i), the composition is
+    exactly the Gaussian mechanism with μ = sqrt(Σ μ_i²) and ε is analytic (no discretisation;
+    the same value as :func:`dprc_core.accounting.dpftrl_epsilon` for a single run, so a σ
+    calibrated by ``dpftrl_noise_multiplier`` meets its target in the ledger too)."""
+    if events and all(e.mechanism == NU_DPFTRL for e in events):
+        mu = math.sqrt(sum(e.mu**2 for e in events))
+        eps = gaussian_epsilon(mu, check_delta(delta))
+        return AccountingResult(eps, delta, math.nan, (1,) * len(events), 0.0, settings)
     pld, info = compose_events(events, delta, settings)
     return replace(info, epsilon=epsilon_from_pld(pld, info.delta))
 

@@ -12,6 +12,7 @@ import json
 import math
 from typing import Any
 
+from dprc_core.accounting import dpftrl_cli
 from dprc_core.accounting.accountant import DEFAULT_SETTINGS, account
 from dprc_core.accounting.calibration import noise_multiplier
 from dprc_core.accounting.events import CLIPPINGS, PrivacyEvent
@@ -51,6 +52,7 @@ def add_subparser(subparsers: Any) -> None:
     )
     _add_job_arguments(sig)
     sig.set_defaults(func=_sigma_command)
+    dpftrl_cli.extend(eps, sig)  # --mechanism nu-dpftrl (dpftrl_cli.py)
 
 
 def _add_job_arguments(parser: argparse.ArgumentParser) -> None:

@@ -14,10 +14,15 @@ from typing import Any
 from dprc_core.accounting.envelope import check_k, check_rank
 
 CLIPPINGS = ("exact", "hutch", "hutchpp")
-SUPPORTED_MECHANISMS = ("dp-sgd",)
+DP_SGD = "dp-sgd"
+NU_DPFTRL = "nu-dp-ftrl"
+SUPPORTED_MECHANISMS = (DP_SGD, NU_DPFTRL)
 # Mechanisms that exist in the design but have no accountant yet: refused with a clear error
-# rather than accounted as if they were DP-SGD.
-PLANNED_MECHANISMS = ("nu-dp-ftrl",)
+# rather than accounted as if they were DP-SGD. (ν-DP-FTRL has its accountant now.)
+PLANNED_MECHANISMS: tuple[str, ...] = ()
+# Fields only a ν-DP-FTRL event has; they are left out of a DP-SGD event's JSON, so ledgers
+# holding DP-SGD events only are written exactly as before (ledger JSON v1).
+DPFTRL_FIELDS = ("nu", "bands", "participations", "min_separation", "sensitivity")
 
 
 class UnsupportedMechanismError(NotImplementedError):
@@ -97,7 +102,16 @@ def check_mechanism(mechanism: Any) -> str:
 class PrivacyEvent:
     """``steps`` Poisson-subsampled (rate ``sample_rate``) DP-SGD steps with noise multiplier
     σ and the given clipping (``exact``, or randomized ``hutch`` / ``hutchpp`` with projection
-    dimension ``k`` and optional total rank D for the Hutch rank-dependent envelope)."""
+    dimension ``k`` and optional total rank D for the Hutch rank-dependent envelope).
+
+    ``mechanism="nu-dp-ftrl"``: one whole ν-DP-FTRL run of ``steps`` steps with per-step noise
+    std σ·C (before correlation), damping ``nu``, ``bands`` (None: un-banded), fixed-order
+    batches in which an example takes part at most ``participations`` times, any two at least
+    ``min_separation`` steps apart. Exact clipping only; ``sample_rate`` must be 1 (no
+    amplification by sampling is claimed). ``sensitivity`` is recomputed from the other fields
+    (:func:`dprc_core.accounting.dpftrl.dpftrl_sensitivity`); a stored value is kept only if it
+    is larger (conservative), never used to lower it. Build it with :meth:`nu_dpftrl`.
+    """
 
     noise_multiplier: float
     sample_rate: float
@@ -106,25 +120,102 @@ class PrivacyEvent:
     k: int | None = None
     rank: int | None = None
     mechanism: str = "dp-sgd"
+    nu: float | None = None
+    bands: int | None = None
+    participations: int | None = None
+    min_separation: int | None = None
+    sensitivity: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mechanism", check_mechanism(self.mechanism))
         object.__setattr__(self, "noise_multiplier", check_noise_multiplier(self.noise_multiplier))
         object.__setattr__(self, "sample_rate", check_sample_rate(self.sample_rate))
         object.__setattr__(self, "steps", check_steps(self.steps))
+        if self.mechanism == NU_DPFTRL:
+            self._check_dpftrl()
+            return
+        present = [f for f in DPFTRL_FIELDS if getattr(self, f) is not None]
+        if present:
+            raise ValueError(f"fields {present} are only meaningful for mechanism {NU_DPFTRL!r}")
         clipping, k, rank = check_clipping(self.clipping, self.k, self.rank)
         object.__setattr__(self, "clipping", clipping)
         object.__setattr__(self, "k", k)
         object.__setattr__(self, "rank", rank)
 
+    def _check_dpftrl(self) -> None:
+        # imported here: dpftrl.py is pure numpy/scipy and does not import this module
+        from dprc_core.accounting import dpftrl
+
+        dpftrl.check_dpftrl_clipping(self.clipping)
+        if self.k is not None or self.rank is not None:
+            raise ValueError("k and rank are only meaningful for randomized clipping")
+        if self.sample_rate != 1.0:
+            raise ValueError(
+                "nu-dp-ftrl claims no amplification by sampling: sample_rate must be 1 "
+                f"(got {self.sample_rate})"
+            )
+        required = ("nu", "participations", "min_separation")
+        missing = [f for f in required if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"a {NU_DPFTRL} event needs {missing}")
+        details = dpftrl.dpftrl_sensitivity_details(
+            self.nu, self.steps, self.participations, self.min_separation, self.bands
+        )
+        object.__setattr__(self, "nu", float(self.nu))  # type: ignore[arg-type]
+        object.__setattr__(self, "participations", int(self.participations))  # type: ignore
+        object.__setattr__(self, "min_separation", int(self.min_separation))  # type: ignore
+        sens = details.value
+        if self.sensitivity is not None:
+            stored = self.sensitivity
+            if not _is_real(stored) or not math.isfinite(stored) or stored <= 0:
+                raise ValueError(f"sensitivity must be a finite number > 0, got {stored!r}")
+            # a smaller stored value (tampering, or a ledger from a version with a looser
+            # algorithm) never lowers the recomputed one; a larger one is kept (conservative)
+            sens = max(sens, float(stored))
+        object.__setattr__(self, "sensitivity", sens)
+
+    @classmethod
+    def nu_dpftrl(
+        cls,
+        noise_multiplier: float,
+        steps: int,
+        nu: float,
+        participations: int,
+        min_separation: int,
+        bands: int | None = None,
+    ) -> PrivacyEvent:
+        """A ν-DP-FTRL run (see the class docstring); its sensitivity is computed."""
+        return cls(
+            noise_multiplier,
+            1.0,
+            steps,
+            mechanism=NU_DPFTRL,
+            nu=nu,
+            bands=bands,
+            participations=participations,
+            min_separation=min_separation,
+        )
+
+    @property
+    def mu(self) -> float:
+        """μ = sensitivity/σ of a ν-DP-FTRL event (the whole run is one Gaussian mechanism)."""
+        if self.mechanism != NU_DPFTRL or self.sensitivity is None:
+            raise ValueError("mu is defined for nu-dp-ftrl events only")
+        return self.sensitivity / self.noise_multiplier
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if self.mechanism != NU_DPFTRL:
+            for f in DPFTRL_FIELDS:
+                del data[f]
+        return data
 
     @classmethod
     def from_dict(cls, data: Any) -> PrivacyEvent:
         if not isinstance(data, dict):
             raise ValueError(f"an event must be a JSON object, got {type(data).__name__}")
         allowed = {"noise_multiplier", "sample_rate", "steps", "clipping", "k", "rank", "mechanism"}
+        allowed |= set(DPFTRL_FIELDS)
         unknown = set(data) - allowed
         if unknown:
             raise ValueError(f"unknown event fields: {sorted(unknown)}")

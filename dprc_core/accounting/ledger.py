@@ -16,7 +16,7 @@ from dprc_core.accounting.accountant import (
     AccountingSettings,
     account,
 )
-from dprc_core.accounting.events import PrivacyEvent, check_delta
+from dprc_core.accounting.events import NU_DPFTRL, PrivacyEvent, check_delta
 
 LEDGER_FORMAT = "dprc-privacy-ledger"
 LEDGER_VERSION = 1
@@ -41,17 +41,34 @@ class PrivacyLedger:
         k: int | None = None,
         rank: int | None = None,
         mechanism: str = "dp-sgd",
+        nu: float | None = None,
+        bands: int | None = None,
+        participations: int | None = None,
+        min_separation: int | None = None,
     ) -> PrivacyEvent:
-        """Record an event, given either as a :class:`PrivacyEvent` or by its fields."""
+        """Record an event, given either as a :class:`PrivacyEvent` or by its fields.
+
+        A ν-DP-FTRL run: ``mechanism="nu-dp-ftrl"`` with ``nu``, ``participations``,
+        ``min_separation`` (and ``bands``); its ``sample_rate`` defaults to 1 (no sampling)."""
+        ftrl = (nu, bands, participations, min_separation)
         if event is not None:
             if not isinstance(event, PrivacyEvent):
                 raise TypeError(f"expected a PrivacyEvent, got {type(event).__name__}")
-            if noise_multiplier is not None or sample_rate is not None or steps is not None:
+            if (
+                noise_multiplier is not None
+                or sample_rate is not None
+                or steps is not None
+                or any(v is not None for v in ftrl)
+            ):
                 raise ValueError("pass either an event or its fields, not both")
         else:
+            if mechanism == NU_DPFTRL and sample_rate is None:
+                sample_rate = 1.0
             if noise_multiplier is None or sample_rate is None or steps is None:
                 raise ValueError("record() needs noise_multiplier, sample_rate and steps")
-            event = PrivacyEvent(noise_multiplier, sample_rate, steps, clipping, k, rank, mechanism)
+            event = PrivacyEvent(
+                noise_multiplier, sample_rate, steps, clipping, k, rank, mechanism, *ftrl
+            )
         self._events.append(event)
         return event
 

@@ -1,8 +1,10 @@
-"""Poisson sampling: the sampling the accountant assumes (DESIGN.md §4).
+"""Poisson sampling (DP-SGD) and fixed-order batches (ν-DP-FTRL): the samplings the accountant
+assumes (DESIGN.md §4).
 
-Every logical batch includes each of the N examples independently with probability q, so the
-batch size is Binomial(N, q) — possibly 0, which is still a (noise-only) step. Divide by the
-*expected* batch size q·N, never by the realised one.
+Poisson sampling: every logical batch includes each of the N examples independently with
+probability q, so the batch size is Binomial(N, q) — possibly 0, which is still a (noise-only)
+step. Divide by the *expected* batch size q·N, never by the realised one. Fixed-order batches:
+see :class:`FixedOrderSampler`.
 """
 
 from __future__ import annotations
@@ -40,3 +42,106 @@ class PoissonSampler:
         for _ in range(self.steps):
             draws = torch.rand(self.num_examples, generator=self.generator)
             yield torch.nonzero(draws < self.sample_rate).flatten()
+
+
+class FixedOrderSampler:
+    """Fixed-order batches for ν-DP-FTRL (DESIGN.md §4): shuffle once with ``seed``, then
+    cycle through the same order every epoch — every example exactly once per epoch.
+
+    With N examples and batch size B there are ``steps_per_epoch = ⌈N/B⌉`` batches per epoch;
+    batch j of every epoch holds positions [j·B, (j+1)·B) of the shuffled order. When B does
+    not divide N the **last batch of every epoch is smaller** (N − (⌈N/B⌉−1)·B examples):
+    nothing is dropped or wrapped, so an example in batch j takes part in steps j, j + s,
+    j + 2s, … (s = steps_per_epoch) — separated by exactly s — and at most ⌈steps/s⌉ times.
+    :meth:`accounting_pattern` returns exactly these bounds for
+    :func:`dprc_core.accounting.dpftrl_sensitivity`, which maximises over *every* pattern with
+    at most that many participations at least s apart (a superset of the real ones, hence
+    pessimistic). Divide the clipped sum by the fixed ``batch_size``, never by the realised
+    size of the short batch. Reshuffling between epochs would break the separation and is not
+    offered.
+
+    Iteration resumes from :attr:`step`; :meth:`state_dict` is JSON-able.
+    """
+
+    def __init__(
+        self,
+        num_examples: int,
+        batch_size: int,
+        *,
+        epochs: int | None = None,
+        steps: int | None = None,
+        seed: int | None = None,
+    ):
+        if not (isinstance(num_examples, int) and num_examples > 0):
+            raise ValueError(f"num_examples must be a positive integer, got {num_examples!r}")
+        if not (isinstance(batch_size, int) and 0 < batch_size <= num_examples):
+            raise ValueError(
+                f"batch_size must be an integer in [1, num_examples], got {batch_size!r}"
+            )
+        if (epochs is None) == (steps is None):
+            raise ValueError("give exactly one of epochs and steps")
+        spe = -(-num_examples // batch_size)
+        if epochs is not None:
+            if not (isinstance(epochs, int) and epochs >= 1):
+                raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
+            steps = epochs * spe
+        if not (isinstance(steps, int) and steps >= 1):
+            raise ValueError(f"steps must be a positive integer, got {steps!r}")
+        if seed is None:
+            seed = int.from_bytes(os.urandom(8), "little") >> 1
+        if not (isinstance(seed, int) and 0 <= seed < 2**63):
+            raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
+        self.num_examples = num_examples
+        self.batch_size = batch_size
+        self.steps = steps
+        self.seed = seed
+        self.steps_per_epoch = spe
+        self.step = 0
+        self.order = torch.randperm(num_examples, generator=torch.Generator().manual_seed(seed))
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def batch(self, step: int) -> torch.Tensor:
+        """Example indices of ``step`` (0-based)."""
+        j = step % self.steps_per_epoch
+        return self.order[j * self.batch_size : (j + 1) * self.batch_size]
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        while self.step < self.steps:
+            batch = self.batch(self.step)
+            self.step += 1
+            yield batch
+
+    def accounting_pattern(self) -> dict[str, int]:
+        """``steps``, ``participations`` (max per example) and ``min_separation`` of this
+        sampler, the arguments :func:`dprc_core.accounting.dpftrl_sensitivity` needs."""
+        return {
+            "steps": self.steps,
+            "participations": -(-self.steps // self.steps_per_epoch),
+            "min_separation": self.steps_per_epoch,
+        }
+
+    def state_dict(self) -> dict[str, int]:
+        return {
+            "num_examples": self.num_examples,
+            "batch_size": self.batch_size,
+            "steps": self.steps,
+            "seed": self.seed,
+            "step": self.step,
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, int]) -> FixedOrderSampler:
+        """Rebuild a sampler (same order) positioned at the saved step."""
+        try:
+            sampler = cls(
+                state["num_examples"], state["batch_size"], steps=state["steps"], seed=state["seed"]
+            )
+            step = state["step"]
+        except KeyError as exc:
+            raise ValueError(f"not a FixedOrderSampler state: missing {exc}") from exc
+        if not (isinstance(step, int) and 0 <= step <= sampler.steps):
+            raise ValueError(f"step must be an integer in [0, steps], got {step!r}")
+        sampler.step = step
+        return sampler

@@ -111,9 +111,12 @@ def test_from_json_rejects_garbage():
             PrivacyLedger.from_json(text)
 
 
-def test_unsupported_mechanism_is_refused_not_misaccounted():
+def test_nu_dpftrl_without_its_fields_is_refused_not_misaccounted():
+    """ν-DP-FTRL is accounted now (tests/accounting/test_ledger_dpftrl.py); an event that
+    lacks its participation pattern, or that claims Poisson sampling, is still refused rather
+    than accounted as DP-SGD."""
     ledger = PrivacyLedger()
-    with pytest.raises(UnsupportedMechanismError, match="nu-dp-ftrl"):
+    with pytest.raises(ValueError, match="nu-dp-ftrl"):
         ledger.record(noise_multiplier=1.0, sample_rate=0.01, steps=10, mechanism="nu-dp-ftrl")
     assert len(ledger) == 0
     payload = {
@@ -123,5 +126,6 @@ def test_unsupported_mechanism_is_refused_not_misaccounted():
             {"noise_multiplier": 1.0, "sample_rate": 0.01, "steps": 10, "mechanism": "nu-dp-ftrl"}
         ],
     }
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(ValueError):
         PrivacyLedger.from_json(json.dumps(payload))
+    assert issubclass(UnsupportedMechanismError, NotImplementedError)  # still exported

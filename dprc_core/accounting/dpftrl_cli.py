@@ -1,0 +1,177 @@
+"""``--mechanism nu-dpftrl`` for ``dprc accountant epsilon`` and ``dprc accountant sigma``.
+
+Kept apart from :mod:`dprc_core.accounting.cli` so that the DP-SGD commands stay as they are:
+:func:`extend` adds the options to both sub-commands and routes ν-DP-FTRL jobs here.
+
+A ν-DP-FTRL job is given by ``--dataset-size N --batch-size B --epochs E`` (fixed-order
+batches, :class:`~dprc_core.training.sampling.FixedOrderSampler`: steps = E·⌈N/B⌉, at most E
+participations, ⌈N/B⌉ steps apart) or by ``--steps`` with ``--participations`` and
+``--min-separation``. There is no sampling rate: no amplification is claimed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import Any
+
+from dprc_core.accounting.dpftrl import (
+    check_dpftrl_clipping,
+    dpftrl_epsilon,
+    dpftrl_noise_multiplier,
+    dpftrl_sensitivity_details,
+)
+
+MECHANISMS = ("dp-sgd", "nu-dpftrl")
+_ALIASES = {"nu-dp-ftrl": "nu-dpftrl"}
+_FTRL_ONLY = ("nu", "bands", "participations", "min_separation")
+
+
+def _mechanism(value: str) -> str:
+    value = _ALIASES.get(value, value)
+    if value not in MECHANISMS:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(MECHANISMS)}")
+    return value
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("mechanism")
+    group.add_argument(
+        "--mechanism",
+        type=_mechanism,
+        default="dp-sgd",
+        help="dp-sgd (default; Poisson sampling) or nu-dpftrl (correlated noise, fixed-order "
+        "batches, no amplification)",
+    )
+    group.add_argument("--nu", type=float, help="nu-dpftrl: damping nu in [0, 1]")
+    group.add_argument("--bands", type=int, help="nu-dpftrl: number of bands (default: none)")
+    group.add_argument(
+        "--participations", type=int, help="nu-dpftrl with --steps: max participations"
+    )
+    group.add_argument(
+        "--min-separation", type=int, help="nu-dpftrl with --steps: min steps between them"
+    )
+
+
+def _dispatch(original: Callable[[argparse.Namespace], int], ftrl: Callable) -> Callable:
+    def run(args: argparse.Namespace) -> int:
+        if args.mechanism == "nu-dpftrl":
+            return ftrl(args)
+        given = [f"--{f.replace('_', '-')}" for f in _FTRL_ONLY if getattr(args, f) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: only for --mechanism nu-dpftrl")
+        return original(args)
+
+    return run
+
+
+def extend(epsilon_parser: argparse.ArgumentParser, sigma_parser: argparse.ArgumentParser) -> None:
+    """Add ``--mechanism`` and the ν-DP-FTRL options to both sub-commands."""
+    for parser, ftrl in ((epsilon_parser, _epsilon_command), (sigma_parser, _sigma_command)):
+        _add_arguments(parser)
+        parser.set_defaults(func=_dispatch(parser.get_default("func"), ftrl))
+
+
+def _job(args: argparse.Namespace) -> dict[str, Any]:
+    if args.sample_rate is not None:
+        raise ValueError("nu-dpftrl uses fixed-order batches: --sample-rate does not apply")
+    check_dpftrl_clipping(args.clipping)
+    if args.k is not None or args.rank is not None:
+        raise ValueError("--k and --rank are for randomized clipping, which nu-dpftrl refuses")
+    if args.nu is None:
+        raise ValueError("--mechanism nu-dpftrl needs --nu")
+    by_size = any(v is not None for v in (args.dataset_size, args.batch_size, args.epochs))
+    if by_size:
+        if args.steps is not None or args.participations is not None or (
+            args.min_separation is not None
+        ):
+            raise ValueError(
+                "give either --dataset-size/--batch-size/--epochs or "
+                "--steps/--participations/--min-separation, not both"
+            )
+        if None in (args.dataset_size, args.batch_size, args.epochs):
+            raise ValueError("--dataset-size, --batch-size and --epochs go together")
+        n, b, e = args.dataset_size, args.batch_size, args.epochs
+        if n < 1 or b < 1 or e < 1 or b > n:
+            raise ValueError("need 1 <= batch-size <= dataset-size and epochs >= 1")
+        spe = math.ceil(n / b)
+        return {
+            "steps": e * spe,
+            "participations": e,
+            "min_separation": spe,
+            "dataset_size": n,
+            "batch_size": b,
+            "epochs": e,
+        }
+    if None in (args.steps, args.participations, args.min_separation):
+        raise ValueError(
+            "nu-dpftrl needs --dataset-size/--batch-size/--epochs, or --steps with "
+            "--participations and --min-separation"
+        )
+    return {
+        "steps": args.steps,
+        "participations": args.participations,
+        "min_separation": args.min_separation,
+    }
+
+
+def _result(sigma: float, delta: float, nu: float, bands: int | None, job: dict) -> dict:
+    details = dpftrl_sensitivity_details(
+        nu, job["steps"], job["participations"], job["min_separation"], bands
+    )
+    eps = dpftrl_epsilon(
+        sigma, delta, nu, job["steps"], job["participations"], job["min_separation"], bands
+    )
+    return {
+        "epsilon": eps,
+        "noise_multiplier": sigma,
+        "delta": delta,
+        "mechanism": "nu-dp-ftrl",
+        "nu": nu,
+        "bands": bands,
+        **job,
+        "sensitivity": details.value,
+        "sensitivity_method": details.method + (" (exact)" if details.exact else ""),
+        "mu": details.value / sigma,
+        "clipping": "exact",
+        "adjacency": "zero-out (one example's gradients replaced by 0), fixed-order batches, "
+        "no amplification by sampling",
+        "accountant": "analytic Gaussian mechanism (exact) with the implemented matrix's "
+        "sensitivity",
+    }
+
+
+def _report(result: dict[str, Any], as_json: bool, headline: str, shown: str) -> None:
+    from dprc_core.accounting.cli import _report as report  # the DP-SGD commands' format
+
+    report(result, as_json, headline, shown)
+
+
+def _epsilon_command(args: argparse.Namespace) -> int:
+    job = _job(args)
+    result = _result(args.noise_multiplier, args.delta, args.nu, args.bands, job)
+    headline = f"epsilon = {result['epsilon']:.6g} (exact Gaussian, nu-dp-ftrl)"
+    _report(result, args.json, headline, "epsilon")
+    return 0
+
+
+def _sigma_command(args: argparse.Namespace) -> int:
+    job = _job(args)
+    sigma = dpftrl_noise_multiplier(
+        args.epsilon,
+        args.delta,
+        args.nu,
+        job["steps"],
+        job["participations"],
+        job["min_separation"],
+        args.bands,
+    )
+    result = _result(sigma, args.delta, args.nu, args.bands, job)
+    result = {"target_epsilon": args.epsilon, **result}
+    headline = (
+        f"noise_multiplier = {sigma:.6g} (nu-dp-ftrl, smallest with epsilon <= "
+        f"{args.epsilon:g}; achieved epsilon = {result['epsilon']:.6g})"
+    )
+    _report(result, args.json, headline, "noise_multiplier")
+    return 0
