@@ -31,10 +31,11 @@ from dprc_core.estimators import (
 )
 from dprc_core.hooks import PerSampleHooks, trainable_parameters
 from dprc_core.independence import check_sample_independence
-from dprc_core.noise import GaussianNoise
+from dprc_core.noise import GaussianNoise, NuDPFTRLNoise
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 CLIPPING_MODES = ("two_pass", "bookkeeping")
+NOISE_MECHANISMS = ("gaussian", "nu_dpftrl")
 
 
 @dataclass
@@ -156,6 +157,9 @@ class PrivacyEngine:
         clipping_mode: str = "bookkeeping",
         max_seq_len: int | None = None,
         check_independence: bool = True,
+        noise_mechanism: str = "gaussian",
+        nu: float | None = None,
+        bands: int | None = None,
     ):
         if clipping_mode not in CLIPPING_MODES:
             raise ValueError(
@@ -194,7 +198,26 @@ class PrivacyEngine:
             )
         self.seed = int.from_bytes(os.urandom(8), "little") if seed is None else int(seed)
         self.generators = _Generators(self.seed)
-        self.noise = GaussianNoise(self.noise_multiplier * self.max_grad_norm)
+        self.noise_mechanism = noise_mechanism
+        self.noise: GaussianNoise | NuDPFTRLNoise
+        if noise_mechanism == "gaussian":
+            if nu is not None or bands is not None:
+                raise ValueError("nu and bands apply to noise_mechanism='nu_dpftrl' only")
+            self.noise = GaussianNoise(self.noise_multiplier * self.max_grad_norm)
+        elif noise_mechanism == "nu_dpftrl":
+            if norm_method in (*RANDOMIZED_METHODS, "auto"):
+                raise ValueError(
+                    f"norm_method={norm_method!r} with correlated noise (nu_dpftrl) is refused: "
+                    "randomized clipping with correlated noise has no privacy analysis; use an "
+                    "exact method (exact, ghost, fgc)"
+                )
+            if nu is None:
+                raise ValueError("noise_mechanism='nu_dpftrl' needs nu (the damping, in [0, 1])")
+            self.noise = NuDPFTRLNoise(self.noise_multiplier * self.max_grad_norm, nu, bands)
+        else:
+            raise ValueError(
+                f"noise_mechanism must be one of {NOISE_MECHANISMS}, got {noise_mechanism!r}"
+            )
         self.hooks = PerSampleHooks(model, allow_flattened=self.check_independence)
         self._independence_checked = False
         self.norm_plan = self._make_plan()
@@ -230,6 +253,7 @@ class PrivacyEngine:
             "steps": self.steps,
             "seed": self.seed,
             "generators": {k: g.get_state() for k, g in self.generators._by_device.items()},
+            "noise": self.noise.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -238,6 +262,7 @@ class PrivacyEngine:
         self.generators = _Generators(self.seed)
         for device, gen_state in state["generators"].items():
             self.generators(device).set_state(gen_state.cpu())
+        self.noise.load_state_dict(state.get("noise", {}))
 
     def accumulate(self, loss_fn: LossFn, batch: Any) -> None:
         """Add one micro-batch's clipped per-sample gradients to the logical batch."""
@@ -298,12 +323,13 @@ class PrivacyEngine:
             for p in self.params:
                 p.grad = None
         with torch.no_grad():
-            for p in self.params:
+            for index, p in enumerate(self.params):
                 grad = p.grad if p.grad is not None else torch.zeros_like(p)
-                noise = self.noise.sample(grad, self.generators(grad.device))
+                noise = self.noise.sample(index, grad, self.generators(grad.device))
                 if noise is not None:
                     grad = grad + noise
                 p.grad = grad / self.expected_batch_size
+            self.noise.end_step()
             if not all(bool(torch.isfinite(p.grad).all()) for p in self.params):
                 for p in self.params:
                     p.grad = None

@@ -350,3 +350,45 @@ def test_the_documented_handler_registration_gives_true_norms():
     for method in ("fgc", "ghost"):
         got = dprc_core.per_sample_grad_norms(net, loss, x, method=method)
         torch.testing.assert_close(got, ref, rtol=1e-10, atol=0)
+
+
+# ------------------------------------------------------------ correlated noise (nu-DP-FTRL)
+@pytest.mark.parametrize("method", ["hutch", "hutchpp", "auto"])
+def test_nu_dpftrl_refuses_randomized_clipping(method):
+    with pytest.raises(ValueError, match="correlated noise"):
+        _engine(Net().double(), noise_mechanism="nu_dpftrl", nu=0.1, norm_method=method,
+                k=4, max_seq_len=4, noise_multiplier=1.0)
+
+
+def test_noise_mechanism_arguments_are_validated():
+    with pytest.raises(ValueError, match="needs nu"):
+        _engine(Net().double(), noise_mechanism="nu_dpftrl", noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="apply to noise_mechanism"):
+        _engine(Net().double(), nu=0.1, noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="noise_mechanism"):
+        _engine(Net().double(), noise_mechanism="laplace", noise_multiplier=1.0)
+
+
+def test_nu_dpftrl_noise_only_steps_are_correlated_like_its_toeplitz_matrix():
+    """Empty batches, lr = 1: the update of step t is -z_t / B with z = B_ν w; the lag-1
+    correlation of the updates is β_1 / sqrt(1 + β_1²) · … — here checked against the
+    coefficients' own covariance (β_0 β_1 over β_0² for t = 1, un-banded, by Monte Carlo over
+    120 000 coordinates: bound 6/sqrt(n))."""
+    from dprc_core.accounting.dpftrl import nu_dpftrl_coefficients
+
+    lin = nn.Linear(400, 300, dtype=torch.float64)
+    engine = _engine(lin, noise_mechanism="nu_dpftrl", nu=0.2, noise_multiplier=1.0,
+                     expected_batch_size=1)
+    empty = torch.zeros(0, 400, dtype=torch.float64)
+    loss = lambda m, b: m(b).sum(-1)  # noqa: E731
+    ups = []
+    for _ in range(2):
+        before = torch.cat([p.detach().flatten().clone() for p in lin.parameters()])
+        engine.step(loss, empty)
+        ups.append(before - torch.cat([p.detach().flatten() for p in lin.parameters()]))
+    b0, b1 = nu_dpftrl_coefficients(0.2, 2)
+    z1, z2 = ups  # z_1 = w_1, z_2 = w_2 + β_1 w_1 (σC = 1, B = 1)
+    n = z1.numel()
+    assert abs(float(z1.pow(2).mean()) - b0**2) <= 6 * (2 / n) ** 0.5
+    assert abs(float((z1 * z2).mean()) - b0 * b1) <= 6 * (1 + b1**2) ** 0.5 / n**0.5
+    assert abs(float(z2.pow(2).mean()) - (b0**2 + b1**2)) <= 6 * (2 / n) ** 0.5 * (1 + b1**2)

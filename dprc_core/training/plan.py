@@ -16,7 +16,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dprc_core.accounting import PrivacyEvent, epsilon_for_events, noise_multiplier
+from dprc_core.accounting.dpftrl import dpftrl_epsilon, dpftrl_noise_multiplier
 from dprc_core.accounting.events import check_delta, check_epsilon
+
+NOISE_MECHANISMS = ("gaussian", "nu_dpftrl")
 
 
 def default_delta(n: int) -> float:
@@ -26,7 +29,7 @@ def default_delta(n: int) -> float:
     exact = n ** -1.1
     exponent = math.floor(math.log10(exact))
     mantissa = math.floor(exact / 10**exponent * 10) / 10
-    value = mantissa * 10**exponent
+    value = float(f"{mantissa:.1f}e{exponent}")
     while value > exact:  # floating-point guard: never above 1/N^1.1
         value = math.nextafter(value, 0.0)
     return value
@@ -45,10 +48,26 @@ class PrivacyPlan:
     k: int | None
     target_epsilon: float | None
     planned_epsilon: float
+    mechanism: str = "gaussian"  # gaussian (Poisson DP-SGD) | nu_dpftrl (fixed order)
+    nu: float | None = None
+    bands: int | None = None
+    min_separation: int | None = None  # nu_dpftrl: steps per epoch
 
     def event(self, steps: int | None = None) -> PrivacyEvent:
-        return PrivacyEvent(self.noise_multiplier, self.sample_rate,
-                            self.steps if steps is None else steps, self.clipping, self.k)
+        """The privacy event of the first ``steps`` steps (default: the whole plan).
+
+        ν-DP-FTRL: the first t released steps are rows 1..t of the same lower-triangular
+        Toeplitz noise, i.e. a ν-DP-FTRL run of t steps with at most ⌈t/s⌉ participations."""
+        steps = self.steps if steps is None else steps
+        if self.mechanism == "nu_dpftrl":
+            assert self.nu is not None and self.min_separation is not None
+            return PrivacyEvent.nu_dpftrl(
+                self.noise_multiplier, steps=steps, nu=self.nu,
+                participations=-(-steps // self.min_separation),
+                min_separation=self.min_separation, bands=self.bands,
+            )
+        return PrivacyEvent(self.noise_multiplier, self.sample_rate, steps, self.clipping,
+                            self.k)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,8 +83,22 @@ def plan_privacy(
     target_epsilon: float | None = None,
     delta: float | None = None,
     noise_multiplier_value: float | None = None,
+    mechanism: str = "gaussian",
+    nu: float | None = None,
+    bands: int | None = None,
 ) -> PrivacyPlan:
-    """Plan a job; exactly one of ``target_epsilon`` / ``noise_multiplier_value`` is given."""
+    """Plan a job; exactly one of ``target_epsilon`` / ``noise_multiplier_value`` is given.
+
+    ``mechanism="nu_dpftrl"``: fixed-order batches (integer ``batch_size`` and ``epochs``),
+    steps = epochs·⌈N/B⌉, exact clipping only, σ from the matrix-mechanism sensitivity with no
+    amplification (docs/accounting.md §9)."""
+    if mechanism not in NOISE_MECHANISMS:
+        raise ValueError(f"noise mechanism must be one of {NOISE_MECHANISMS}, got {mechanism!r}")
+    if mechanism == "nu_dpftrl":
+        return _plan_nu_dpftrl(dataset_size, batch_size, epochs, clipping, target_epsilon, delta,
+                               noise_multiplier_value, nu, bands)
+    if nu is not None or bands is not None:
+        raise ValueError("nu and bands apply to the nu_dpftrl mechanism only")
     n = dataset_size
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
         raise ValueError(f"the data set needs at least 2 examples, got {n!r}")
@@ -90,3 +123,34 @@ def plan_privacy(
     planned = epsilon_for_events([PrivacyEvent(sigma, q, steps, clipping, k_acc)], delta)
     return PrivacyPlan(n, float(batch_size), float(epochs), q, steps, delta, sigma, clipping,
                        k_acc, target, planned)
+
+
+def _plan_nu_dpftrl(n, batch_size, epochs, clipping, target_epsilon, delta, sigma_given, nu,
+                    bands) -> PrivacyPlan:
+    if clipping != "exact":
+        raise ValueError(
+            f"clipping {clipping!r} with nu_dpftrl is refused: randomized clipping with "
+            "correlated noise has no privacy analysis; use exact norms"
+        )
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise ValueError(f"the data set needs at least 2 examples, got {n!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 0 < batch_size <= n:
+        raise ValueError(f"nu_dpftrl needs an integer batch_size in [1, N={n}], got {batch_size!r}")
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or not 0 < epochs <= 10_000:
+        raise ValueError(f"nu_dpftrl needs an integer number of epochs >= 1, got {epochs!r}")
+    if nu is None:
+        raise ValueError("nu_dpftrl needs nu (the damping, in [0, 1])")
+    if (target_epsilon is None) == (sigma_given is None):
+        raise ValueError("give exactly one of target_epsilon and noise_multiplier")
+    delta = default_delta(n) if delta is None else check_delta(delta)
+    sep = -(-n // batch_size)
+    pattern = {"steps": epochs * sep, "participations": epochs, "min_separation": sep}
+    if sigma_given is None:
+        target = check_epsilon(target_epsilon)
+        sigma = dpftrl_noise_multiplier(target, delta, nu, bands=bands, **pattern)
+    else:
+        sigma, target = float(sigma_given), None
+    planned = dpftrl_epsilon(sigma, delta, nu, bands=bands, **pattern)
+    return PrivacyPlan(n, float(batch_size), float(epochs), batch_size / n, pattern["steps"],
+                       delta, sigma, "exact", None, target, planned, "nu_dpftrl", float(nu),
+                       bands, sep)

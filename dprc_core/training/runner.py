@@ -36,7 +36,7 @@ from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.data import TASKS, TokenizedData, label_names, load_jsonl, tokenize
 from dprc_core.training.models import LoraSpec, load_model, load_tokenizer
 from dprc_core.training.plan import PrivacyPlan, plan_privacy
-from dprc_core.training.sampling import PoissonSampler
+from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
 
 OPTIMIZERS = ("adam", "sgd")
 
@@ -69,6 +69,9 @@ class JobSpec:
     report_train_loss: bool = True
     epsilon_every: int = 10  # compute ε spent for progress every this many steps
     classes: list[str] | None = None  # classification: class names (default: from the file)
+    noise_mechanism: str = "gaussian"  # gaussian (Poisson DP-SGD) | nu_dpftrl (fixed order)
+    nu: float | None = None  # nu_dpftrl damping
+    bands: int | None = None  # nu_dpftrl banding (None: un-banded)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -205,6 +208,7 @@ def run_job(
         dataset_size=n, batch_size=spec.batch_size, epochs=spec.epochs, clipping=clipping,
         k=spec.k, target_epsilon=None if spec.noise_multiplier is not None else spec.target_epsilon,
         delta=spec.target_delta, noise_multiplier_value=spec.noise_multiplier,
+        mechanism=spec.noise_mechanism, nu=spec.nu, bands=spec.bands,
     )
     if state is not None and state["plan"] != plan.to_dict():
         raise ValueError(
@@ -220,11 +224,18 @@ def run_job(
     seed = spec.seed if spec.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
     engine = PrivacyEngine(
         model, opt, max_grad_norm=spec.max_grad_norm, noise_multiplier=plan.noise_multiplier,
-        expected_batch_size=plan.sample_rate * n, norm_method=spec.clipping, k=spec.k,
-        seed=seed, max_seq_len=spec.max_seq_len,
+        expected_batch_size=plan.batch_size, norm_method=spec.clipping, k=spec.k,
+        seed=seed, max_seq_len=spec.max_seq_len if spec.clipping == "auto" else None,
+        noise_mechanism=spec.noise_mechanism, nu=spec.nu, bands=spec.bands,
     )
     assert engine.accounting_clipping == clipping
-    sampler = PoissonSampler(n, plan.sample_rate, plan.steps, seed=(seed * 31 + 7) % 2**63)
+    fixed = spec.noise_mechanism == "nu_dpftrl"
+    sampler_seed = (seed * 31 + 7) % 2**63
+    sampler: PoissonSampler | FixedOrderSampler
+    if fixed:
+        sampler = FixedOrderSampler(n, int(spec.batch_size), steps=plan.steps, seed=sampler_seed)
+    else:
+        sampler = PoissonSampler(n, plan.sample_rate, plan.steps, seed=sampler_seed)
     prior: list[PrivacyEvent] = []
     done = 0
     if state is not None:
@@ -234,8 +245,12 @@ def run_job(
             "steps": state["engine"]["steps"], "seed": state["engine"]["seed"],
             "generators": {k[len("engine:"):]: v for k, v in rng.items()
                            if k.startswith("engine:")},
+            "noise": {k[len("noise:"):]: v for k, v in rng.items() if k.startswith("noise:")},
         })
-        sampler.generator.set_state(rng["sampler"])
+        if isinstance(sampler, FixedOrderSampler):
+            sampler = FixedOrderSampler.from_state_dict(state["sampler"])
+        else:
+            sampler.generator.set_state(rng["sampler"])
         prior = list(PrivacyLedger.from_json(ledger_json).events)
         done = int(state["steps_done"])
     resumed_from = done
@@ -245,6 +260,8 @@ def run_job(
     epsilon_now = _ledger(prior, None).epsilon(plan.delta) if prior else 0.0
 
     def ledger_now() -> PrivacyLedger:
+        if fixed:  # one matrix mechanism: the released chain is its first `done` steps
+            return PrivacyLedger([plan.event(done)] if done else [])
         seg = done - resumed_from
         return _ledger(prior, plan.event(seg) if seg else None)
 
@@ -258,18 +275,23 @@ def run_job(
     def save() -> Path:
         ledger = ledger_now()
         eps = epsilon_at_done()
-        rng_out = {"sampler": sampler.generator.get_state()}
         est = engine.state_dict()
-        rng_out.update({f"engine:{k}": v for k, v in est["generators"].items()})
+        rng_out = {f"engine:{k}": v for k, v in est["generators"].items()}
+        rng_out.update({f"noise:{k}": v for k, v in est["noise"].items()})
+        if isinstance(sampler, PoissonSampler):
+            rng_out["sampler"] = sampler.generator.get_state()
         return ckpt_io.save_checkpoint(
             out, step=done, model=model, tokenizer=tokenizer, ledger_json=ledger.to_json(),
             metadata={"step": done, "steps": plan.steps, "epsilon": eps, "delta": plan.delta,
                       "task": spec.task, "classes": classes, "lora": lora is not None,
                       "noise_multiplier": plan.noise_multiplier, "clipping": clipping,
-                      "k": plan.k, "sample_rate": plan.sample_rate},
+                      "k": plan.k, "sample_rate": plan.sample_rate,
+                      "noise_mechanism": plan.mechanism, "nu": plan.nu, "bands": plan.bands},
             optimizer=opt, rng=rng_out,
             state={"steps_done": done, "plan": plan.to_dict(),
-                   "engine": {"steps": est["steps"], "seed": est["seed"]}},
+                   "engine": {"steps": est["steps"], "seed": est["seed"]},
+                   "sampler": sampler.state_dict() if isinstance(sampler, FixedOrderSampler)
+                   else None},
         )
 
     last_ckpt = latest

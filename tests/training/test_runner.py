@@ -123,3 +123,31 @@ def test_training_loss_can_be_withheld(tiny_dir, train_file, tmp_path):
     run_job(spec(tiny_dir, train_file, tmp_path / "q", epochs=0.5, report_train_loss=False),
             on_progress=seen.append)
     assert seen and all(p.loss is None and p.clipped_fraction is None for p in seen)
+
+
+def test_nu_dpftrl_job_accounts_the_matrix_mechanism_and_resumes_exactly(
+    tiny_dir, train_file, tmp_path
+):
+    from dprc_core.accounting import dpftrl_epsilon
+
+    kw = dict(noise_mechanism="nu_dpftrl", nu=0.1, bands=4, clipping="exact", epochs=2,
+              batch_size=12, checkpoint_every=3)
+    full = run_job(spec(tiny_dir, train_file, tmp_path / "n", **kw))
+    plan = full.plan
+    assert plan.steps == 2 * 4 and plan.mechanism == "nu_dpftrl"
+    want = dpftrl_epsilon(plan.noise_multiplier, plan.delta, 0.1, steps=8, participations=2,
+                          min_separation=4, bands=4)
+    assert full.epsilon == pytest.approx(want, rel=1e-9) and want <= 4.0
+    run_job(spec(tiny_dir, train_file, tmp_path / "m", **kw), should_stop=lambda: True)
+    resumed = run_job(spec(tiny_dir, train_file, tmp_path / "m", **kw))
+    assert resumed.resumed_from == 1
+    a, b = weights(full.checkpoint), weights(resumed.checkpoint)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)
+    assert resumed.epsilon == full.epsilon
+
+
+def test_nu_dpftrl_with_randomized_clipping_is_refused(tiny_dir, train_file, tmp_path):
+    with pytest.raises(ValueError, match="correlated noise"):
+        run_job(spec(tiny_dir, train_file, tmp_path / "x", noise_mechanism="nu_dpftrl", nu=0.1,
+                     clipping="hutch", epochs=1, batch_size=12))
