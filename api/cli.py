@@ -28,6 +28,7 @@ def add_subparsers(sub: Any) -> None:
     revoke.add_argument("key_id")
     revoke.set_defaults(func=_keys_revoke)
     lst = ksub.add_parser("list", help="list keys (id, tenant, prefix, created, revoked)")
+    lst.add_argument("--json", action="store_true", help="one JSON object per line")
     lst.set_defaults(func=_keys_list)
 
 
@@ -73,14 +74,20 @@ def _keys_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
-def _keys_list(_args: argparse.Namespace) -> int:
+def _keys_list(args: argparse.Namespace) -> int:
+    from api.keys.schemas import KeyInfo
     from api.keys.service import list_keys
 
     store = _store()
     with store.sessions() as session:
         for key, tenant in list_keys(session):
-            state = "revoked" if key.revoked_at is not None else "active"
-            print(f"{key.id}\t{tenant}\t{key.prefix}...\t{key.created_at}\t{state}")
+            info = KeyInfo(id=key.id, tenant=tenant, prefix=key.prefix,
+                           created_at=key.created_at, revoked_at=key.revoked_at)
+            if args.json:
+                print(info.model_dump_json())
+                continue
+            state = "revoked" if info.revoked_at is not None else "active"
+            print(f"{info.id}\t{info.tenant}\t{info.prefix}...\t{info.created_at}\t{state}")
     return 0
 
 
