@@ -6,14 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from dprc_core.cli import build_parser as core_parser
+from dprc_core import cli as core_cli
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = core_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-
+def add_subparsers(sub: Any) -> None:
+    """Register ``serve`` and ``keys`` on the ``dprc`` command's sub-parsers."""
     serve = sub.add_parser("serve", help="run the API server (uvicorn)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -29,8 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("key_id")
     revoke.set_defaults(func=_keys_revoke)
     lst = ksub.add_parser("list", help="list keys (id, tenant, prefix, created, revoked)")
+    lst.add_argument("--json", action="store_true", help="one JSON object per line")
     lst.set_defaults(func=_keys_list)
-    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return core_cli.build_parser(extra_commands=[add_subparsers])
 
 
 def _store():  # type: ignore[no-untyped-def]
@@ -71,25 +74,25 @@ def _keys_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
-def _keys_list(_args: argparse.Namespace) -> int:
+def _keys_list(args: argparse.Namespace) -> int:
+    from api.keys.schemas import KeyInfo
     from api.keys.service import list_keys
 
     store = _store()
     with store.sessions() as session:
         for key, tenant in list_keys(session):
-            state = "revoked" if key.revoked_at is not None else "active"
-            print(f"{key.id}\t{tenant}\t{key.prefix}...\t{key.created_at}\t{state}")
+            info = KeyInfo(id=key.id, tenant=tenant, prefix=key.prefix,
+                           created_at=key.created_at, revoked_at=key.revoked_at)
+            if args.json:
+                print(info.model_dump_json())
+                continue
+            state = "revoked" if info.revoked_at is not None else "active"
+            print(f"{info.id}\t{info.tenant}\t{info.prefix}...\t{info.created_at}\t{state}")
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, RuntimeError) as exc:
-        print(f"dprc: error: {exc}", file=sys.stderr)
-        return 2
+    return core_cli.main(argv, parser=build_parser())
 
 
 if __name__ == "__main__":

@@ -1,17 +1,22 @@
 """The ``dprc`` command line.
 
 Each domain contributes its own sub-commands through an ``add_subparser(subparsers)``
-function, so this module only wires them together.
+function, so this module only wires them together. The installed ``dprc`` script is
+``api.cli:main``, which adds the service's commands (``serve``, ``keys``) through
+``extra_commands``; this library never imports the service.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(
+    extra_commands: Sequence[Callable[[Any], None]] = (),
+) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dprc", description="Differentially private fine-tuning of language models."
     )
@@ -27,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="runs/demo", help="output folder")
     demo.add_argument("--epsilon", type=float, default=8.0)
     demo.set_defaults(func=_demo)
+    for add_subparser in extra_commands:
+        add_subparser(sub)
     return parser
 
 
@@ -39,8 +46,10 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def main(
+    argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None
+) -> int:
+    parser = parser or build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -22,7 +22,6 @@ from api.app import create_app
 from api.common import Store
 from api.keys.service import create_key
 from api.settings import Settings
-from api.store import open_store
 
 PG_ADMIN = os.environ.get("DPRC_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -111,9 +110,9 @@ def pg_server(pg_url, tmp_path_factory) -> Iterator[Server]:
     yield from _serve(_settings(tmp_path_factory.mktemp("dprc-pg-only"), pg_url))
 
 
-@pytest.fixture()
-def sqlite_store(tmp_path) -> Store:
-    return open_store(_settings(tmp_path, None))
+@pytest.fixture(scope="session")
+def sqlite_server(tmp_path_factory) -> Iterator[Server]:
+    yield from _serve(_settings(tmp_path_factory.mktemp("dprc-sqlite-only"), None))
 
 
 def jsonl(lines: list[dict]) -> bytes:

@@ -58,13 +58,13 @@ def _race(server, tenant: str) -> None:
 
 
 def test_twenty_concurrent_reservations_postgresql(pg_server):
+    assert pg_server.store.engine.dialect.name == "postgresql"
     _race(pg_server, "race-pg")
 
 
-def test_twenty_concurrent_reservations_sqlite(server):
-    if server.store.engine.dialect.name != "sqlite":
-        return  # PostgreSQL has its own test above
-    _race(server, "race-sqlite")
+def test_twenty_concurrent_reservations_sqlite(sqlite_server):
+    assert sqlite_server.store.engine.dialect.name == "sqlite"
+    _race(sqlite_server, "race-sqlite")
 
 
 def test_idempotency_key(server):

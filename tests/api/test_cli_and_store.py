@@ -3,6 +3,7 @@ tables on PostgreSQL and SQLite."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -34,6 +35,9 @@ def test_keys_cli(tmp_path, monkeypatch, capsys):
     assert main(["keys", "revoke", key_id]) == 0
     assert main(["keys", "list"]) == 0
     assert "revoked" in capsys.readouterr().out
+    assert main(["keys", "list", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert row["id"] == key_id and row["tenant"] == "acme" and row["revoked_at"] is not None
     assert main(["keys", "revoke", "key-missing"]) == 2
 
 
