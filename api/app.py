@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from api.accountant.router import router as accountant_router
+from api.dispatch import make_dispatcher
 from api.errors import error_body, install_handlers
 from api.files.router import router as files_router
 from api.jobs.router import router as jobs_router
@@ -30,7 +31,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.store = open_store(settings)
+        app.state.dispatcher = make_dispatcher(app.state.store)
         yield
+        app.state.dispatcher.stop()
         app.state.store.engine.dispose()
 
     app = FastAPI(

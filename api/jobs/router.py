@@ -27,7 +27,10 @@ def create_job(
                            pattern=r"^[\x21-\x7e]+$")
     ] = None,
 ) -> Job:
-    return service.create_job(get_store(request), caller, body, idempotency_key)
+    job = service.create_job(get_store(request), caller, body, idempotency_key)
+    if job.status == "queued":
+        request.app.state.dispatcher.submit(job.id)
+    return job
 
 
 @router.get("", response_model=JobList)

@@ -319,7 +319,7 @@ def end_job(store: Store, job_id: str, status: str, *, error_code: str | None = 
 def record_checkpoint(store: Store, job_id: str, step: int, epsilon_at_step: float,
                       archive: Path, metrics: dict[str, Any] | None = None) -> str:
     """Worker-side: register a checkpoint archive as a file of the job's tenant."""
-    with store.sessions() as session:
+    with locked_session(store.sessions) as session:
         job = session.scalar(select(JobRow).where(JobRow.id == job_id))
         assert job is not None
         if not job.privacy.get("report_train_loss", True) and metrics:
@@ -366,7 +366,7 @@ def record_progress(store: Store, job_id: str, steps_done: int, epsilon_spent: f
                     metrics: dict[str, Any] | None = None) -> None:
     """Worker-side: steps done (counted when a step starts) and ε spent so far; a metrics
     event (training loss is dropped when the job has ``report_train_loss: false``)."""
-    with store.sessions() as session:
+    with locked_session(store.sessions) as session:
         job = session.scalar(select(JobRow).where(JobRow.id == job_id))
         assert job is not None
         if not 0 <= steps_done <= job.steps_total:

@@ -93,6 +93,7 @@ def _serve(settings: Settings) -> Iterator[Server]:
 
 
 def _settings(tmp: Path, database_url: str | None, **kw: object) -> Settings:
+    kw.setdefault("embedded_worker", False)  # API tests: jobs stay queued (no worker)
     return Settings(data_dir=tmp, database_url=database_url, max_upload_bytes=64 * 1024,
                     max_active_jobs_per_tenant=40, **kw)  # type: ignore[arg-type]
 

@@ -1,0 +1,36 @@
+"""Worker fixtures: the API with its embedded worker (same task code as Celery) over uvicorn."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.api.conftest import Server, _serve, _settings, pg_url  # noqa: F401  (fixture)
+
+
+def learnable_lines(n: int) -> bytes:
+    """A toy language a tiny model learns in a few steps: repeated two-letter patterns."""
+    pats = ["ab", "cd", "ef"]
+    return ("\n".join(json.dumps({"text": pats[i % 3] * (6 + i % 5)}) for i in range(n))
+            + "\n").encode()
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory) -> Iterator[Server]:
+    """SQLite + the embedded worker: the service's default, nothing else running."""
+    tmp = tmp_path_factory.mktemp("dprc-embedded")
+    yield from _serve(_settings(tmp, None, embedded_worker=True, lease_seconds=6,
+                                sweep_seconds=2, max_physical_batch_size=8))
+
+
+def wait_for(client, job_id: str, statuses: set[str], timeout: float = 300.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.fine_tuning.jobs.retrieve(job_id)
+        if job.status in statuses:
+            return job
+        assert time.monotonic() < deadline, f"job {job_id} still {job.status}"
+        time.sleep(0.3)

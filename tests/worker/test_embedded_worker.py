@@ -1,0 +1,106 @@
+"""Jobs run end to end in the embedded worker (SQLite, no broker): the service's default mode,
+driven over HTTP with the official openai client."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import time
+
+from dprc_core.accounting import PrivacyLedger, epsilon
+from tests.worker.conftest import learnable_lines, wait_for
+
+
+def _create(client, file_id, **kw):
+    args = dict(model="dprc-tiny-llama", training_file=file_id,
+                hyperparameters={"n_epochs": 2, "batch_size": 8, "learning_rate": 0.01,
+                                 "max_seq_len": 32},
+                extra_body={"privacy": {"target_epsilon": 8.0,
+                                        "clipping": {"method": "hutch", "k": 16}},
+                            "checkpoint_every": 4})
+    args.update(kw)
+    return client.fine_tuning.jobs.create(**args)
+
+
+def test_a_job_runs_to_success_and_its_checkpoint_loads(embedded, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    client = embedded.client(embedded.key("e2e"))
+    f = client.files.create(file=("train.jsonl", learnable_lines(48)), purpose="fine-tune",
+                            extra_body={"epsilon_budget": 9.0})
+    job = _create(client, f.id)
+    job = wait_for(client, job.id, {"succeeded", "failed", "cancelled"})
+    assert job.status == "succeeded", job.model_extra.get("error") or job
+    priv = job.model_extra["privacy"]
+    assert priv["steps"] == 12  # ceil(2 · 48 / 8)
+    ckpts = client.fine_tuning.jobs.checkpoints.list(job.id).data
+    steps = sorted(c.step_number for c in ckpts)
+    assert steps == [4, 8, 12]
+    last = max(ckpts, key=lambda c: c.step_number)
+    archive = client.files.content(last.model_extra["file_id"]).read()
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        names = tar.getnames()
+        assert not any(n.startswith("resume") for n in names)  # the noise state stays private
+        tar.extractall(tmp_path / "ckpt", filter="data")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt" / "model",
+                                                 use_safetensors=True, trust_remote_code=False)
+    assert model.num_parameters() > 0
+    ledger = PrivacyLedger.from_json((tmp_path / "ckpt" / "ledger.json").read_text())
+    delta = priv["target_delta"]
+    eps = ledger.epsilon(delta)
+    assert sum(e.steps for e in ledger.events) == 12
+    assert eps <= 8.0
+    # the accountant, called independently on the job's plan, gives the ledger's ε
+    want = epsilon(priv["noise_multiplier"], priv["sample_rate"], 12, delta, "hutch", 16)
+    assert abs(eps - want) <= 1e-9 * want
+    assert abs(priv["epsilon_spent"] - eps) <= 1e-9 * eps
+    events = client.fine_tuning.jobs.list_events(job.id, limit=100).data
+    losses = [e.data["train_loss"] for e in sorted(events, key=lambda e: e.created_at)
+              if e.data and "train_loss" in e.data and e.message.startswith("Step")]
+    assert len(losses) >= 10 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
+    # the budget settled to what ran: nothing reserved, spent = the job's ε
+    f2 = client.files.retrieve(f.id)
+    budget = f2.model_extra["budget"] if "budget" in (f2.model_extra or {}) else f2.model_extra
+    assert json.dumps(budget)  # present
+    assert abs(budget["spent"] - eps) <= 1e-6 * eps and budget["reserved"] == 0
+
+
+def test_cancel_mid_run_ends_cancelled_with_a_final_checkpoint(embedded):
+    client = embedded.client(embedded.key("cancel"))
+    f = client.files.create(file=("train.jsonl", learnable_lines(48)), purpose="fine-tune")
+    job = _create(client, f.id, hyperparameters={"n_epochs": 30, "batch_size": 8,
+                                                 "learning_rate": 0.01, "max_seq_len": 32})
+    deadline = time.monotonic() + 300
+    while True:
+        now = client.fine_tuning.jobs.retrieve(job.id)
+        if now.model_extra["steps_done"] >= 2 or now.status != "running" and (
+                now.status != "queued"):
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    client.fine_tuning.jobs.cancel(job.id)
+    job = wait_for(client, job.id, {"cancelled", "succeeded", "failed"})
+    assert job.status == "cancelled"
+    priv = job.model_extra["privacy"]
+    done = job.model_extra["steps_done"]
+    assert 2 <= done < priv["steps"]
+    steps = [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id).data]
+    assert max(steps) == done  # the final checkpoint is the step it stopped at
+    want = epsilon(priv["noise_multiplier"], priv["sample_rate"], done, priv["target_delta"],
+                   "hutch", 16)
+    assert abs(priv["epsilon_spent"] - want) <= 1e-9 * want
+
+
+def test_a_file_that_tokenizes_to_nothing_fails_with_a_clear_message(embedded):
+    client = embedded.client(embedded.key("fail"))
+    lines = "\n".join(json.dumps({"text": "x"}) for _ in range(20)).encode()
+    f = client.files.create(file=("one.jsonl", lines), purpose="fine-tune",
+                            extra_body={"epsilon_budget": 5.0})
+    job = _create(client, f.id, extra_body={"privacy": {"target_epsilon": 4.0}})
+    job = wait_for(client, job.id, {"failed", "succeeded", "cancelled"})
+    assert job.status == "failed"
+    err = job.error
+    assert err.code == "invalid_training_file" and "tokenizes to 1 token" in err.message
+    budget = client.files.retrieve(f.id).model_extra
+    assert budget["budget"]["reserved"] == 0 if "budget" in budget else budget["reserved"] == 0

@@ -1,0 +1,98 @@
+"""Celery app for GPU workers (Redis broker, ``DPRC_BROKER_URL``).
+
+Run one process per GPU::
+
+    celery -A worker.celery_app worker -Q gpu --concurrency 1 --prefetch-multiplier 1
+
+``acks_late`` with ``prefetch_multiplier=1``: a message is acknowledged only after its job has
+finished (or was found held by a live worker), and a worker takes one job at a time. The Redis
+visibility timeout is longer than any job (``DPRC_VISIBILITY_TIMEOUT_SECONDS``, default 7 days),
+so a running job is not redelivered under a live worker; a worker that dies is noticed through
+its job's expired lease instead: every worker sweeps the store every ``DPRC_SWEEP_SECONDS`` and
+re-enqueues such jobs, which resume from their last checkpoint. CUDA is touched only inside the
+task (the runner picks the device; CPU when there is none).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from functools import lru_cache
+
+from celery import Celery, signals
+
+from api.common import Store
+from api.settings import Settings
+
+TASK_NAME = "dprc.run_job"
+QUEUE = "gpu"
+log = logging.getLogger("dprc.worker")
+
+
+def make_celery(settings: Settings) -> Celery:
+    if not settings.broker_url:
+        raise RuntimeError("DPRC_BROKER_URL is not set: Celery workers need a Redis broker")
+    celery = Celery("dprc", broker=settings.broker_url)
+    celery.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=QUEUE,
+        task_routes={TASK_NAME: {"queue": QUEUE}},
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout_seconds},
+        broker_connection_retry_on_startup=True,
+        task_ignore_result=True,
+        worker_hijack_root_logger=False,
+    )
+    return celery
+
+
+@lru_cache
+def _store() -> Store:
+    from api.store import open_store
+
+    return open_store(Settings())
+
+
+app = make_celery(Settings()) if Settings().broker_url else Celery("dprc")
+
+
+@app.task(name=TASK_NAME)
+def run_job_task(job_id: str) -> str:
+    from worker.execution import execute_job
+
+    outcome = execute_job(_store(), job_id)
+    log.info("job %s: %s", job_id, outcome)
+    return outcome
+
+
+def enqueue(celery: Celery, job_id: str) -> None:
+    celery.send_task(TASK_NAME, args=[job_id], queue=QUEUE)
+
+
+def _sweep_forever(stop: threading.Event) -> None:
+    from api.jobs import worker_service as ws
+
+    store = _store()
+    while not stop.is_set():
+        try:
+            older = store.settings.sweep_seconds
+            for job_id in ws.runnable_job_ids(store, queued_older_than=older):
+                enqueue(app, job_id)
+        except Exception:
+            log.exception("sweep failed")
+        stop.wait(store.settings.sweep_seconds)
+
+
+_sweeper_stop = threading.Event()
+
+
+@signals.worker_ready.connect
+def _start_sweeper(**_: object) -> None:
+    threading.Thread(target=_sweep_forever, args=(_sweeper_stop,), daemon=True,
+                     name="dprc-sweep").start()
+
+
+@signals.worker_shutdown.connect
+def _stop_sweeper(**_: object) -> None:
+    _sweeper_stop.set()

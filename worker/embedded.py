@@ -1,0 +1,76 @@
+"""The embedded worker: with no broker configured, jobs run in a thread of the API process —
+the same task code (:func:`worker.execution.execute_job`) as the Celery workers.
+
+Jobs run one at a time, in submission order. At start-up and every ``sweep_seconds`` the
+worker also picks up queued jobs and jobs whose lease expired (a previous process died), so a
+restarted ``dprc serve`` resumes interrupted jobs from their last checkpoint. On shutdown the
+running job stops after its current step, writes a checkpoint and stays ``running``; it
+resumes when the service comes back.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+from api.common import Store
+from api.jobs import worker_service as ws
+from worker.execution import execute_job, worker_id
+
+log = logging.getLogger("dprc.worker")
+
+
+class EmbeddedWorker:
+    def __init__(self, store: Store):
+        self.store = store
+        self.owner = worker_id()
+        self._queue: queue.Queue[str] = queue.Queue()
+        self._pending: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._work, daemon=True, name="dprc-embedded-worker"),
+            threading.Thread(target=self._sweep, daemon=True, name="dprc-embedded-sweep"),
+        ]
+
+    def start(self) -> EmbeddedWorker:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def submit(self, job_id: str) -> None:
+        with self._lock:
+            if job_id in self._pending:
+                return
+            self._pending.add(job_id)
+        self._queue.put(job_id)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self._stop.set()
+        self._queue.put("")  # wake the worker
+        for t in self._threads:
+            t.join(timeout=timeout)
+
+    def _sweep(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for job_id in ws.runnable_job_ids(self.store):
+                    self.submit(job_id)
+            except Exception:
+                log.exception("embedded worker sweep failed")
+            self._stop.wait(self.store.settings.sweep_seconds)
+
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            job_id = self._queue.get()
+            if not job_id or self._stop.is_set():
+                continue
+            try:
+                outcome = execute_job(self.store, job_id, self.owner, stop=self._stop)
+                log.info("job %s: %s", job_id, outcome)
+            except Exception:
+                log.exception("job %s crashed the embedded worker's task", job_id)
+            finally:
+                with self._lock:
+                    self._pending.discard(job_id)

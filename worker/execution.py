@@ -1,0 +1,188 @@
+"""One job, run by a worker: the task body shared by the Celery task and the embedded worker.
+
+The worker takes the job's lease (a live copy elsewhere makes this one exit), renews it from a
+heartbeat thread, builds a :class:`dprc_core.training.runner.JobSpec` from the job row (the
+service's plan — σ, q, steps, δ — is used as is), runs it with progress, events and
+checkpoints going to the store, and ends the job: ``succeeded``, ``cancelled`` (cooperative,
+between steps, with a final checkpoint) or ``failed`` with an error code and a message. Ending
+settles the file's budget reservation to the steps that ran. A job whose worker dies keeps
+``running`` with an expiring lease; the next worker's sweep resumes it from its last
+checkpoint (the runner resumes from the job's run folder).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import tarfile
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+from api.common import Store
+from api.jobs import service as jobs
+from api.jobs import worker_service as ws
+from api.models import builtin
+from api.models.service import registry
+from dprc_core.training import checkpoint as ckpt_io
+from dprc_core.training.data import DataError
+from dprc_core.training.models import LoraSpec, ModelLoadError
+from dprc_core.training.runner import JobSpec, Progress, run_job
+
+log = logging.getLogger("dprc.worker")
+
+
+class JobFailure(Exception):
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def run_dir(store: Store, job_id: str) -> Path:
+    """Private per-job folder (checkpoints with their resume state); never served."""
+    return store.settings.data_dir / "runs" / job_id
+
+
+class Heartbeat:
+    """Renews the lease every ``lease/3`` seconds; ``lost`` turns true if the lease is gone."""
+
+    def __init__(self, store: Store, job_id: str, owner: str, lease_seconds: int):
+        self.store, self.job_id, self.owner, self.lease = store, job_id, owner, lease_seconds
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"lease-{job_id}")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(max(self.lease / 3, 0.5)):
+            try:
+                if not ws.renew_lease(self.store, self.job_id, self.owner, self.lease):
+                    self.lost = True
+                    return
+            except Exception:  # a transient store error: try again at the next beat
+                log.exception("lease renewal failed for %s", self.job_id)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def build_spec(store: Store, req: ws.JobRequest) -> JobSpec:
+    settings = store.settings
+    models = registry(settings)
+    model = models.get(req.model)
+    if model is None:
+        raise JobFailure("model_not_found", f"model {req.model!r} is no longer in the allow-list")
+    if model.buildable and not model.ready:
+        builtin.build_tiny_llama(model.path)
+    if not model.ready:
+        raise JobFailure("model_not_found", f"model {req.model!r}: its folder {model.path} has "
+                         "no config.json (was it removed from disk?)")
+    if not req.file_path.is_file():
+        raise JobFailure("training_file_missing", "the training file's data is missing on disk")
+    hp, pr = req.hyperparameters, req.privacy
+    lr = hp.get("learning_rate")
+    if lr is None:
+        lr = settings.base_learning_rate * float(hp.get("learning_rate_multiplier") or 1.0)
+    lora = LoraSpec(**hp["lora"]) if hp.get("lora") else None
+    clip = pr["clipping"]
+    k = clip.get("k") or settings.default_k
+    return JobSpec(
+        model=str(model.path), task=model.task, train_file=str(req.file_path),
+        output_dir=str(run_dir(store, req.id)), epochs=float(hp["n_epochs"]),
+        batch_size=float(hp["batch_size"]), learning_rate=float(lr), optimizer="adam",
+        max_seq_len=int(hp.get("max_seq_len") or 128), lora=lora,
+        target_epsilon=None, target_delta=float(pr["target_delta"]),
+        noise_multiplier=req.noise_multiplier, max_grad_norm=float(pr["max_grad_norm"]),
+        clipping=clip["method"], k=int(k), checkpoint_every=req.checkpoint_every,
+        seed=req.seed, max_physical_batch_size=settings.max_physical_batch_size,
+        device=settings.device, report_train_loss=bool(pr.get("report_train_loss", True)),
+    )
+
+
+def _archive(ckpt: Path) -> Path:
+    """A tar of the checkpoint's released files (weights, config, tokenizer, ledger,
+    metadata): never its ``resume/`` folder."""
+    fd, name = tempfile.mkstemp(suffix=".tar", dir=ckpt.parent)
+    os.close(fd)
+    with tarfile.open(name, "w") as tar:
+        for path in ckpt_io.release_files(ckpt):
+            tar.add(path, arcname=str(path.relative_to(ckpt)))
+    return Path(name)
+
+
+def execute_job(store: Store, job_id: str, owner: str | None = None,
+                stop: threading.Event | None = None) -> str:
+    """Run or resume ``job_id``. Returns what happened: skipped | succeeded | cancelled |
+    failed | interrupted (shutdown: left running, its lease will expire) | lease_lost."""
+    owner = owner or worker_id()
+    lease = store.settings.lease_seconds
+    if not jobs.start_job(store, job_id, owner, lease):
+        return "skipped"
+    beat = Heartbeat(store, job_id, owner, lease)
+    try:
+        req = ws.job_request(store, job_id)
+        spec = build_spec(store, req)
+        if spec.task == "causal_lm" and req.n_examples < 2:
+            raise JobFailure("invalid_training_file", "the training file needs >= 2 examples")
+
+        def on_progress(p: Progress) -> None:
+            metrics: dict[str, Any] = {"batch_size": p.batch_size, "dropped": p.dropped}
+            if p.loss is not None:
+                metrics["train_loss"] = p.loss
+            if p.clipped_fraction is not None:
+                metrics["clipped_fraction"] = p.clipped_fraction
+            jobs.record_progress(store, job_id, p.step, p.epsilon or 0.0, metrics)
+            if p.checkpoint is not None:
+                jobs.record_checkpoint(store, job_id, p.step, p.epsilon or 0.0,
+                                       _archive(Path(p.checkpoint)), metrics)
+
+        def should_stop() -> bool:
+            return beat.lost or (stop is not None and stop.is_set()) or ws.cancel_requested(
+                store, job_id)
+
+        result = run_job(spec, on_progress=on_progress, should_stop=should_stop)
+        if result.steps != req.steps_total:
+            raise JobFailure("plan_mismatch", f"the runner planned {result.steps} steps, the "
+                             f"job {req.steps_total}")
+    except JobFailure as exc:
+        return _fail(store, job_id, exc.code, str(exc), beat)
+    except DataError as exc:
+        return _fail(store, job_id, "invalid_training_file", str(exc), beat)
+    except ModelLoadError as exc:
+        return _fail(store, job_id, "model_not_found", str(exc), beat)
+    except (ValueError, RuntimeError) as exc:
+        log.exception("job %s failed", job_id)
+        return _fail(store, job_id, "training_error", f"{type(exc).__name__}: {exc}", beat)
+    except Exception as exc:  # anything else: still end the job with a message
+        log.exception("job %s failed", job_id)
+        return _fail(store, job_id, "internal_error", f"{type(exc).__name__}: {exc}", beat)
+    finally:
+        beat.stop()
+    if result.status == "succeeded":
+        jobs.end_job(store, job_id, "succeeded")
+        return "succeeded"
+    if beat.lost:
+        return "lease_lost"
+    if ws.cancel_requested(store, job_id):
+        jobs.end_job(store, job_id, "cancelled")
+        return "cancelled"
+    return "interrupted"
+
+
+def _fail(store: Store, job_id: str, code: str, message: str, beat: Heartbeat) -> str:
+    beat.stop()
+    if beat.lost:
+        return "lease_lost"
+    try:
+        jobs.end_job(store, job_id, "failed", error_code=code, error_message=message[:2000])
+    except ValueError:  # already ended (e.g. cancelled while queued)
+        pass
+    return "failed"
