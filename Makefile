@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test test-api services serve schemathesis lint demo bench clean
+.PHONY: install test test-api services serve schemathesis lint demo demo-library bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +37,12 @@ serve: install
 schemathesis: install services
 	$(PY) scripts/schemathesis_run.py
 
+# The main job through the service (embedded mode: SQLite + in-process worker).
 demo: install
+	$(PY) scripts/demo.py
+
+# The library alone: a tiny local Llama, DP-SGD-RC, checkpoint + ledger in runs/demo/.
+demo-library: install
 	$(PY) -m dprc_core.cli demo
 
 bench: install

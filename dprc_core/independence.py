@@ -13,10 +13,12 @@ engine sketches) with one fixed projection seed for all runs, which makes a sket
 deterministic function of the sample. Cost: three norm passes on one or two samples, once per
 engine; the projections are not the training ones (no privacy cost).
 
-While it runs, ``nn.Dropout``-family modules are put in eval mode (their masks would differ
-between the runs), buffers (e.g. BatchNorm running statistics) and the global RNG state are
-restored afterwards, and nothing is left in ``.grad``. A forward that is random beyond
-``nn.Dropout`` is detected (two identical runs differ) and reported.
+While it runs, the model is in eval mode (dropout masks would differ between the runs) except
+batch-statistics layers (BatchNorm), which keep their mode; buffers (e.g. BatchNorm running
+statistics) and the global RNG state are restored afterwards, and nothing is left in
+``.grad``. A custom module that mixes samples only in training mode is not seen by the check.
+A forward that is random even in eval mode is detected (two identical runs differ) and
+reported.
 """
 
 from __future__ import annotations
@@ -45,19 +47,26 @@ def tolerance(dtype: torch.dtype) -> float:
     return 5e-2  # float16 / bfloat16
 
 
+# Modules whose training mode mixes samples (batch statistics): kept in their own mode.
+BATCH_STATISTICS: tuple[type, ...] = (nn.modules.batchnorm._BatchNorm,)
+
+
 @contextmanager
 def _quiet_model(model: nn.Module) -> Iterator[None]:
-    dropouts = [m for m in model.modules() if isinstance(m, nn.modules.dropout._DropoutNd)]
-    modes = [m.training for m in dropouts]
+    """Eval mode (no dropout: nn.Dropout modules and the functional attention dropout of
+    Hugging Face models alike), except batch-statistics layers, which stay as they were."""
+    modes = [(m, m.training) for m in model.modules()]
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     try:
-        for m in dropouts:
-            m.eval()
+        model.eval()
+        for m, mode in modes:
+            if isinstance(m, BATCH_STATISTICS):
+                m.train(mode)
         with torch.random.fork_rng(devices=cuda):
             yield
     finally:
-        for m, mode in zip(dropouts, modes):
+        for m, mode in modes:
             m.train(mode)
         with torch.no_grad():
             for b, saved in buffers:
@@ -120,8 +129,8 @@ def check_sample_independence(
         again_loss, again_norm = norms(pair)
         if not (_close(pair_loss, again_loss, rtol) and _close(pair_norm, again_norm, rtol)):
             raise SampleMixingError(
-                "the per-sample independence check found the model's forward random "
-                "beyond nn.Dropout (two identical runs differ), so it cannot compare a "
+                "the per-sample independence check found the model's forward random in eval "
+                "mode (two identical runs differ), so it cannot compare a "
                 "batch with single samples; make the forward deterministic for the check, "
                 "or, once you know samples do not mix, pass check_independence=False"
             )

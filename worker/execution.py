@@ -99,6 +99,7 @@ def build_spec(store: Store, req: ws.JobRequest) -> JobSpec:
         output_dir=str(run_dir(store, req.id)), epochs=float(hp["n_epochs"]),
         batch_size=float(hp["batch_size"]), learning_rate=float(lr), optimizer="adam",
         max_seq_len=int(hp.get("max_seq_len") or 128), lora=lora,
+        train_only=hp.get("train_only"),
         target_epsilon=None, target_delta=float(pr["target_delta"]),
         noise_multiplier=req.noise_multiplier, max_grad_norm=float(pr["max_grad_norm"]),
         clipping=clip["method"], k=int(k), checkpoint_every=req.checkpoint_every,

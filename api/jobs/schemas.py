@@ -40,6 +40,19 @@ class Hyperparameters(Strict):
     learning_rate: float | None = Field(default=None, gt=0, le=10, allow_inf_nan=False)
     max_seq_len: int = Field(default=128, ge=8, le=8192)
     lora: Lora | None = None
+    train_only: list[str] | None = Field(
+        default=None, min_length=1, max_length=64,
+        description="train only parameters whose names contain one of these parts (e.g. "
+        "['classifier'] for a DP linear probe); the rest stays frozen",
+    )
+
+    @field_validator("train_only")
+    @classmethod
+    def _parts(cls, v: list[str] | None) -> list[str] | None:
+        for name in v or []:
+            if not re.fullmatch(r"[A-Za-z0-9_.]{1,128}", name):
+                raise ValueError(f"invalid parameter name part {name[:40]!r}")
+        return v
 
     @field_validator("n_epochs")
     @classmethod

@@ -160,6 +160,7 @@ def _insert_job(session: Session, caller: Caller, req: JobCreate, plan: planning
         "learning_rate": hp.learning_rate,
         "max_seq_len": hp.max_seq_len,
         "lora": hp.lora.model_dump() if hp.lora else None,
+        "train_only": hp.train_only,
     }
     pr = req.privacy
     privacy = {

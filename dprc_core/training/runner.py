@@ -69,6 +69,9 @@ class JobSpec:
     report_train_loss: bool = True
     epsilon_every: int = 10  # compute ε spent for progress every this many steps
     classes: list[str] | None = None  # classification: class names (default: from the file)
+    # train only the parameters whose names contain one of these strings (e.g. ["classifier"]
+    # for a DP linear probe); None: every parameter (or the LoRA adapters when lora is set)
+    train_only: list[str] | None = None
     noise_mechanism: str = "gaussian"  # gaussian (Poisson DP-SGD) | nu_dpftrl (fixed order)
     nu: float | None = None  # nu_dpftrl damping
     bands: int | None = None  # nu_dpftrl banding (None: un-banded)
@@ -94,6 +97,11 @@ class JobSpec:
             raise ValueError(f"learning_rate must be a finite number > 0, got {lr!r}")
         if isinstance(self.lora, dict):
             self.lora = LoraSpec(**self.lora)
+        if self.train_only is not None and (
+            not isinstance(self.train_only, list) or not self.train_only
+            or not all(isinstance(x, str) and x for x in self.train_only)
+        ):
+            raise ValueError("train_only must be a non-empty list of parameter-name parts")
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 
@@ -198,6 +206,14 @@ def run_job(
         if classes is not None:
             model.config.id2label = dict(enumerate(classes))
             model.config.label2id = {c: i for i, c in enumerate(classes)}
+    if spec.train_only is not None:
+        matched = 0
+        for name, p in model.named_parameters():
+            keep = any(part in name for part in spec.train_only)
+            p.requires_grad_(keep and p.requires_grad if lora is not None else keep)
+            matched += keep
+        if not matched:
+            raise ValueError(f"train_only={spec.train_only} matches no parameter of the model")
     model.to(device).train()
     if spec.task == "classification" and getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = data.pad_id
