@@ -60,9 +60,7 @@ def test_a_job_runs_to_success_and_its_checkpoint_loads(embedded, tmp_path):
               if e.data and "train_loss" in e.data and e.message.startswith("Step")]
     assert len(losses) >= 10 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
     # the budget settled to what ran: nothing reserved, spent = the job's ε
-    f2 = client.files.retrieve(f.id)
-    budget = f2.model_extra["budget"] if "budget" in (f2.model_extra or {}) else f2.model_extra
-    assert json.dumps(budget)  # present
+    budget = client.files.retrieve(f.id).model_extra["budget"]
     assert abs(budget["spent"] - eps) <= 1e-6 * eps and budget["reserved"] == 0
 
 
@@ -102,5 +100,39 @@ def test_a_file_that_tokenizes_to_nothing_fails_with_a_clear_message(embedded):
     assert job.status == "failed"
     err = job.error
     assert err.code == "invalid_training_file" and "tokenizes to 1 token" in err.message
-    budget = client.files.retrieve(f.id).model_extra
-    assert budget["budget"]["reserved"] == 0 if "budget" in budget else budget["reserved"] == 0
+    budget = client.files.retrieve(f.id).model_extra["budget"]
+    assert budget["reserved"] == 0 and budget["spent"] == 0  # nothing ran
+
+
+def test_a_model_removed_from_disk_fails_the_job_and_releases_the_budget(tmp_path):
+    """Same task code, called directly on a store without a running worker."""
+    import shutil
+
+    from api.settings import ModelSpec
+    from dprc_core.training.tiny import build_tiny_llama
+    from tests.api.conftest import _serve, _settings
+    from worker.execution import execute_job
+
+    folder = build_tiny_llama(tmp_path / "my-lm", hidden=32)
+    settings = _settings(tmp_path / "data", None, builtin_models=False,
+                         models={"my-lm": ModelSpec(path=folder, task="causal_lm")})
+    server_gen = _serve(settings)
+    server = next(server_gen)
+    try:
+        client = server.client(server.key("gone"))
+        f = client.files.create(file=("t.jsonl", learnable_lines(24)), purpose="fine-tune",
+                                extra_body={"epsilon_budget": 6.0})
+        job = client.fine_tuning.jobs.create(
+            model="my-lm", training_file=f.id,
+            hyperparameters={"n_epochs": 1, "batch_size": 8, "max_seq_len": 16},
+            extra_body={"privacy": {"target_epsilon": 5.0}})
+        assert client.files.retrieve(f.id).model_extra["budget"]["reserved"] > 0
+        shutil.rmtree(folder)
+        assert execute_job(server.store, job.id) == "failed"
+        job = client.fine_tuning.jobs.retrieve(job.id)
+        assert job.status == "failed" and job.error.code == "model_not_found"
+        assert "my-lm" in job.error.message
+        budget = client.files.retrieve(f.id).model_extra["budget"]
+        assert budget["reserved"] == 0 and budget["spent"] == 0
+    finally:
+        server_gen.close()
