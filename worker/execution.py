@@ -122,7 +122,8 @@ def _archive(ckpt: Path) -> Path:
 def execute_job(store: Store, job_id: str, owner: str | None = None,
                 stop: threading.Event | None = None) -> str:
     """Run or resume ``job_id``. Returns what happened: skipped | succeeded | cancelled |
-    failed | interrupted (shutdown: left running, its lease will expire) | lease_lost."""
+    paused | failed | interrupted (shutdown: left running, its lease will expire) |
+    lease_lost."""
     owner = owner or worker_id()
     lease = store.settings.lease_seconds
     if not jobs.start_job(store, job_id, owner, lease):
@@ -146,8 +147,8 @@ def execute_job(store: Store, job_id: str, owner: str | None = None,
                                        _archive(Path(p.checkpoint)), metrics)
 
         def should_stop() -> bool:
-            return beat.lost or (stop is not None and stop.is_set()) or ws.cancel_requested(
-                store, job_id)
+            return beat.lost or (stop is not None and stop.is_set()) or any(
+                ws.stop_requested(store, job_id))
 
         result = run_job(spec, on_progress=on_progress, should_stop=should_stop)
         if result.steps != req.steps_total:
@@ -172,9 +173,12 @@ def execute_job(store: Store, job_id: str, owner: str | None = None,
         return "succeeded"
     if beat.lost:
         return "lease_lost"
-    if ws.cancel_requested(store, job_id):
+    cancel, pause = ws.stop_requested(store, job_id)
+    if cancel:
         jobs.end_job(store, job_id, "cancelled")
         return "cancelled"
+    if pause and jobs.mark_paused(store, job_id, owner):
+        return "paused"
     return "interrupted"
 
 

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from api.tables import File, Job
 from dprc_core.accounting import PrivacyEvent, epsilon_for_events
 
-ACTIVE = ("validating_files", "queued", "running")
+ACTIVE = ("validating_files", "queued", "running", "paused")
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 

@@ -45,6 +45,18 @@ def retrieve_job(fine_tuning_job_id: str, request: Request, caller: CallerDep) -
     return service.retrieve(get_store(request), caller, fine_tuning_job_id)
 
 
+@router.post("/{fine_tuning_job_id}/pause", response_model=Job)
+def pause_job(fine_tuning_job_id: str, request: Request, caller: CallerDep) -> Job:
+    return service.pause(get_store(request), caller, fine_tuning_job_id)
+
+
+@router.post("/{fine_tuning_job_id}/resume", response_model=Job)
+def resume_job(fine_tuning_job_id: str, request: Request, caller: CallerDep) -> Job:
+    job = service.resume(get_store(request), caller, fine_tuning_job_id)
+    request.app.state.dispatcher.submit(job.id)
+    return job
+
+
 @router.post("/{fine_tuning_job_id}/cancel", response_model=Job)
 def cancel_job(fine_tuning_job_id: str, request: Request, caller: CallerDep) -> Job:
     return service.cancel(get_store(request), caller, fine_tuning_job_id)

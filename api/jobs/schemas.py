@@ -152,7 +152,7 @@ class Job(BaseModel):
     organization_id: str
     result_files: list[str]
     seed: int
-    status: Literal["validating_files", "queued", "running", "succeeded", "failed",
+    status: Literal["validating_files", "queued", "running", "paused", "succeeded", "failed",
                     "cancelled"]
     trained_tokens: int | None
     training_file: str
@@ -166,6 +166,7 @@ class Job(BaseModel):
     steps_total: int
     checkpoint_every: int | None
     cancel_requested: bool
+    pause_requested: bool = False
 
 
 class JobList(BaseModel):

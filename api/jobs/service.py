@@ -47,6 +47,7 @@ def to_object(row: JobRow, caller_org: str) -> Job:
         metadata=row.job_metadata, user_provided_suffix=row.suffix, privacy=privacy,
         steps_done=row.steps_done, steps_total=row.steps_total,
         checkpoint_every=row.checkpoint_every, cancel_requested=row.cancel_requested,
+        pause_requested=bool(row.pause_requested),
     )
 
 
@@ -280,7 +281,7 @@ def cancel(store: Store, caller: Caller, job_id: str) -> Job:
         if job.status in ("succeeded", "failed"):
             raise Conflict(f"fine-tuning job {job.id} has already {job.status}",
                            param="fine_tuning_job_id", code="job_not_cancellable")
-        if job.status in ("validating_files", "queued"):
+        if job.status in ("validating_files", "queued", "paused"):
             job.status = "cancelled"
             job.finished_at = now()
             add_event(session, job.id, "Job cancelled")
@@ -291,6 +292,58 @@ def cancel(store: Store, caller: Caller, job_id: str) -> Job:
                       "current step")
         session.commit()
         return to_object(job, _org(caller))
+
+
+def pause(store: Store, caller: Caller, job_id: str) -> Job:
+    """A queued job is paused at once; a running one is asked to stop after the current step
+    with a checkpoint (its worker marks it ``paused``). The reservation stays."""
+    with locked_session(store.sessions) as session:
+        job = get_row(session, caller, job_id)
+        job = session.scalar(select(JobRow).where(JobRow.id == job.id).with_for_update())
+        assert job is not None
+        if job.status == "queued":
+            job.status = "paused"
+            add_event(session, job.id, "Job paused")
+        elif job.status == "running" and not job.cancel_requested:
+            job.pause_requested = True
+            add_event(session, job.id, "Pause requested; the worker stops after the current "
+                      "step and writes a checkpoint")
+        elif job.status != "paused":
+            raise Conflict(f"fine-tuning job {job.id} is {job.status} and cannot be paused",
+                           param="fine_tuning_job_id", code="job_not_pausable")
+        session.commit()
+        return to_object(job, _org(caller))
+
+
+def resume(store: Store, caller: Caller, job_id: str) -> Job:
+    """A paused job goes back to the queue; its worker resumes from the last checkpoint."""
+    with locked_session(store.sessions) as session:
+        job = get_row(session, caller, job_id)
+        job = session.scalar(select(JobRow).where(JobRow.id == job.id).with_for_update())
+        assert job is not None
+        if job.status != "paused":
+            raise Conflict(f"fine-tuning job {job.id} is {job.status}, not paused",
+                           param="fine_tuning_job_id", code="job_not_paused")
+        job.status = "queued"
+        job.pause_requested = False
+        add_event(session, job.id, "Job resumed; queued")
+        session.commit()
+        return to_object(job, _org(caller))
+
+
+def mark_paused(store: Store, job_id: str, owner: str) -> bool:
+    """Worker-side: the run stopped at a checkpoint because a pause was requested."""
+    with locked_session(store.sessions) as session:
+        job = session.scalar(select(JobRow).where(JobRow.id == job_id).with_for_update())
+        if job is None or job.status != "running" or job.lease_owner != owner:
+            return False
+        job.status = "paused"
+        job.pause_requested = False
+        job.lease_owner = None
+        job.lease_expires_at = None
+        add_event(session, job.id, f"Job paused at step {job.steps_done}")
+        session.commit()
+        return True
 
 
 def end_job(store: Store, job_id: str, status: str, *, error_code: str | None = None,

@@ -77,6 +77,14 @@ def cancel_requested(store: Store, job_id: str) -> bool:
         return bool(flag)
 
 
+def stop_requested(store: Store, job_id: str) -> tuple[bool, bool]:
+    """(cancel requested, pause requested)."""
+    with store.sessions() as session:
+        row = session.execute(select(JobRow.cancel_requested, JobRow.pause_requested).where(
+            JobRow.id == job_id)).one_or_none()
+        return (bool(row[0]), bool(row[1])) if row else (True, False)
+
+
 def runnable_job_ids(store: Store, queued_older_than: int = 0) -> list[str]:
     """Jobs a worker should (re)start: queued ones (created at least ``queued_older_than``
     seconds ago) and running ones whose lease expired (their worker died)."""

@@ -136,3 +136,36 @@ def test_a_model_removed_from_disk_fails_the_job_and_releases_the_budget(tmp_pat
         assert budget["reserved"] == 0 and budget["spent"] == 0
     finally:
         server_gen.close()
+
+
+def test_pause_then_resume_continues_from_the_checkpoint(embedded):
+    client = embedded.client(embedded.key("pause"))
+    f = client.files.create(file=("train.jsonl", learnable_lines(48)), purpose="fine-tune",
+                            extra_body={"epsilon_budget": 9.0})
+    job = _create(client, f.id, hyperparameters={"n_epochs": 4, "batch_size": 8,
+                                                 "learning_rate": 0.01, "max_seq_len": 32})
+    deadline = time.monotonic() + 300
+    while client.fine_tuning.jobs.retrieve(job.id).model_extra["steps_done"] < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    client.fine_tuning.jobs.pause(job.id)
+    paused = wait_for(client, job.id, {"paused", "succeeded", "failed", "cancelled"})
+    assert paused.status == "paused"
+    at = paused.model_extra["steps_done"]
+    assert at < paused.model_extra["steps_total"] == 24
+    steps = [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id).data]
+    assert max(steps) == at  # paused with a checkpoint at the step it stopped
+    budget = client.files.retrieve(f.id).model_extra["budget"]
+    assert budget["reserved"] > 0  # a paused job keeps its reservation
+    time.sleep(1.0)
+    assert client.fine_tuning.jobs.retrieve(job.id).model_extra["steps_done"] == at  # frees it
+    client.fine_tuning.jobs.resume(job.id)
+    done = wait_for(client, job.id, {"succeeded", "failed", "cancelled"})
+    assert done.status == "succeeded"
+    priv = done.model_extra["privacy"]
+    want = epsilon(priv["noise_multiplier"], priv["sample_rate"], 24, priv["target_delta"],
+                   "hutch", 16)
+    assert abs(priv["epsilon_spent"] - want) <= 1e-9 * want  # the ledger stayed exact
+    started = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100).data
+               if e.message.startswith("Job started")]
+    assert len(started) == 2
