@@ -94,10 +94,11 @@ def build_spec(store: Store, req: ws.JobRequest) -> JobSpec:
     lora = LoraSpec(**hp["lora"]) if hp.get("lora") else None
     clip = pr["clipping"]
     k = clip.get("k") or settings.default_k
+    noise = pr.get("noise") or {"mechanism": "gaussian"}
     return JobSpec(
         model=str(model.path), task=model.task, train_file=str(req.file_path),
-        output_dir=str(run_dir(store, req.id)), epochs=float(hp["n_epochs"]),
-        batch_size=float(hp["batch_size"]), learning_rate=float(lr), optimizer="adam",
+        output_dir=str(run_dir(store, req.id)), epochs=int(hp["n_epochs"]),
+        batch_size=int(hp["batch_size"]), learning_rate=float(lr), optimizer="adam",
         max_seq_len=int(hp.get("max_seq_len") or 128), lora=lora,
         train_only=hp.get("train_only"),
         target_epsilon=None, target_delta=float(pr["target_delta"]),
@@ -105,6 +106,7 @@ def build_spec(store: Store, req: ws.JobRequest) -> JobSpec:
         clipping=clip["method"], k=int(k), checkpoint_every=req.checkpoint_every,
         seed=req.seed, max_physical_batch_size=settings.max_physical_batch_size,
         device=settings.device, report_train_loss=bool(pr.get("report_train_loss", True)),
+        noise_mechanism=noise["mechanism"], nu=noise.get("nu"), bands=noise.get("bands"),
     )
 
 

@@ -12,8 +12,17 @@ Number = StrictFloat | StrictInt
 class _Job(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    sample_rate: Number
+    mechanism: Literal["dp-sgd", "nu-dpftrl"] = Field(
+        default="dp-sgd",
+        description="dp-sgd: Poisson-subsampled Gaussian; nu-dpftrl: correlated noise, fixed "
+        "order, no amplification (needs nu, participations, min_separation; no sample_rate)",
+    )
+    sample_rate: Number | None = None
     steps: StrictInt
+    nu: Number | None = None
+    bands: StrictInt | None = None
+    participations: StrictInt | None = None
+    min_separation: StrictInt | None = None
     clipping: str = "exact"
     k: StrictInt | None = None
     rank: StrictInt | None = Field(
@@ -40,8 +49,14 @@ class AccountantResult(BaseModel):
     )
     noise_multiplier: float
     delta: float
-    sample_rate: float
+    mechanism: str = "dp-sgd"
+    sample_rate: float | None
     steps: int
+    nu: float | None = None
+    bands: int | None = None
+    participations: int | None = None
+    min_separation: int | None = None
+    sensitivity: float | None = None
     clipping: str
     k: int | None
     rank: int | None

@@ -8,6 +8,11 @@ from dataclasses import asdict
 from api.accountant.schemas import AccountantResult, EpsilonRequest, NoiseMultiplierRequest
 from api.errors import InvalidRequest
 from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent, account, noise_multiplier
+from dprc_core.accounting.dpftrl import (
+    dpftrl_epsilon,
+    dpftrl_noise_multiplier,
+    dpftrl_sensitivity,
+)
 from dprc_core.accounting.events import (
     check_clipping,
     check_delta,
@@ -30,6 +35,13 @@ def _check(param: str, fn, *args):  # type: ignore[no-untyped-def]
 
 def _job(req: EpsilonRequest | NoiseMultiplierRequest) -> tuple[float, int, str, int | None,
                                                                   int | None]:
+    if req.sample_rate is None:
+        raise InvalidRequest("sample_rate is required for mechanism dp-sgd", param="sample_rate",
+                             code="invalid_value")
+    for name in ("nu", "bands", "participations", "min_separation"):
+        if getattr(req, name) is not None:
+            raise InvalidRequest(f"{name} applies to mechanism nu-dpftrl only", param=name,
+                                 code="invalid_value")
     q = _check("sample_rate", check_sample_rate, req.sample_rate)
     steps = _check("steps", check_steps, req.steps)
     if steps > MAX_STEPS:
@@ -78,7 +90,53 @@ def _result(kind: str, event: PrivacyEvent, delta: float) -> AccountantResult:
     )
 
 
+def _nu_pattern(req: EpsilonRequest | NoiseMultiplierRequest) -> dict:
+    if req.sample_rate is not None:
+        raise InvalidRequest("nu-dpftrl has no amplification by sampling: no sample_rate",
+                             param="sample_rate", code="invalid_value")
+    if req.clipping != "exact" or req.k is not None or req.rank is not None:
+        raise InvalidRequest("nu-dpftrl is accounted for exact clipping only (randomized "
+                             "clipping with correlated noise has no analysis)",
+                             param="clipping", code="invalid_value")
+    for name in ("nu", "participations", "min_separation"):
+        if getattr(req, name) is None:
+            raise InvalidRequest(f"nu-dpftrl needs {name}", param=name, code="invalid_value")
+    if req.steps > 20_000:
+        raise InvalidRequest("steps must be at most 20000 for nu-dpftrl", param="steps",
+                             code="invalid_value")
+    pattern = {"nu": req.nu, "steps": req.steps, "participations": req.participations,
+               "min_separation": req.min_separation, "bands": req.bands}
+    try:
+        dpftrl_sensitivity(**pattern)
+    except ValueError as exc:
+        msg = str(exc)
+        param = next((p for p in pattern if msg.startswith(p)), None)
+        raise InvalidRequest(msg, param=param, code="invalid_value") from exc
+    return pattern
+
+
+def _nu_result(kind: str, sigma: float, delta: float, pattern: dict) -> AccountantResult:
+    eps = dpftrl_epsilon(sigma, delta, **pattern)
+    sens = dpftrl_sensitivity(**pattern)
+    return AccountantResult(
+        object=kind,  # type: ignore[arg-type]
+        epsilon=eps if math.isfinite(eps) else None, noise_multiplier=sigma, delta=delta,
+        mechanism="nu-dpftrl", sample_rate=None, steps=pattern["steps"], nu=pattern["nu"],
+        bands=pattern["bands"], participations=pattern["participations"],
+        min_separation=pattern["min_separation"], sensitivity=sens, clipping="exact", k=None,
+        rank=None, envelope="exact per-sample norms (sensitivity 1)",
+        adjacency="zero-out (implied by add/remove), no amplification",
+        accountant={"description": "Gaussian mechanism with mu = sensitivity / sigma, the "
+                    "sensitivity of the implemented noise matrix (docs/accounting.md §9)"},
+    )
+
+
 def epsilon(req: EpsilonRequest) -> AccountantResult:
+    if req.mechanism == "nu-dpftrl":
+        pattern = _nu_pattern(req)
+        sigma = _check("noise_multiplier", check_noise_multiplier, req.noise_multiplier)
+        delta = _check("delta", check_delta, req.delta)
+        return _nu_result("accountant.epsilon", sigma, delta, pattern)
     q, steps, clipping, k, rank = _job(req)
     sigma = _check("noise_multiplier", check_noise_multiplier, req.noise_multiplier)
     if sigma < 1e-3 or sigma > 1e4:
@@ -89,6 +147,17 @@ def epsilon(req: EpsilonRequest) -> AccountantResult:
 
 
 def calibrate(req: NoiseMultiplierRequest) -> AccountantResult:
+    if req.mechanism == "nu-dpftrl":
+        pattern = _nu_pattern(req)
+        target = _check("target_epsilon", check_epsilon, req.target_epsilon)
+        delta = _check("target_delta", check_delta, req.target_delta)
+        try:
+            sigma = dpftrl_noise_multiplier(target, delta, **pattern)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param="target_epsilon",
+                                 code="calibration_failed") from exc
+        out = _nu_result("accountant.noise_multiplier", sigma, delta, pattern)
+        return out.model_copy(update={"target_epsilon": target})
     q, steps, clipping, k, rank = _job(req)
     target = _check("target_epsilon", check_epsilon, req.target_epsilon)
     delta = _check("target_delta", check_delta, req.target_delta)

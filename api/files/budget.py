@@ -23,6 +23,11 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 def _event(job: Job, steps: int) -> PrivacyEvent | None:
     if steps <= 0:
         return None
+    noise = (job.privacy or {}).get("noise") or {}
+    if noise.get("mechanism") == "nu_dpftrl":
+        from api.jobs.planning import nu_dpftrl_event
+
+        return nu_dpftrl_event(job.noise_multiplier, steps, noise)
     return PrivacyEvent(
         noise_multiplier=job.noise_multiplier,
         sample_rate=job.sample_rate,

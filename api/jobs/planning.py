@@ -23,6 +23,7 @@ from api.errors import InvalidRequest
 from api.files.budget import check_delta_for, default_delta
 from api.jobs.schemas import JobCreate
 from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent, epsilon, noise_multiplier
+from dprc_core.accounting.dpftrl import dpftrl_epsilon, dpftrl_noise_multiplier
 
 MAX_STEPS = 200_000
 DEFAULT_EPOCHS = 3
@@ -44,12 +45,36 @@ class Plan:
     accounting_k: int | None
     noise_multiplier: float
     planned_epsilon: float
+    mechanism: str = "gaussian"
+    nu: float | None = None
+    bands: int | None = None
+    min_separation: int | None = None  # nu_dpftrl: steps per epoch
 
     def event(self) -> PrivacyEvent:
+        if self.mechanism == "nu_dpftrl":
+            return nu_dpftrl_event(self.noise_multiplier, self.steps, self.noise())
         return PrivacyEvent(self.noise_multiplier, self.sample_rate, self.steps,
                             self.accounting_clipping, self.accounting_k)
 
+    def noise(self) -> dict[str, Any]:
+        """What the job row stores as ``privacy.noise`` (read back by budgets and workers)."""
+        if self.mechanism == "nu_dpftrl":
+            return {"mechanism": "nu_dpftrl", "nu": self.nu, "bands": self.bands,
+                    "min_separation": self.min_separation}
+        return {"mechanism": "gaussian"}
+
     def accountant(self) -> dict[str, Any]:
+        if self.mechanism == "nu_dpftrl":
+            return {
+                "mechanism": "nu-dp-ftrl",
+                "adjacency": "zero-out (implied by add/remove), no amplification",
+                "sampling": "fixed order: shuffle once, cyclic epochs",
+                "clipping": "exact",
+                "nu": self.nu, "bands": self.bands,
+                "participations": self.n_epochs, "min_separation": self.min_separation,
+                "steps_rule": "n_epochs * ceil(N / batch_size)",
+                "sensitivity": "matrix mechanism, as implemented (docs/accounting.md §9)",
+            }
         return {
             "mechanism": "dp-sgd",
             "adjacency": "add/remove (epsilon is the larger of the two directions)",
@@ -61,6 +86,15 @@ class Plan:
             "steps_rule": "ceil(n_epochs * N / batch_size)",
             "settings": asdict(DEFAULT_SETTINGS),
         }
+
+
+def nu_dpftrl_event(sigma: float, steps: int, noise: dict[str, Any]) -> PrivacyEvent:
+    """The first ``steps`` steps of a ν-DP-FTRL job: rows 1..steps of its Toeplitz noise, at most
+    ⌈steps / steps_per_epoch⌉ participations per example."""
+    sep = int(noise["min_separation"])
+    return PrivacyEvent.nu_dpftrl(sigma, steps=steps, nu=float(noise["nu"]),
+                                  participations=-(-steps // sep), min_separation=sep,
+                                  bands=noise.get("bands"))
 
 
 def steps_for(n_epochs: int, n: int, batch_size: int) -> int:
@@ -86,6 +120,8 @@ def make_plan(req: JobCreate, n: int, default_k: int) -> Plan:
             "batch size must be at most N", param="hyperparameters.batch_size",
             code="invalid_value")
     q = batch / n
+    if pr.noise.mechanism == "nu_dpftrl":
+        return _nu_dpftrl_plan(req, n, n_epochs, batch)
     steps = steps_for(n_epochs, n, batch)
     if steps > MAX_STEPS:
         raise InvalidRequest(f"this job would run {steps} steps (at most {MAX_STEPS})",
@@ -117,3 +153,31 @@ def make_plan(req: JobCreate, n: int, default_k: int) -> Plan:
                              param="privacy.target_epsilon", code="calibration_failed")
     return Plan(n, n_epochs, batch, q, steps, pr.target_epsilon, delta, method, k, acc_clip,
                 acc_k, sigma, planned)
+
+
+def _nu_dpftrl_plan(req: JobCreate, n: int, n_epochs: int, batch: int) -> Plan:
+    pr = req.privacy
+    if pr.clipping.method != "exact" or pr.clipping.k is not None:
+        raise InvalidRequest(
+            "correlated noise (nu_dpftrl) needs privacy.clipping.method = 'exact' (and no k): "
+            "randomized clipping with correlated noise has no privacy analysis",
+            param="privacy.clipping.method", code="invalid_value")
+    sep = -(-n // batch)
+    steps = n_epochs * sep
+    if steps > MAX_STEPS:
+        raise InvalidRequest(f"this job would run {steps} steps (at most {MAX_STEPS})",
+                             param="hyperparameters.n_epochs", code="invalid_value")
+    if pr.target_delta is None:
+        delta = default_delta(n)
+    else:
+        delta = check_delta_for(n, pr.target_delta, "privacy.target_delta")
+    nu, bands = float(pr.noise.nu or 0.0), pr.noise.bands
+    pattern = {"steps": steps, "participations": n_epochs, "min_separation": sep}
+    try:
+        sigma = dpftrl_noise_multiplier(pr.target_epsilon, delta, nu, bands=bands, **pattern)
+        planned = dpftrl_epsilon(sigma, delta, nu, bands=bands, **pattern)
+    except (ValueError, RuntimeError) as exc:
+        raise InvalidRequest(f"cannot calibrate the noise: {exc}",
+                             param="privacy.noise", code="calibration_failed") from exc
+    return Plan(n, n_epochs, batch, batch / n, steps, pr.target_epsilon, delta, "exact", None,
+                "exact", None, sigma, planned, "nu_dpftrl", nu, bands, sep)

@@ -89,7 +89,24 @@ class Clipping(Strict):
 
 
 class Noise(Strict):
-    mechanism: Literal["gaussian"] = "gaussian"
+    mechanism: Literal["gaussian", "nu_dpftrl"] = Field(
+        default="gaussian",
+        description="gaussian: DP-SGD, Poisson sampling, independent noise; nu_dpftrl: "
+        "correlated noise (ν-DP-FTRL), fixed-order batches, no amplification, exact "
+        "clipping only",
+    )
+    nu: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False,
+                             description="nu_dpftrl damping ν in [0, 1]")
+    bands: int | None = Field(default=None, ge=1, le=100_000,
+                              description="nu_dpftrl banding (null: un-banded)")
+
+    @model_validator(mode="after")
+    def _fields(self) -> Noise:
+        if self.mechanism == "gaussian" and (self.nu is not None or self.bands is not None):
+            raise ValueError("nu and bands apply to the nu_dpftrl mechanism only")
+        if self.mechanism == "nu_dpftrl" and self.nu is None:
+            raise ValueError("the nu_dpftrl mechanism needs nu (the damping, in [0, 1])")
+        return self
 
 
 class PrivacyRequest(Strict):

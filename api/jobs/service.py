@@ -169,7 +169,7 @@ def _insert_job(session: Session, caller: Caller, req: JobCreate, plan: planning
         "target_delta": plan.target_delta,
         "max_grad_norm": pr.max_grad_norm,
         "clipping": {"method": plan.method, "k": plan.k},
-        "noise": {"mechanism": pr.noise.mechanism},
+        "noise": plan.noise(),
         "report_train_loss": pr.report_train_loss,
         "dataset_size": plan.n_examples,
         "sample_rate": plan.sample_rate,

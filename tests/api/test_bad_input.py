@@ -263,3 +263,32 @@ def test_nul_characters_are_4xx(server):
             "model": "minilm-l6-v2", "training_file": "\x00x",
             "privacy": {"target_epsilon": 1.0}})
         assert _error(r, 422)["param"] == "training_file"
+
+
+def test_accountant_nu_dpftrl(server):
+    from dprc_core.accounting import dpftrl_epsilon, dpftrl_sensitivity
+
+    key = server.key("acct-ftrl")
+    base = {"mechanism": "nu-dpftrl", "nu": 0.1, "bands": 8, "steps": 40,
+            "participations": 4, "min_separation": 10}
+    with server.http(key) as http:
+        r = http.post("/v1/accountant/epsilon", json={**base, "noise_multiplier": 2.0,
+                                                      "delta": 1e-5})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        pattern = {k: base[k] for k in ("nu", "steps", "participations", "min_separation",
+                                        "bands")}
+        assert body["epsilon"] == dpftrl_epsilon(2.0, 1e-5, **pattern)
+        assert body["sensitivity"] == dpftrl_sensitivity(**pattern)
+        assert body["sample_rate"] is None and body["mechanism"] == "nu-dpftrl"
+        r = http.post("/v1/accountant/noise_multiplier", json={**base, "target_epsilon": 3.0,
+                                                               "target_delta": 1e-5})
+        assert r.status_code == 200, r.text
+        sigma = r.json()["noise_multiplier"]
+        assert dpftrl_epsilon(sigma, 1e-5, **pattern) <= 3.0
+        for patch, param in (({"sample_rate": 0.1}, "sample_rate"),
+                             ({"clipping": "hutch", "k": 8}, "clipping"),
+                             ({"nu": None}, "nu"), ({"nu": 1.5}, "nu")):
+            err = _error(http.post("/v1/accountant/epsilon", json={
+                **base, "noise_multiplier": 2.0, "delta": 1e-5, **patch}), 400)
+            assert err["param"] == param, err

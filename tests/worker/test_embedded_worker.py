@@ -169,3 +169,37 @@ def test_pause_then_resume_continues_from_the_checkpoint(embedded):
     started = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100).data
                if e.message.startswith("Job started")]
     assert len(started) == 2
+
+
+def test_a_nu_dpftrl_job_runs_through_the_service(embedded):
+    from dprc_core.accounting import dpftrl_epsilon
+
+    client = embedded.client(embedded.key("ftrl"))
+    f = client.files.create(file=("train.jsonl", learnable_lines(48)), purpose="fine-tune",
+                            extra_body={"epsilon_budget": 9.0})
+    noise = {"mechanism": "nu_dpftrl", "nu": 0.1, "bands": 4}
+    import openai
+    import pytest
+
+    with pytest.raises(openai.BadRequestError, match="exact"):
+        client.fine_tuning.jobs.create(
+            model="dprc-tiny-llama", training_file=f.id,
+            extra_body={"privacy": {"target_epsilon": 8.0, "noise": noise,
+                                    "clipping": {"method": "hutch", "k": 16}}})
+    job = client.fine_tuning.jobs.create(
+        model="dprc-tiny-llama", training_file=f.id,
+        hyperparameters={"n_epochs": 2, "batch_size": 12, "learning_rate": 0.01,
+                         "max_seq_len": 32},
+        extra_body={"privacy": {"target_epsilon": 8.0, "noise": noise,
+                                "clipping": {"method": "exact"}}, "checkpoint_every": 4})
+    priv = job.model_extra["privacy"]
+    assert priv["steps"] == 8 and priv["noise"]["min_separation"] == 4  # 2 epochs × ⌈48/12⌉
+    want = dpftrl_epsilon(priv["noise_multiplier"], priv["target_delta"], 0.1, steps=8,
+                          participations=2, min_separation=4, bands=4)
+    assert want <= 8.0 and abs(priv["planned_epsilon"] - want) <= 1e-9 * want
+    job = wait_for(client, job.id, {"succeeded", "failed", "cancelled"})
+    assert job.status == "succeeded", job.error
+    eps = job.model_extra["privacy"]["epsilon_spent"]
+    assert abs(eps - want) <= 1e-9 * want
+    budget = client.files.retrieve(f.id).model_extra["budget"]
+    assert budget["reserved"] == 0 and abs(budget["spent"] - want) <= 1e-6 * want
