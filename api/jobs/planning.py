@@ -123,13 +123,7 @@ def make_plan(req: JobCreate, n: int, default_k: int) -> Plan:
     if pr.noise.mechanism == "nu_dpftrl":
         return _nu_dpftrl_plan(req, n, n_epochs, batch)
     steps = steps_for(n_epochs, n, batch)
-    if steps > MAX_STEPS:
-        raise InvalidRequest(f"this job would run {steps} steps (at most {MAX_STEPS})",
-                             param="hyperparameters.n_epochs", code="invalid_value")
-    if pr.target_delta is None:
-        delta = default_delta(n)
-    else:
-        delta = check_delta_for(n, pr.target_delta, "privacy.target_delta")
+    delta = _steps_and_delta(steps, n, pr.target_delta)
     method = pr.clipping.method
     if method == "exact":
         if pr.clipping.k is not None:
@@ -155,6 +149,16 @@ def make_plan(req: JobCreate, n: int, default_k: int) -> Plan:
                 acc_k, sigma, planned)
 
 
+def _steps_and_delta(steps: int, n: int, target_delta: float | None) -> float:
+    """Refuse too many steps; δ: the request's (at most 1/N) or 1/N^1.1 rounded down."""
+    if steps > MAX_STEPS:
+        raise InvalidRequest(f"this job would run {steps} steps (at most {MAX_STEPS})",
+                             param="hyperparameters.n_epochs", code="invalid_value")
+    if target_delta is None:
+        return default_delta(n)
+    return check_delta_for(n, target_delta, "privacy.target_delta")
+
+
 def _nu_dpftrl_plan(req: JobCreate, n: int, n_epochs: int, batch: int) -> Plan:
     pr = req.privacy
     if pr.clipping.method != "exact" or pr.clipping.k is not None:
@@ -164,13 +168,7 @@ def _nu_dpftrl_plan(req: JobCreate, n: int, n_epochs: int, batch: int) -> Plan:
             param="privacy.clipping.method", code="invalid_value")
     sep = -(-n // batch)
     steps = n_epochs * sep
-    if steps > MAX_STEPS:
-        raise InvalidRequest(f"this job would run {steps} steps (at most {MAX_STEPS})",
-                             param="hyperparameters.n_epochs", code="invalid_value")
-    if pr.target_delta is None:
-        delta = default_delta(n)
-    else:
-        delta = check_delta_for(n, pr.target_delta, "privacy.target_delta")
+    delta = _steps_and_delta(steps, n, pr.target_delta)
     nu, bands = float(pr.noise.nu or 0.0), pr.noise.bands
     pattern = {"steps": steps, "participations": n_epochs, "min_separation": sep}
     try:
