@@ -163,7 +163,10 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--nu", type=float, nargs="+", default=[0.05, 0.2])
     ap.add_argument("--bands", type=int, default=0, help="ν-DP-FTRL bands (0: un-banded)")
-    ap.add_argument("--lr", type=float, nargs="+", default=[3e-3, 1e-2, 3e-2])
+    ap.add_argument("--lr", type=float, nargs="+", default=[3e-3, 1e-2, 3e-2, 1e-1],
+                    help="learning-rate grid of the private methods")
+    ap.add_argument("--np-lr", type=float, nargs="+", default=[1e-3, 3e-3, 1e-2],
+                    help="learning-rate grid of the non-private reference")
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
@@ -171,10 +174,10 @@ def main() -> None:
     bands = args.bands or None
     if args.quick:
         n_train, n_test, batch, epochs, seeds = 128, 64, 32, 2, 1
-        lrs, epsilons = [3e-3], [8.0]
+        lrs, np_lrs, epsilons = [3e-3], [3e-3], [8.0]
     else:
         n_train, n_test, batch, epochs, seeds = 384, 128, 32, args.epochs, args.seeds
-        lrs, epsilons = args.lr, args.epsilon
+        lrs, np_lrs, epsilons = args.lr, args.np_lr, args.epsilon
     max_seq_len = WIDTH
     t0 = time.perf_counter()
     train_lines, test_lines, info = make_data(n_train, n_test)
@@ -201,9 +204,9 @@ def main() -> None:
         walls: dict = {}
         t = time.perf_counter()
         results["nonprivate"] = np.array([[nonprivate_run(model_dir, train_data, test_data, lr,
-                                                          s, batch, epochs) for lr in lrs]
+                                                          s, batch, epochs) for lr in np_lrs]
                                           for s in range(seeds)])
-        walls["nonprivate"] = (time.perf_counter() - t) / (seeds * len(lrs))
+        walls["nonprivate"] = (time.perf_counter() - t) / (seeds * len(np_lrs))
         print(f"non-private done at {time.perf_counter() - t0:.0f}s", flush=True)
         spent: dict = {}
         for eps in epsilons:
@@ -225,7 +228,8 @@ def main() -> None:
                       f"at {time.perf_counter() - t0:.0f}s", flush=True)
         wall = time.perf_counter() - t0
         config = dict(n_train=n_train, n_test=n_test, batch=batch, epochs=epochs, seeds=seeds,
-                      lrs=lrs, bands=bands, steps=plans[(epsilons[0], methods[0]["key"])].steps,
+                      lrs=lrs, np_lrs=np_lrs, bands=bands,
+                      steps=plans[(epsilons[0], methods[0]["key"])].steps,
                       delta=plans[(epsilons[0], methods[0]["key"])].delta,
                       params=sum(p.numel() for p in load_model(model_dir, "causal_lm")
                                  .parameters()), init_loss=init_loss, **info)
@@ -278,7 +282,8 @@ def render(results, plans, spent, walls, methods, epsilons, c, wall, quick) -> s
         "matrix-mechanism accountant **without amplification** (docs/dpftrl.md); ν-DP-FTRL "
         f"bands = {c['bands'] or 'none (un-banded)'}. All meet the same (ε, δ); σ is calibrated "
         "per mechanism. Non-private: plain Adam loop, same batches and steps, no clipping/noise. "
-        f"Learning rate tuned on {{{', '.join(f'{x:g}' for x in lrs)}}} per (method, ε) by "
+        f"Learning rate tuned on {{{', '.join(f'{x:g}' for x in lrs)}}} per (method, ε) "
+        f"(non-private: on {{{', '.join(f'{x:g}' for x in c['np_lrs'])}}}) by "
         "the mean over the reported seeds (oracle tuning on the reported held-out set, the same "
         f"for every method). {c['seeds']} seeds (batch order / sampling and noise; same "
         "initial weights). Cells: held-out loss of the final checkpoint, "
@@ -288,18 +293,22 @@ def render(results, plans, spent, walls, methods, epsilons, c, wall, quick) -> s
     ]
     for eps in epsilons:
         lines += [f"### ε = {eps:g}", "",
-                  "| method | σ | ε planned (runner) | best lr | held-out loss | loss at each lr "
+                  "| method | σ | ε planned (runner) | best lr | held-out loss | loss at lr "
+                  f"{' / '.join(f'{x:g}' for x in lrs)} "
                   "| s / run |",
                   "|---|---:|---:|---:|---:|---|---:|"]
-        rows = [("non-private (reference)", results["nonprivate"], "—", "—", walls["nonprivate"])]
+        rows = [("non-private (reference)", results["nonprivate"], "—", "—", walls["nonprivate"],
+                 c["np_lrs"])]
         for m in methods:
             k = (eps, m["key"])
             rows.append((m["name"], results[k], f"{plans[k].noise_multiplier:.3f}",
-                         f"{plans[k].planned_epsilon:.3f} ({spent[k]:.3f})", walls[k]))
-        for name, cell, sig, pe, w in rows:
+                         f"{plans[k].planned_epsilon:.3f} ({spent[k]:.3f})", walls[k], lrs))
+        for name, cell, sig, pe, w, grid in rows:
             mean, std, i = best(cell)
             each = " / ".join(f"{x:.3f}" for x in cell.mean(0))
-            lines.append(f"| {name} | {sig} | {pe} | {lrs[i]:g} | {mean:.3f} ± {std:.3f} | "
+            if name.startswith("non-private"):
+                each += f" (lr {' / '.join(f'{x:g}' for x in grid)})"
+            lines.append(f"| {name} | {sig} | {pe} | {grid[i]:g} | {mean:.3f} ± {std:.3f} | "
                          f"{each} | {w:.1f} |")
         lines.append("")
     lines += verdict(results, methods, epsilons)
