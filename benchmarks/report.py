@@ -18,6 +18,7 @@ SECTIONS = [
     ("step_cuda", "benchmarks/step.py --device cuda"),
     ("accountant", "benchmarks/accountant.py"),
     ("dpftrl", "benchmarks/dpftrl_linear.py"),
+    ("dpftrl_lm", "benchmarks/dpftrl_lm.py"),
 ]
 
 PREFACE = """# Benchmarks
