@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test test-api services serve schemathesis lint demo demo-library bench clean
+.PHONY: install bench-install test test-api services serve schemathesis lint demo demo-library bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,10 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q "torch==2.13.0"
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
+
+# Benchmarks need the [bench] extras (opacus, matplotlib).
+bench-install: install
+	$(PY) -m pip install -q -e ".[dev,bench]"
 
 install: $(STAMP)
 
@@ -45,10 +49,12 @@ demo: install
 demo-library: install
 	$(PY) -m dprc_core.cli demo
 
-bench: install
+bench: bench-install
 	$(PY) benchmarks/norm_layer.py
 	$(PY) benchmarks/step.py
 	$(PY) benchmarks/accountant.py
+	$(PY) benchmarks/dpftrl_linear.py
+	$(PY) benchmarks/dpftrl_lm.py
 	$(PY) benchmarks/report.py
 
 clean:
