@@ -18,6 +18,8 @@ SECTIONS = [
     ("step_cuda", "benchmarks/step.py --device cuda"),
     ("accountant", "benchmarks/accountant.py"),
     ("dpftrl", "benchmarks/dpftrl_linear.py"),
+    ("utility", "benchmarks/utility.py"),
+    ("audit", "benchmarks/audit.py"),
 ]
 
 PREFACE = """# Benchmarks
