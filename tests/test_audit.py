@@ -139,8 +139,9 @@ def test_audit_catches_noise_scaled_down_four_times():
 
 
 def test_canary_updates_carry_the_clipped_contribution():
-    """Without noise, u_t on canary i's coordinate is C exactly when it was sampled: the
-    harness measures what the engine releases, in gradient units."""
+    """Without noise, u_t on canary i's coordinate is C exactly when it was sampled (times
+    B_0/B, the auditor's coin-free rescaling): the harness measures what the engine
+    releases."""
     import warnings
 
     with warnings.catch_warnings():
@@ -150,6 +151,7 @@ def test_canary_updates_carry_the_clipped_contribution():
                                         score="sum")
     u = run.updates
     assert np.all(u[:, ~run.included] == 0)
-    assert np.allclose(u[u != 0], 1.0)
+    assert np.allclose(u[u != 0], 1.0 * run.scale / run.expected_batch_size)
+    assert run.scale != run.expected_batch_size  # the coins did not give exactly m/2
     assert (u[:, run.included] != 0).any()
     torch.testing.assert_close(torch.tensor(run.scores), torch.tensor(u.sum(0)))

@@ -1,7 +1,7 @@
 """The ε lower bound implied by one-run canary guesses (Steinke, Nasr & Jagielski 2023).
 
 Reference: T. Steinke, M. Nasr, M. Jagielski, "Privacy Auditing with One (1) Training Run",
-NeurIPS 2023, arXiv:2305.08846 — §5 (analysis), Theorem 5.2 / Corollary 5.4 (the bound for
+NeurIPS 2023, arXiv:2305.08846 — §5 (analysis), Corollary 5.4 (the bound for
 (ε, δ)-DP), and the p-value / ε-search routine of its Appendix D, which this module
 re-implements (own code, exact binomial arithmetic from scipy).
 

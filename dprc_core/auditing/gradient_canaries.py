@@ -14,9 +14,12 @@ data set holds
 One training run: every logical batch is a Poisson sample at rate q of the **whole** data set
 (real examples and included canaries alike), split into micro-batches, passed through the
 engine (``accumulate`` / ``step``), SGD with learning rate 1. The auditor observes the released
-iterates w_0 … w_T; since the gradients do not depend on w, the update of step t in gradient
-units, u_t = (w_{t−1} − w_t) · B_expected = Σ clipped gradients + noise, is a post-processing of
-the iterates, and its coordinate real_dim + i carries canary i's contribution.
+iterates w_0 … w_T; since the gradients do not depend on w, the update of step t,
+u_t = (w_{t−1} − w_t) · B_0 = (Σ clipped gradients + noise) · B_0 / B, is a post-processing of
+the iterates, and its coordinate real_dim + i carries canary i's contribution. B = q·n is the
+engine's expected batch size (n counts the included canaries); the auditor rescales by
+B_0 = q·(real_examples + m/2), which it knows without the coins — the guesses must depend on
+the output alone, not on how many canaries were included.
 
 Scores (higher = looks included), both post-processings of the released iterates:
 
@@ -72,10 +75,11 @@ class CanaryRun:
     result: AuditResult
     scores: np.ndarray  # (m,)
     included: np.ndarray  # (m,) bool
-    updates: np.ndarray  # (steps, m) canary coordinates of u_t, gradient units
+    updates: np.ndarray  # (steps, m) canary coordinates of u_t (units: gradient · B_0 / B)
     sample_rate: float
     steps: int
-    expected_batch_size: float
+    expected_batch_size: float  # B, what the engine divides by
+    scale: float  # B_0, what the auditor multiplies by
 
 
 def run_gradient_canary_audit(
@@ -123,6 +127,7 @@ def run_gradient_canary_audit(
     data = torch.cat([real, canary_rows])
     n = data.shape[0]
     expected = sample_rate * n
+    scale = sample_rate * (real_examples + canaries / 2)  # known without the coins
 
     model = nn.Linear(dim, 1, bias=False).to(dtype)
     with torch.no_grad():
@@ -138,8 +143,8 @@ def run_gradient_canary_audit(
             engine.accumulate(linear_loss, data[part])  # type: ignore[attr-defined]
         engine.step()  # type: ignore[attr-defined]
         now = model.weight.detach()[0, real_dim:].clone()
-        updates[t] = ((prev - now) * expected).numpy()
+        updates[t] = ((prev - now) * scale).numpy()
         prev = now
     scores = scores_from_updates(updates, score, sample_rate, noise_multiplier, c)
     result = audit_scores(scores, included, delta, confidence, guess_counts)
-    return CanaryRun(result, scores, included, updates, sample_rate, steps, expected)
+    return CanaryRun(result, scores, included, updates, sample_rate, steps, expected, scale)
