@@ -561,6 +561,8 @@ def make_plot(res: dict, tasks: dict[str, Task], mem: list[dict], path: Path) ->
         ax.axhline(tasks[tname].trivial * scale, color="grey", ls=":", lw=1,
                    label="trivial baseline")
         ax.set_xscale("log")
+        ax.set_xticks(res["epsilons"], [f"{e:g}" for e in res["epsilons"]])
+        ax.minorticks_off()
         ax.set_xlabel("ε")
         ax.set_ylabel(ylabel)
         ax.set_title("MiniLM + LoRA classification" if tname == "cls" else "tiny Llama LM")
