@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install bench-install test test-api services serve schemathesis lint demo demo-library bench clean
+.PHONY: install bench-install test test-api services serve schemathesis lint demo demo-library bench bench-evidence clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,13 @@ bench: bench-install
 	$(PY) benchmarks/accountant.py
 	$(PY) benchmarks/dpftrl_linear.py
 	$(PY) benchmarks/dpftrl_lm.py
+	$(PY) benchmarks/audit.py
+	$(PY) benchmarks/report.py
+
+# Utility of randomized vs exact clipping on real text (about 30 min on 2 cores).
+bench-evidence: bench-install
+	$(PY) benchmarks/utility.py
+	$(PY) benchmarks/audit.py
 	$(PY) benchmarks/report.py
 
 clean:

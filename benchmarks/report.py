@@ -19,6 +19,8 @@ SECTIONS = [
     ("accountant", "benchmarks/accountant.py"),
     ("dpftrl", "benchmarks/dpftrl_linear.py"),
     ("dpftrl_lm", "benchmarks/dpftrl_lm.py"),
+    ("utility", "benchmarks/utility.py"),
+    ("audit", "benchmarks/audit.py"),
 ]
 
 PREFACE = """# Benchmarks
