@@ -7,20 +7,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from dense_reference import dense_b
 from safetensors.torch import load_file, save_file
-from scipy import special
 
 from dprc_core.noise import NuDPFTRLNoise
-
-
-def dense_b(nu: float, steps: int, bands: int | None) -> np.ndarray:
-    b = np.zeros((steps, steps))
-    for i in range(steps):
-        for j in range(i + 1):
-            tau = i - j
-            if bands is None or tau < bands:
-                b[i, j] = (-1) ** tau * special.binom(0.5, tau) * (1 - nu) ** tau
-    return b
 
 
 def run(noise: NuDPFTRLNoise, shapes, steps: int, gen: torch.Generator, dtype=torch.float32):

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+from dense_reference import dense_b
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
 from scipy import special
@@ -29,16 +30,6 @@ from dprc_core.accounting.dpftrl import (
     nu_dpftrl_coefficients,
     toeplitz_sensitivity,
 )
-
-
-def dense_b(nu: float, steps: int, bands: int | None) -> np.ndarray:
-    b = np.zeros((steps, steps))
-    for i in range(steps):
-        for j in range(i + 1):
-            tau = i - j
-            if bands is None or tau < bands:
-                b[i, j] = (-1) ** tau * special.binom(0.5, tau) * (1 - nu) ** tau
-    return b
 
 
 def patterns(steps: int, k: int, sep: int):
