@@ -130,7 +130,9 @@ class Progress:
     loss: float | None  # None when report_train_loss is off (training loss is NOT private)
     clipped_fraction: float | None
     dropped: int
-    epsilon: float | None  # ε spent so far, computed every `epsilon_every` steps and at ends
+    # an upper bound on ε spent so far: exact at checkpoints, at the end and every
+    # `epsilon_every` steps, else ε at the next multiple of `epsilon_every` (never stale)
+    epsilon: float | None
     checkpoint: str | None = None
 
 
@@ -273,20 +275,32 @@ def run_job(
     loss_fn = (causal_lm_per_sample_loss if spec.task == "causal_lm"
                else sequence_classification_per_sample_loss)
     losses: list[float] = []
-    epsilon_now = _ledger(prior, None).epsilon(plan.delta) if prior else 0.0
+
+    def ledger_at(steps: int) -> PrivacyLedger:
+        if fixed:  # one matrix mechanism: the released chain is its first `steps` steps
+            return PrivacyLedger([plan.event(steps)] if steps else [])
+        seg = steps - resumed_from
+        return _ledger(prior, plan.event(seg) if seg else None)
 
     def ledger_now() -> PrivacyLedger:
-        if fixed:  # one matrix mechanism: the released chain is its first `done` steps
-            return PrivacyLedger([plan.event(done)] if done else [])
-        seg = done - resumed_from
-        return _ledger(prior, plan.event(seg) if seg else None)
+        return ledger_at(done)
 
     eps_cache: dict[int, float] = {}
 
-    def epsilon_at_done() -> float:  # the accountant takes ~0.1–0.5 s: once per step count
-        if done not in eps_cache:
-            eps_cache[done] = ledger_now().epsilon(plan.delta)
-        return eps_cache[done]
+    def epsilon_at(steps: int) -> float:  # the accountant takes ~0.1–0.5 s: once per count
+        if steps not in eps_cache:
+            eps_cache[steps] = ledger_at(steps).epsilon(plan.delta)
+        return eps_cache[steps]
+
+    def epsilon_at_done() -> float:
+        return epsilon_at(done)
+
+    def epsilon_bound() -> float:
+        """An upper bound on ε spent after `done` steps, computed once per `epsilon_every`
+        steps: ε at the next multiple of `epsilon_every` (ε only grows with steps), exact at
+        those multiples, at checkpoints and at the end. Never a stale, smaller value."""
+        every = spec.epsilon_every
+        return epsilon_at(min(plan.steps, -(-done // every) * every))
 
     def save() -> Path:
         ledger = ledger_now()
@@ -329,8 +343,7 @@ def run_job(
             if due or done == plan.steps or stop:
                 last_ckpt = save()
                 saved = str(last_ckpt)
-            if saved or done % spec.epsilon_every == 0 or done == 1:
-                epsilon_now = epsilon_at_done()
+            epsilon_now = epsilon_at_done() if saved else epsilon_bound()
             if on_progress is not None:
                 on_progress(Progress(
                     step=done, steps=plan.steps, batch_size=stats.batch_size,

@@ -59,6 +59,13 @@ def test_a_run_follows_its_plan_and_learns(tiny_dir, train_file, tmp_path):
     eps = [json.loads((p / "metadata.json").read_text())["epsilon"]
            for p in ckpt_io.list_checkpoints(tmp_path / "a")]
     assert eps[0] < eps[1] < eps[2] == pytest.approx(result.epsilon)
+    # progress never shows a stale ε: each value bounds the ε of the steps run so far (exact
+    # at checkpoints and at the end, else ε at the next multiple of epsilon_every = 10)
+    for p in seen:
+        now = epsilon(plan.noise_multiplier, plan.sample_rate, p.step, plan.delta, "hutch", 32)
+        assert p.epsilon >= now * (1 - 1e-12)
+        if p.checkpoint is not None:
+            assert p.epsilon == pytest.approx(now, rel=1e-12)
     # learnable toy task: the loss goes down
     assert sum(result.losses[-3:]) / 3 < sum(result.losses[:3]) / 3 - 0.3
 
