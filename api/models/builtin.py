@@ -24,38 +24,9 @@ def minilm_dir() -> Path | None:
 
 
 def build_tiny_llama(path: Path) -> Path:
-    """Build (once) a tiny random Llama with a byte-level BPE tokenizer into ``path``."""
+    """Build (once) the built-in tiny random Llama with a byte-level tokenizer into ``path``
+    (``dprc_core.training.tiny``: hidden 64, 2 layers, 512 positions, seed 0)."""
+    from dprc_core.training.tiny import build_tiny_llama as build
+
     with _build_lock:
-        if (path / "model.safetensors").exists() and (path / "tokenizer.json").exists():
-            return path
-        import torch
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-        from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-        specials = ["<pad>", "<s>", "</s>"]
-        alphabet = pre_tokenizers.ByteLevel.alphabet()
-        vocab = {tok: i for i, tok in enumerate(specials + sorted(alphabet))}
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        fast = PreTrainedTokenizerFast(
-            tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>"
-        )
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.mkdir(parents=True, exist_ok=True)
-        torch.manual_seed(0)
-        cfg = LlamaConfig(
-            vocab_size=len(vocab), hidden_size=64, intermediate_size=128,
-            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-        )
-        LlamaForCausalLM(cfg).save_pretrained(tmp, safe_serialization=True)
-        fast.save_pretrained(tmp)
-        tmp.replace(path) if not path.exists() else _move_contents(tmp, path)
-        return path
-
-
-def _move_contents(src: Path, dst: Path) -> None:
-    for item in src.iterdir():
-        item.replace(dst / item.name)
-    src.rmdir()
+        return build(path, hidden=64, layers=2, max_positions=512, seed=0, tokenizer="byte")
