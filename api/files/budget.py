@@ -91,22 +91,6 @@ def refresh(session: Session, file: File, extra: PrivacyEvent | None = None) -> 
     return spent, committed
 
 
-def default_delta(n: int) -> float:
-    """1/N^1.1 rounded down to one significant digit (a·10^-m), hence never above 1/N."""
-    if n < 2:
-        raise ValueError("a data set needs at least 2 examples for a default delta")
-    x = n**-1.1
-    m = math.ceil(-math.log10(x))
-    a = math.floor(x * 10**m)
-    while a < 1:  # x·10^m rounded to just below 1
-        m += 1
-        a = math.floor(x * 10**m)
-    value = a / 10**m
-    while value > x:  # binary rounding of a/10^m
-        value = math.nextafter(value, 0.0)
-    return value
-
-
 def check_delta_for(n: int, delta: float, param: str) -> float:
     from api.errors import InvalidRequest
 

@@ -19,6 +19,7 @@ from api.files import budget
 from api.files.schemas import Budget, FileObject
 from api.keys.service import Caller
 from api.tables import File, Job
+from dprc_core.training.plan import default_delta
 
 UPLOAD_PURPOSES = ("fine-tune",)
 RESULT_PURPOSE = "fine-tune-results"
@@ -153,7 +154,7 @@ def _budget_values(n: int, epsilon_budget: float | None, delta: float | None) ->
         if delta is not None:
             raise InvalidRequest("delta needs epsilon_budget", param="delta", code="invalid_value")
         return None, None
-    d = budget.default_delta(n) if delta is None else budget.check_delta_for(n, delta, "delta")
+    d = default_delta(n) if delta is None else budget.check_delta_for(n, delta, "delta")
     return epsilon_budget, d
 
 

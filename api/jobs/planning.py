@@ -1,11 +1,13 @@
-"""The privacy plan of a job: q, steps, δ, σ and the accountant settings used.
+"""The privacy plan of a job, from the library's planner
+(:func:`dprc_core.training.plan.plan_privacy`), so that the service charges exactly what the
+runner computes:
 
 - q = batch_size / N (Poisson sampling with expected batch size B).
-- steps = ⌈n_epochs · N / B⌉ = ⌈n_epochs / q⌉ (integer arithmetic). Rounding up makes the
-  expected number of examples seen, steps·B, at least n_epochs·N; the runner executes exactly
-  ``steps`` noisy steps and the ledger records every one of them, so the accounted steps are
-  never fewer than the steps run.
-- δ defaults to 1/N^1.1 rounded down to one significant digit (never above 1/N); a δ above
+- steps = ⌈n_epochs · N / B⌉, computed exactly. Rounding up makes the expected number of
+  examples seen, steps·B, at least n_epochs·N; the runner executes exactly ``steps`` noisy
+  steps and the ledger records every one of them, so the accounted steps are never fewer than
+  the steps run (the runner refuses a plan whose steps differ).
+- δ defaults to 1/N^1.1 rounded down to two significant digits (never above 1/N); a δ above
   1/N is refused.
 - σ = ``dprc_core.accounting.noise_multiplier`` with the dimension-free envelope (rank=None).
   ``auto`` clipping is planned as ``hutch`` (conservative: an all-exact auto run would be
@@ -20,10 +22,10 @@ from functools import lru_cache
 from typing import Any
 
 from api.errors import InvalidRequest
-from api.files.budget import check_delta_for, default_delta
+from api.files.budget import check_delta_for
 from api.jobs.schemas import JobCreate
-from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent, epsilon, noise_multiplier
-from dprc_core.accounting.dpftrl import dpftrl_epsilon, dpftrl_noise_multiplier
+from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent
+from dprc_core.training.plan import PrivacyPlan, default_delta, plan_privacy, planned_steps
 
 MAX_STEPS = 200_000
 DEFAULT_EPOCHS = 3
@@ -98,16 +100,35 @@ def nu_dpftrl_event(sigma: float, steps: int, noise: dict[str, Any]) -> PrivacyE
 
 
 def steps_for(n_epochs: int, n: int, batch_size: int) -> int:
-    return -(-(n_epochs * n) // batch_size)
+    return planned_steps(n, batch_size, n_epochs)
 
 
 @lru_cache(maxsize=512)
-def calibrate(target_epsilon: float, delta: float, q: float, steps: int, clipping: str,
-              k: int | None) -> tuple[float, float]:
-    """(σ, ε(σ)) for a plan; cached, as retried and repeated jobs ask for the same plan."""
-    sigma = noise_multiplier(target_epsilon, delta, sample_rate=q, steps=steps,
-                             clipping=clipping, k=k)
-    return sigma, epsilon(sigma, q, steps, delta, clipping, k)
+def library_plan(n: int, batch: int, n_epochs: int, clipping: str, k: int | None,
+                 target_epsilon: float, delta: float, mechanism: str, nu: float | None,
+                 bands: int | None) -> PrivacyPlan:
+    """The library's plan (σ calibrated for the target); cached, as retried and repeated
+    jobs ask for the same plan."""
+    return plan_privacy(dataset_size=n, batch_size=batch, epochs=n_epochs, clipping=clipping,
+                        k=k, target_epsilon=target_epsilon, delta=delta, mechanism=mechanism,
+                        nu=nu, bands=bands)
+
+
+def _calibrated(n: int, batch: int, n_epochs: int, clipping: str, k: int | None,
+                target_epsilon: float, delta: float, mechanism: str = "gaussian",
+                nu: float | None = None, bands: int | None = None,
+                param: str = "privacy.target_epsilon") -> PrivacyPlan:
+    try:
+        plan = library_plan(n, batch, n_epochs, clipping, k, target_epsilon, delta, mechanism,
+                            nu, bands)
+    except (ValueError, RuntimeError) as exc:
+        raise InvalidRequest(f"cannot calibrate the noise: {exc}", param=param,
+                             code="calibration_failed") from exc
+    if not math.isfinite(plan.planned_epsilon) or plan.planned_epsilon > target_epsilon:
+        raise InvalidRequest(  # pragma: no cover - the calibration guarantees it
+            "calibration did not reach the target epsilon", param=param,
+            code="calibration_failed")
+    return plan
 
 
 def make_plan(req: JobCreate, n: int, default_k: int) -> Plan:
@@ -119,7 +140,6 @@ def make_plan(req: JobCreate, n: int, default_k: int) -> Plan:
             f"batch_size={batch} is larger than the data set (N={n}); the expected Poisson "
             "batch size must be at most N", param="hyperparameters.batch_size",
             code="invalid_value")
-    q = batch / n
     if pr.noise.mechanism == "nu_dpftrl":
         return _nu_dpftrl_plan(req, n, n_epochs, batch)
     steps = steps_for(n_epochs, n, batch)
@@ -137,16 +157,10 @@ def make_plan(req: JobCreate, n: int, default_k: int) -> Plan:
                                  "chi2(k) log-concave)", param="privacy.clipping.k",
                                  code="invalid_value")
         acc_clip, acc_k = ("hutch" if method == "auto" else method), k
-    try:
-        sigma, planned = calibrate(pr.target_epsilon, delta, q, steps, acc_clip, acc_k)
-    except (ValueError, RuntimeError) as exc:
-        raise InvalidRequest(f"cannot calibrate the noise: {exc}",
-                             param="privacy.target_epsilon", code="calibration_failed") from exc
-    if not math.isfinite(planned) or planned > pr.target_epsilon:  # pragma: no cover
-        raise InvalidRequest("calibration did not reach the target epsilon",
-                             param="privacy.target_epsilon", code="calibration_failed")
-    return Plan(n, n_epochs, batch, q, steps, pr.target_epsilon, delta, method, k, acc_clip,
-                acc_k, sigma, planned)
+    lib = _calibrated(n, batch, n_epochs, acc_clip, acc_k, pr.target_epsilon, delta)
+    assert lib.steps == steps and lib.delta == delta
+    return Plan(n, n_epochs, batch, lib.sample_rate, lib.steps, pr.target_epsilon, lib.delta,
+                method, k, acc_clip, acc_k, lib.noise_multiplier, lib.planned_epsilon)
 
 
 def _steps_and_delta(steps: int, n: int, target_delta: float | None) -> float:
@@ -166,16 +180,12 @@ def _nu_dpftrl_plan(req: JobCreate, n: int, n_epochs: int, batch: int) -> Plan:
             "correlated noise (nu_dpftrl) needs privacy.clipping.method = 'exact' (and no k): "
             "randomized clipping with correlated noise has no privacy analysis",
             param="privacy.clipping.method", code="invalid_value")
-    sep = -(-n // batch)
-    steps = n_epochs * sep
+    steps = planned_steps(n, batch, n_epochs, "nu_dpftrl")
     delta = _steps_and_delta(steps, n, pr.target_delta)
     nu, bands = float(pr.noise.nu or 0.0), pr.noise.bands
-    pattern = {"steps": steps, "participations": n_epochs, "min_separation": sep}
-    try:
-        sigma = dpftrl_noise_multiplier(pr.target_epsilon, delta, nu, bands=bands, **pattern)
-        planned = dpftrl_epsilon(sigma, delta, nu, bands=bands, **pattern)
-    except (ValueError, RuntimeError) as exc:
-        raise InvalidRequest(f"cannot calibrate the noise: {exc}",
-                             param="privacy.noise", code="calibration_failed") from exc
-    return Plan(n, n_epochs, batch, batch / n, steps, pr.target_epsilon, delta, "exact", None,
-                "exact", None, sigma, planned, "nu_dpftrl", nu, bands, sep)
+    lib = _calibrated(n, batch, n_epochs, "exact", None, pr.target_epsilon, delta,
+                      "nu_dpftrl", nu, bands, param="privacy.noise")
+    assert lib.steps == steps and lib.min_separation is not None
+    return Plan(n, n_epochs, batch, lib.sample_rate, lib.steps, pr.target_epsilon, lib.delta,
+                "exact", None, "exact", None, lib.noise_multiplier, lib.planned_epsilon,
+                "nu_dpftrl", nu, bands, lib.min_separation)

@@ -3,7 +3,8 @@
 * q = batch_size / N (the expected Poisson batch size over the data set size);
 * steps = ceil(epochs · N / batch_size): rounded **up**, and the accountant charges exactly the
   steps that run (a job never runs more steps than it was accounted for);
-* δ defaults to 1/N^1.1 rounded **down** to two significant digits (always < 1/N);
+* δ defaults to 1/N^1.1 rounded **down** to two significant digits (always < 1/N); a δ
+  above 1/N is refused;
 * σ is the smallest noise multiplier (relative tolerance 0.5 %) whose ε at δ is at most the
   target, from :func:`dprc_core.accounting.noise_multiplier` with the default (dimension-free)
   envelope for randomized clipping.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from typing import Any
 
 from dprc_core.accounting import PrivacyEvent, epsilon_for_events, noise_multiplier
@@ -20,6 +22,26 @@ from dprc_core.accounting.dpftrl import dpftrl_epsilon, dpftrl_noise_multiplier
 from dprc_core.accounting.events import check_delta, check_epsilon
 
 NOISE_MECHANISMS = ("gaussian", "nu_dpftrl")
+
+
+def planned_steps(dataset_size: int, batch_size: float, epochs: float,
+                  mechanism: str = "gaussian") -> int:
+    """Steps a job runs: ⌈epochs·N/B⌉ (Poisson sampling), computed exactly (no float rounding
+    can drop a step), or epochs·⌈N/B⌉ for fixed-order ν-DP-FTRL epochs."""
+    if mechanism == "nu_dpftrl":
+        return int(epochs) * -(-dataset_size // int(batch_size))
+    return math.ceil(Fraction(epochs) * dataset_size / Fraction(batch_size))
+
+
+def check_delta_for_size(delta: float, n: int) -> float:
+    """A valid δ that is also at most 1/N: a larger δ allows releasing whole examples."""
+    delta = check_delta(delta)
+    if delta > 1 / n:
+        raise ValueError(
+            f"delta={delta:g} is above 1/N = {1 / n:g} for a data set of {n} examples; such a "
+            "delta would allow releasing whole examples"
+        )
+    return delta
 
 
 def default_delta(n: int) -> float:
@@ -110,9 +132,9 @@ def plan_privacy(
         raise ValueError(f"epochs must be a number in (0, 10000], got {epochs!r}")
     if (target_epsilon is None) == (noise_multiplier_value is None):
         raise ValueError("give exactly one of target_epsilon and noise_multiplier")
-    delta = default_delta(n) if delta is None else check_delta(delta)
+    delta = default_delta(n) if delta is None else check_delta_for_size(delta, n)
     q = batch_size / n
-    steps = math.ceil(epochs * n / batch_size)
+    steps = planned_steps(n, batch_size, epochs)
     k_acc = k if clipping != "exact" else None
     if noise_multiplier_value is None:
         target = check_epsilon(target_epsilon)
@@ -142,9 +164,10 @@ def _plan_nu_dpftrl(n, batch_size, epochs, clipping, target_epsilon, delta, sigm
         raise ValueError("nu_dpftrl needs nu (the damping, in [0, 1])")
     if (target_epsilon is None) == (sigma_given is None):
         raise ValueError("give exactly one of target_epsilon and noise_multiplier")
-    delta = default_delta(n) if delta is None else check_delta(delta)
+    delta = default_delta(n) if delta is None else check_delta_for_size(delta, n)
     sep = -(-n // batch_size)
-    pattern = {"steps": epochs * sep, "participations": epochs, "min_separation": sep}
+    pattern = {"steps": planned_steps(n, batch_size, epochs, "nu_dpftrl"),
+               "participations": epochs, "min_separation": sep}
     if sigma_given is None:
         target = check_epsilon(target_epsilon)
         sigma = dpftrl_noise_multiplier(target, delta, nu, bands=bands, **pattern)

@@ -11,6 +11,7 @@ import pytest
 
 from api.jobs import service as jobs_service
 from dprc_core.accounting import epsilon, epsilon_for_events
+from dprc_core.training.plan import default_delta
 from tests.api.conftest import labelled_lines, text_lines
 
 
@@ -120,7 +121,8 @@ def test_pagination_and_default_delta(server):
             extra_body={"privacy": {"target_epsilon": 4.0, "clipping": {"method": "exact"}}})
         ids.append(job.id)
         delta = job.model_extra["privacy"]["target_delta"]
-        assert delta <= 100**-1.1 and delta < 1 / 100
+        # the library's default (the runner's): 1/N^1.1 rounded down to 2 significant digits
+        assert delta == default_delta(100) and 0.9 * 100**-1.1 <= delta <= 100**-1.1
     first = client.fine_tuning.jobs.list(limit=2)
     assert [j.id for j in first.data] == ids[::-1][:2] and first.has_more
     rest = client.fine_tuning.jobs.list(limit=2, after=first.data[-1].id)
