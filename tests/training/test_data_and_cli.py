@@ -72,6 +72,16 @@ def test_plan_rounds_steps_up_and_meets_the_target():
             plan_privacy(**args)
 
 
+@pytest.mark.parametrize("epochs,n,b,steps", [(0.1, 30, 1, 3), (0.7, 10, 7, 1), (3, 1000, 64, 47),
+                                              (2.5, 999, 37.5, 67), (0.3, 10, 1, 3)])
+def test_plan_steps_are_the_decimal_ceiling(epochs, n, b, steps):
+    # ⌈epochs·N/B⌉ of the numbers as written: 0.1 epochs of 30 examples at B = 1 is 3 steps
+    # (float arithmetic: 0.1*30 = 3.0000000000000004 would add a fourth)
+    plan = plan_privacy(dataset_size=n, batch_size=b, epochs=epochs, clipping="exact", k=None,
+                        noise_multiplier_value=1.0)
+    assert plan.steps == steps
+
+
 def test_dprc_train_runs_a_yaml_job_and_resumes(tmp_path, capsys):
     build_tiny_llama(tmp_path / "m", hidden=32)
     (tmp_path / "t.jsonl").write_text(
