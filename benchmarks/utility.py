@@ -118,7 +118,7 @@ CLS_LORA_R = 4
 CLS_BATCH = 64
 CLS_EPOCHS = 2.0
 CLS_SEQ = 48
-CLS_LRS = [3e-3, 1e-2]
+CLS_LRS = [5e-3, 1e-2, 2e-2]
 METHODS = ["nonprivate", "exact", "hutch8", "hutch32", "hutch64", "hutchpp32"]
 METHOD_LABEL = {"nonprivate": "non-private (plain torch loop)", "exact": "DP-SGD exact",
                 "hutch8": "RC hutch k=8", "hutch32": "RC hutch k=32", "hutch64": "RC hutch k=64",
@@ -272,7 +272,7 @@ def make_tasks(work: Path, quick: bool) -> dict[str, Task]:
                     CLS_LRS, cpaths["train"], cpaths["val"], cpaths["test"], classes,
                     csizes, majority),
         "lm": Task("lm", "causal_lm", str(llama), None, 64, 64, 1.0 if quick else 2.0,
-                   [3e-3, 1e-2], lpaths["train"], lpaths["val"], lpaths["test"], None, lsizes,
+                   [3e-3, 1e-2, 2e-2], lpaths["train"], lpaths["val"], lpaths["test"], None, lsizes,
                    unigram),
     }
 
@@ -420,39 +420,53 @@ def mean_std(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
-def run_grid(tasks: dict[str, Task], work: Path, quick: bool, log) -> dict:
+def _key(r: dict) -> tuple:
+    return (r["task"], r["method"], float(r["eps"]), float(r["lr"]), int(r["seed"]),
+            bool(r["sweep"]))
+
+
+def run_grid(tasks: dict[str, Task], work: Path, quick: bool, log, n_seeds: int = 3,
+             previous: list[dict] | None = None) -> dict:
+    """The grid; ``previous`` runs (from the JSON of an earlier run of the same grid) are
+    reused cell by cell, so that ``--seeds 5 --reuse`` adds seeds without redoing the others."""
     methods = ["nonprivate", "exact", "hutch32"] if quick else METHODS
     epsilons = [3.0] if quick else [1.0, 3.0, 8.0]
-    seeds = [0] if quick else [0, 1, 2]
+    seeds = [0] if quick else list(range(n_seeds))
+    done = {_key(r): r for r in previous or []}
     runs: list[dict] = []
     chosen: dict[str, dict[str, float]] = {}
+
+    def cell(task: Task, method: str, eps: float, lr: float, seed: int, sweep: bool) -> dict:
+        key = (task.name, method, eps, lr, seed, sweep)
+        if key in done:
+            return dict(done[key])
+        r = (run_nonprivate(task, lr, seed) if method == "nonprivate"
+             else run_dp(task, method, eps, lr, seed, work))
+        r["sweep"] = sweep
+        log(r)
+        return r
+
     for tname, task in tasks.items():
         better = (lambda a, b: a > b) if task.task == "classification" else (lambda a, b: a < b)
         chosen[tname] = {}
         for method in methods:
             best = None
+            sweep_eps = math.inf if method == "nonprivate" else 3.0
             for lr in task.lrs:  # the sweep: ε = 3, seed 0, chosen on validation
-                r = (run_nonprivate(task, lr, 0) if method == "nonprivate"
-                     else run_dp(task, method, 3.0, lr, 0, work))
-                r["sweep"] = True
+                r = cell(task, method, sweep_eps, lr, 0, True)
                 runs.append(r)
-                log(r)
                 if best is None or better(r["val"], best["val"]):
                     best = r
             assert best is not None
             chosen[tname][method] = best["lr"]
             for eps in ([math.inf] if method == "nonprivate" else epsilons):
                 for seed in seeds:
-                    if eps in (3.0, math.inf) and seed == 0:
+                    if eps == sweep_eps and seed == 0:
                         r = dict(best)  # the sweep's run at the chosen lr is this cell
                         r["sweep"] = False
-                    elif method == "nonprivate":
-                        r = run_nonprivate(task, best["lr"], seed)
                     else:
-                        r = run_dp(task, method, eps, best["lr"], seed, work)
-                    r["sweep"] = False
+                        r = cell(task, method, eps, best["lr"], seed, False)
                     runs.append(r)
-                    log(r)
     return {"runs": runs, "chosen_lr": chosen, "methods": methods, "epsilons": epsilons,
             "seeds": seeds}
 
@@ -647,6 +661,9 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/dprc-utility", help="scratch folder")
     ap.add_argument("--memory-probe", nargs=2, metavar=("TASK", "METHOD"))
     ap.add_argument("--out", default=str(DOCS / "benchmarks_utility.md"))
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per cell (default 3)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="reuse the runs of the JSON next to --out (same grid), run the rest")
     ap.add_argument("--memory-only", action="store_true",
                     help="keep the runs of the JSON next to --out, redo the memory probes")
     args = ap.parse_args()
@@ -675,11 +692,15 @@ def main() -> None:
         for r in res["runs"]:
             r["eps"] = float(r["eps"])  # Infinity round-trips as float
     else:
-        res, wall0 = run_grid(tasks, work, args.quick, log), 0.0
+        previous, wall0 = None, 0.0
+        if args.reuse:
+            old = json.loads(Path(args.out).with_suffix(".json").read_text())
+            previous, wall0 = old["results"]["runs"], old["wall_s"]
+        res = run_grid(tasks, work, args.quick, log, args.seeds, previous)
     mem = probe_all(tasks, res["methods"], work, args.quick)
     print(json.dumps(mem), flush=True)
     # --memory-only: report the grid's wall time (its first probes included), not the rerun
-    wall = wall0 if args.memory_only else time.perf_counter() - t0
+    wall = wall0 if args.memory_only else wall0 + time.perf_counter() - t0
     if args.quick:
         out = work / "benchmarks_utility.md"
     else:

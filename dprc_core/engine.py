@@ -13,7 +13,6 @@ N(0, σ²C²) per coordinate, divide by the expected batch size, ``optimizer.ste
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from dprc_core.estimators import (
 from dprc_core.hooks import PerSampleHooks, trainable_parameters
 from dprc_core.independence import check_sample_independence
 from dprc_core.noise import GaussianNoise, NuDPFTRLNoise
+from dprc_core.seeding import derive_seed, fresh_seed
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 CLIPPING_MODES = ("two_pass", "bookkeeping")
@@ -88,7 +88,8 @@ def _check_method(method: str) -> str:
 
 
 class _Generators:
-    """One torch.Generator per device, all derived from the engine seed."""
+    """One torch.Generator per device, each seeded with ``derive_seed(seed, "engine", i)``
+    (never with the user seed itself: see :mod:`dprc_core.seeding`)."""
 
     def __init__(self, seed: int):
         self.seed = seed
@@ -99,7 +100,7 @@ class _Generators:
         key = str(device)
         if key not in self._by_device:
             gen = torch.Generator(device=device)
-            gen.manual_seed((self.seed + len(self._by_device) * 0x9E3779B97F4A7C15) % 2**63)
+            gen.manual_seed(derive_seed(self.seed, "engine", len(self._by_device)))
             self._by_device[key] = gen
         return self._by_device[key]
 
@@ -196,7 +197,7 @@ class PrivacyEngine:
                 PrivacyWarning,
                 stacklevel=2,
             )
-        self.seed = int.from_bytes(os.urandom(8), "little") if seed is None else int(seed)
+        self.seed = fresh_seed() if seed is None else int(seed)
         self.generators = _Generators(self.seed)
         self.noise_mechanism = noise_mechanism
         self.noise: GaussianNoise | NuDPFTRLNoise

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from dprc_core.accounting import PrivacyEvent, PrivacyLedger
 from dprc_core.engine import PrivacyEngine, accounting_clipping_for, norm_plan
 from dprc_core.estimators import METHODS
 from dprc_core.losses import causal_lm_per_sample_loss, sequence_classification_per_sample_loss
+from dprc_core.seeding import derive_seed, fresh_seed
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.data import TASKS, TokenizedData, label_names, load_jsonl, tokenize
 from dprc_core.training.models import LoraSpec, load_model, load_tokenizer
@@ -239,7 +239,7 @@ def run_job(
         opt: torch.optim.Optimizer = torch.optim.Adam(params, lr=spec.learning_rate)
     else:
         opt = torch.optim.SGD(params, lr=spec.learning_rate)
-    seed = spec.seed if spec.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+    seed = spec.seed if spec.seed is not None else fresh_seed()
     engine = PrivacyEngine(
         model, opt, max_grad_norm=spec.max_grad_norm, noise_multiplier=plan.noise_multiplier,
         expected_batch_size=plan.batch_size, norm_method=spec.clipping, k=spec.k,
@@ -248,7 +248,7 @@ def run_job(
     )
     assert engine.accounting_clipping == clipping
     fixed = spec.noise_mechanism == "nu_dpftrl"
-    sampler_seed = (seed * 31 + 7) % 2**63
+    sampler_seed = derive_seed(seed, "sampler")
     sampler: PoissonSampler | FixedOrderSampler
     if fixed:
         sampler = FixedOrderSampler(n, int(spec.batch_size), steps=plan.steps, seed=sampler_seed)
