@@ -182,7 +182,7 @@ def _insert_job(session: Session, caller: Caller, req: JobCreate, plan: planning
         id=new_id("ftjob"), tenant_id=caller.tenant_id, model=req.model,
         training_file_id=req.training_file, status="queued", created_at=now(),
         hyperparameters=hyper, privacy=privacy,
-        seed=req.seed if req.seed is not None else secrets.randbelow(2**31),
+        seed=req.seed if req.seed is not None else secrets.randbits(63),  # secret: 63 bits
         suffix=req.suffix, job_metadata=req.metadata, checkpoint_every=req.checkpoint_every,
         noise_multiplier=plan.noise_multiplier, sample_rate=plan.sample_rate,
         steps_total=plan.steps, accounting_clipping=plan.accounting_clipping,

@@ -113,16 +113,20 @@ def test_happy_path(server, tmp_path):
 def test_pagination_and_default_delta(server):
     client = server.client(server.key("pages"))
     f = client.files.create(file=("t.jsonl", labelled_lines(100)), purpose="fine-tune")
-    ids = []
+    ids, seeds = [], []
     for _ in range(3):
         job = client.fine_tuning.jobs.create(
             model="minilm-l6-v2", training_file=f.id,
             hyperparameters={"n_epochs": 1, "batch_size": 10},
             extra_body={"privacy": {"target_epsilon": 4.0, "clipping": {"method": "exact"}}})
         ids.append(job.id)
+        seeds.append(job.seed)
         delta = job.model_extra["privacy"]["target_delta"]
         # the library's default (the runner's): 1/N^1.1 rounded down to 2 significant digits
         assert delta == default_delta(100) and 0.9 * 100**-1.1 <= delta <= 100**-1.1
+    # no seed given: 63 secret bits each (all three below 2^31 has probability 2^-96)
+    assert len(set(seeds)) == 3 and all(0 <= s < 2**63 for s in seeds)
+    assert max(seeds) >= 2**31
     first = client.fine_tuning.jobs.list(limit=2)
     assert [j.id for j in first.data] == ids[::-1][:2] and first.has_more
     rest = client.fine_tuning.jobs.list(limit=2, after=first.data[-1].id)
