@@ -81,9 +81,9 @@ class NoisePerMicroBatch(PrivacyEngine):
     def accumulate(self, loss_fn, batch) -> None:
         super().accumulate(loss_fn, batch)
         with torch.no_grad():
-            for p in self.params:
+            for i, p in enumerate(self.params):
                 grad = p.grad if p.grad is not None else torch.zeros_like(p)
-                p.grad = grad + self._micro_noise.sample(grad, self.generators(grad.device))
+                p.grad = grad + self._micro_noise.sample(i, grad, self.generators(grad.device))
 
 
 def factory(kind: str, sigma: float, method: str = "exact"):
