@@ -112,18 +112,21 @@ def per_sample_grad_norms(
     method: str = "exact",
     k: int = 32,
     generator: torch.Generator | None = None,
-    check_independence: bool = False,
+    check_independence: bool = True,
 ) -> torch.Tensor:
     """L2 norm of each sample's gradient over all parameters with ``requires_grad=True``.
 
     ``loss_fn(model, batch)`` must return per-sample losses of shape [B]. Leaves no ``.grad``
     behind. ``method``: fgc | ghost | exact | hutch | hutchpp | auto (see DESIGN.md §2).
-    ``check_independence=True`` first runs the per-sample independence check (as
-    :class:`PrivacyEngine` does) and then also accepts batch-major flattened layouts.
+    ``check_independence=True`` (the default, as for :class:`PrivacyEngine`) first runs the
+    per-sample independence check on the batch's first two samples, which verifies the layouts
+    that are not plainly batch-first (batch-major flattened, shared by the batch) and accepts
+    them. With ``False`` those layouts are refused, and a layout whose leading dimension is
+    not the batch but happens to equal it (T == B) is not detected.
     """
     _check_method(method)
     _check_k(k)
-    hooks = PerSampleHooks(model, allow_flattened=check_independence)
+    hooks = PerSampleHooks(model, verified_layouts=check_independence)
     try:
         if check_independence and (batch_size(batch) or 0) >= 2:
             check_sample_independence(hooks, loss_fn, batch, method, k)
@@ -219,7 +222,7 @@ class PrivacyEngine:
             raise ValueError(
                 f"noise_mechanism must be one of {NOISE_MECHANISMS}, got {noise_mechanism!r}"
             )
-        self.hooks = PerSampleHooks(model, allow_flattened=self.check_independence)
+        self.hooks = PerSampleHooks(model, verified_layouts=self.check_independence)
         self._independence_checked = False
         self.norm_plan = self._make_plan()
         self.steps = 0

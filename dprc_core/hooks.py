@@ -26,6 +26,7 @@ from dprc_core.batching import batch_size
 from dprc_core.estimators import MatrixContribution, matrix_sq_norms, vector_sq_norms
 from dprc_core.layers import LayerHandler, UnsupportedModuleError, handler_for, supported_types
 from dprc_core.layers.base import Contribution, handler_for_type, overriding_class
+from dprc_core.layers.unsupported import known_unsupported
 
 
 @dataclass
@@ -40,6 +41,7 @@ class _HookedModule:
 class _Call:
     hooked: _HookedModule
     saved: Any
+    node: Any = None  # the autograd node of the probed output (reachability from the loss)
 
 
 @dataclass
@@ -49,6 +51,11 @@ class NormPassResult:
     methods: dict[str, str]  # parameter name -> method used
     # id(parameter) -> its contributions (kept for book-keeping only)
     contributions: dict[int, list[Contribution]] = field(default_factory=dict)
+    # with record_layouts: (module, layout, output shape, per-sample shape) per hooked call,
+    # in call order; layout is batch | flattened | shared
+    layouts: list[tuple[str, str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+    # with record_layouts: parameter name -> (B,) per-sample squared norm of that parameter
+    per_parameter: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -67,11 +74,12 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
 class PerSampleHooks:
     """Hooks on every module of ``model`` that owns trainable parameters."""
 
-    def __init__(self, model: nn.Module, allow_flattened: bool = False):
+    def __init__(self, model: nn.Module, verified_layouts: bool = False):
         self.model = model
-        # accept batch-major flattened (B·T, d) module inputs; only safe when the engine's
-        # per-sample independence check verifies that no samples mix
-        self.allow_flattened = allow_flattened
+        # accept layouts that are not plainly batch-first — batch-major flattened (B·T, d)
+        # outputs and outputs shared by the batch (leading dimension 1) — only when the
+        # caller runs the per-sample independence check, which verifies them
+        self.verified_layouts = verified_layouts
         self.param_names: dict[int, str] = {}  # id(parameter) -> first qualified name
         self.params: dict[int, nn.Parameter] = {}
         for name, p in model.named_parameters(remove_duplicate=False):
@@ -81,17 +89,29 @@ class PerSampleHooks:
         if not self.param_names:
             raise ValueError("the model has no trainable parameters (requires_grad=True)")
         _refuse_functional_parents(model)
+        refuse_activation_checkpointing(model)
+        known = known_unsupported(model)
         self.hooked: list[_HookedModule] = []
         for name, module in model.named_modules(remove_duplicate=False):
             params = {n: p for n, p in module.named_parameters(recurse=False) if p.requires_grad}
             if not params:
                 continue
             label = name or "<root>"
+            if id(module) in known:
+                raise UnsupportedModuleError(
+                    f"module '{label}' ({type(module).__name__}) has trainable parameters "
+                    f"{sorted(params)} but {known[id(module)]}, so their per-sample gradients "
+                    "cannot be computed; freeze them with requires_grad_(False)"
+                )
             handler = handler_for(module)
             if handler is None:
                 raise UnsupportedModuleError(_unsupported_message(label, module, params))
             try:
                 handler.check(module)
+            except UnsupportedModuleError as exc:  # a fallback that cannot verify the module
+                raise UnsupportedModuleError(
+                    f"module '{label}' of type {type(module).__name__} {exc}"
+                ) from exc
             except ValueError as exc:
                 raise UnsupportedModuleError(f"module '{label}': {exc}") from exc
             unknown = sorted(set(params) - set(handler.params))
@@ -152,20 +172,44 @@ class PerSampleHooks:
                 raise UnsupportedModuleError(
                     f"module '{hooked.name}' returned {type(output).__name__}, expected a tensor"
                 )
+            if not output.requires_grad:
+                raise UnsupportedModuleError(
+                    f"module '{hooked.name}' ran without autograd (under torch.no_grad, or "
+                    "inside a reentrant torch.utils.checkpoint, which recomputes it in the "
+                    "backward where the per-sample hooks cannot see it): its per-sample "
+                    "gradient cannot be computed; use torch.utils.checkpoint(..., "
+                    "use_reentrant=False) or no checkpointing, or freeze the module"
+                )
             b = state.expected_batch
-            expanded = False
+            layout = "batch"
             if b is not None and b != 1 and output.dim() > 0 and output.shape[0] == 1:
-                # Broadcast over the batch (e.g. position embeddings of shape (1, T, d)):
-                # expand so that each sample gets its own output gradient.
+                # Shared by the batch (e.g. position embeddings of shape (1, T, d)): give each
+                # sample its own copy so that each gets its own output gradient. Only correct
+                # if the model then broadcasts it against the batch; the independence check
+                # verifies that (per parameter, against each sample alone).
+                if not self.verified_layouts:
+                    raise UnsupportedModuleError(
+                        f"module '{hooked.name}' returned an output of shape "
+                        f"{tuple(output.shape)} shared by the batch of {b}; its per-sample "
+                        "gradients are computed only under the per-sample independence check "
+                        "(check_independence=True, the default), which verifies them"
+                    )
                 output = output.expand(b, *output.shape[1:])
                 args = tuple(_expand_batch(a, b) for a in args)
-                expanded = True
-            elif (self.allow_flattened and b and output.dim() >= 2 and output.shape[0] != b
+                layout = "shared"
+                state.shared.append(hooked.name)
+            elif (self.verified_layouts and b and output.dim() >= 2 and output.shape[0] != b
                   and output.shape[0] % b == 0):
                 # A batch-major flattened layout (B·T, d), as OPT's MLP uses: view the inputs
-                # as (B, T, ...). A sequence-major flattening would mix samples here; the
-                # engine's per-sample independence check refuses that.
+                # as (B, T, ...). Any other layout read this way (sequence-major, no batch
+                # dimension at all) is refused by the independence check.
                 args = tuple(_unflatten_batch(a, b, output.shape[0]) for a in args)
+                layout = "flattened"
+            if state.layouts is not None:
+                per_sample = output.shape[1:] if layout != "flattened" else (
+                    output.shape[0] // b, *output.shape[1:])  # type: ignore[operator]
+                state.layouts.append((hooked.name, layout, tuple(output.shape),
+                                      tuple(per_sample)))
             if hooked.handler.capture_kwargs:
                 saved = hooked.handler.capture(module, args, output, kwargs)  # type: ignore
             else:
@@ -173,12 +217,12 @@ class PerSampleHooks:
             call = _Call(hooked, saved)
             probe = torch.zeros((), dtype=output.dtype, device=output.device, requires_grad=True)
             state.probes.append(probe)
-            for p in hooked.params.values():
-                state.uses[id(p)] = state.uses.get(id(p), 0) + 1
             # Add the probe in place where that is allowed: a copy of every output (logits
             # included) costs time and fragments the allocator. An in-place conflict with a
             # saved tensor would raise at backward time, never pass silently.
-            out = output + probe if expanded or output._is_view() else output.add_(probe)
+            out = output + probe if layout == "shared" or output._is_view() else output.add_(probe)
+            call.node = out.grad_fn
+            state.calls.append(call)
             out.register_hook(lambda g: state.on_grad(call, g))
             return out
 
@@ -195,30 +239,44 @@ class PerSampleHooks:
         generator_for: Callable[[torch.device], torch.Generator | None],
         retain_graph: bool,
         keep_contributions: bool,
+        record_layouts: bool = False,
     ) -> tuple[torch.Tensor, NormPassResult]:
-        """Run forward + norm backward. Returns (graph-attached losses, result)."""
-        if _uses_activation_checkpointing(self.model):
-            raise RuntimeError(
-                "gradient checkpointing recomputes the forward inside the backward, where the "
-                "per-sample hooks cannot see it; disable it with "
-                "model.gradient_checkpointing_disable()"
-            )
+        """Run forward + norm backward. Returns (graph-attached losses, result).
+
+        ``record_layouts``: also return each hooked call's layout and every parameter's own
+        per-sample squared norm (for the independence check)."""
+        refuse_activation_checkpointing(self.model)
         state = _PassState(self, method, k, generator_for, keep_contributions)
         state.expected_batch = _batch_size(batch)
+        if record_layouts:
+            state.layouts = []
+            state.per_parameter = {}
         self._state = state
         try:
-            losses = loss_fn(self.model, batch)
+            try:
+                losses = loss_fn(self.model, batch)
+            except UnsupportedModuleError:
+                raise
+            except Exception as exc:
+                if not state.shared:
+                    raise
+                raise UnsupportedModuleError(
+                    f"the forward failed after dprc gave each sample its own copy of the "
+                    f"output that module(s) {sorted(set(state.shared))} share across the "
+                    f"batch ({type(exc).__name__}: {exc}). The model reshapes or repeats that "
+                    "output itself, so those modules' per-sample gradients cannot be "
+                    "computed: freeze them with requires_grad_(False)"
+                ) from exc
             state.recording = False
             check_per_sample_losses(losses, expected=_batch_size(batch))
             state.batch_size = losses.shape[0]
-            if losses.requires_grad:
-                self._check_all_uses_hooked(losses, state.uses)
             if not state.probes:
                 raise RuntimeError(
                     "no hooked module ran in the forward: does loss_fn call the model?"
                 )
             if not losses.requires_grad:
                 raise ValueError("the per-sample losses do not depend on trainable parameters")
+            self._check_all_uses_hooked(losses, state)
             torch.autograd.grad(
                 losses.sum(), state.probes, retain_graph=retain_graph, allow_unused=True
             )
@@ -232,17 +290,22 @@ class PerSampleHooks:
             sq_norms=state.total,
             methods=state.methods,
             contributions=state.kept,
+            layouts=state.layouts or [],
+            per_parameter=state.per_parameter or {},
         )
         return losses, result
 
-
-    def _check_all_uses_hooked(self, losses: torch.Tensor, hooked_uses: dict[int, int]) -> None:
+    def _check_all_uses_hooked(self, losses: torch.Tensor, state: _PassState) -> None:
         """Refuse a parameter that reaches the loss other than through its hooked module (e.g.
         ``F.linear(h, embedding.weight)``): its per-sample gradient would be missed, and with
         two-pass clipping that part of the update would escape clipping altogether.
 
         Counts, in the autograd graph of the losses, the edges into each trainable parameter's
-        gradient accumulator; every supported layer uses each of its parameters once per call.
+        gradient accumulator, against the hooked calls whose output reaches the losses (a call
+        whose output is never used carries no gradient and hides nothing); every supported
+        layer uses each of its parameters once per call. Calls that do not reach the losses
+        are dropped from the pass, so each parameter's norm is finished as soon as its last
+        gradient-carrying call has delivered its output gradient.
         """
         graph_uses: dict[int, int] = {}
         seen: set[int] = set()
@@ -260,14 +323,21 @@ class PerSampleHooks:
                     graph_uses[id(var)] = graph_uses.get(id(var), 0) + 1
                 elif id(nxt) not in seen:
                     stack.append(nxt)
+        reached: dict[int, int] = {}
+        for call in state.calls:
+            if call.node is not None and id(call.node) in seen:
+                for p in call.hooked.params.values():
+                    reached[id(p)] = reached.get(id(p), 0) + 1
         for pid, n in graph_uses.items():
-            if pid in self.params and n > hooked_uses.get(pid, 0):
+            if pid in self.params and n > reached.get(pid, 0):
                 raise UnsupportedModuleError(
                     f"parameter '{self.param_names[pid]}' is used {n} time(s) in the forward but "
-                    f"only {hooked_uses.get(pid, 0)} use(s) went through a supported module; a "
-                    "functional use (e.g. F.linear(x, module.weight)) has no per-sample gradient "
-                    "handler — route it through a module (e.g. an nn.Linear sharing the weight)"
+                    f"only {reached.get(pid, 0)} use(s) reaching the loss went through a "
+                    "supported module; a functional use (e.g. F.linear(x, module.weight)) has "
+                    "no per-sample gradient handler — route it through a module (e.g. an "
+                    "nn.Linear sharing the weight)"
                 )
+        state.uses = reached
 
 
 class _PassState:
@@ -284,7 +354,11 @@ class _PassState:
         self.batch_size: int | None = None
         self.expected_batch: int | None = None
         self.probes: list[torch.Tensor] = []
-        self.uses: dict[int, int] = {}  # keyed by id(parameter)
+        self.calls: list[_Call] = []
+        self.shared: list[str] = []  # modules whose batch-shared output was given per sample
+        self.layouts: list | None = None
+        self.per_parameter: dict[str, torch.Tensor] | None = None
+        self.uses: dict[int, int] = {}  # keyed by id(parameter): calls that reach the loss
         self.pending: dict[int, list[Contribution]] = {}
         self.kept: dict[int, list[Contribution]] = {}
         self.total: torch.Tensor | None = None
@@ -295,15 +369,15 @@ class _PassState:
             return  # e.g. the second backward of two-pass clipping
         hooked = call.hooked
         b = self.batch_size
-        flat = self.hooks.allow_flattened and g.dim() >= 2 and g.shape[0] % (b or 1) == 0
+        flat = self.hooks.verified_layouts and g.dim() >= 2 and g.shape[0] % (b or 1) == 0
         if b and flat and g.shape[0] != b:
             g = g.reshape(b, -1, g.shape[-1])  # batch-major flattened (B·T, d), see the hook
         if g.shape[0] != self.batch_size:
             raise ValueError(
                 f"module '{hooked.name}' output has leading dimension {g.shape[0]} but the loss "
                 f"has {self.batch_size} samples; dprc needs batch-first inputs (a batch-major "
-                "flattened (B·T, d) layout is accepted only by a PrivacyEngine with "
-                "check_independence=True, which verifies that samples do not mix)"
+                "flattened (B·T, d) layout is accepted only under the per-sample independence "
+                "check, check_independence=True, which verifies that samples do not mix)"
             )
         g = g.reshape(g.shape[0], -1, g.shape[-1]) if g.dim() != 2 else g[:, None, :]
         contribs = hooked.handler.contributions(hooked.module, call.saved, g.detach())
@@ -311,7 +385,7 @@ class _PassState:
         for pname, contrib in contribs.items():
             pid = id(hooked.params[pname])
             self.pending.setdefault(pid, []).append(contrib)
-            if len(self.pending[pid]) == self.uses[pid]:
+            if len(self.pending[pid]) == self.uses.get(pid, 0):
                 self._finalize(pid)
 
     def _finalize(self, pid: int) -> None:
@@ -328,12 +402,14 @@ class _PassState:
                 mats, method, k=self.k, generator=self.generator_for(p.device), dtype=dtype
             )
         self.methods[self.hooks.param_names[pid]] = method
+        if self.per_parameter is not None:
+            self.per_parameter[self.hooks.param_names[pid]] = sq.detach()
         self.total = sq if self.total is None else self.total + sq.to(self.total.dtype)
         if self.keep:
             self.kept[pid] = _compact(contribs, dtype)
 
     def finish(self) -> None:
-        for pid in list(self.pending):  # uses whose output did not reach the loss add nothing
+        for pid in list(self.pending):  # a probe's gradient that autograd never delivered
             self._finalize(pid)
         if self.total is None:  # no hooked output reached the loss: all gradients are zero
             self.total = torch.zeros(self.batch_size or 0)
@@ -378,17 +454,32 @@ def _unsupported_message(label: str, module: nn.Module, params: dict) -> str:
     )
 
 
-def _uses_activation_checkpointing(model: nn.Module) -> bool:
-    """Hugging Face models report activation (gradient) checkpointing; check every submodule."""
-    for module in model.modules():
+def refuse_activation_checkpointing(model: nn.Module) -> None:
+    """Hugging Face gradient (activation) checkpointing recomputes each layer's forward inside
+    the backward; refuse it (at engine construction, and again at every pass in case it was
+    switched on later).
+
+    Why not supported: the hooks must keep every hooked layer's input until that layer's output
+    gradient arrives, which is most of what checkpointing frees, and the recomputed forward
+    would have to be matched call by call to the first one. ``torch.utils.checkpoint`` with
+    ``use_reentrant=False`` in a custom model does work (the hooks see the first forward); the
+    reentrant variant runs the forward under ``torch.no_grad`` and is refused at the step.
+    """
+    for name, module in model.named_modules():
         for attr in ("is_activation_checkpointing", "gradient_checkpointing"):
             if getattr(type(module), attr, None) is not None or attr in vars(module):
                 try:
-                    if getattr(module, attr) is True:
-                        return True
+                    on = getattr(module, attr) is True
                 except AttributeError:
-                    pass
-    return False
+                    on = False
+                if on:
+                    raise UnsupportedModuleError(
+                        f"gradient checkpointing is on (module '{name or '<root>'}'): it "
+                        "recomputes the forward inside the backward, where the per-sample "
+                        "hooks cannot see it, and would save little memory since the hooks "
+                        "keep each layer's input anyway; disable it with "
+                        "model.gradient_checkpointing_disable()"
+                    )
 
 
 def _compact(contribs: list[Contribution], dtype: torch.dtype) -> list[Contribution]:

@@ -171,9 +171,23 @@ def test_tied_sketch_is_unbiased_for_the_summed_gradient(tiny_gpt2, method):
     assert torch.all((mean - exact_sq).abs() <= 5 * sd / n**0.5 + 1e-12), (mean, exact_sq)
 
 
-def test_gradient_checkpointing_is_refused(tiny_llama):
+def test_gradient_checkpointing_is_refused_at_construction(tiny_llama):
     tiny_llama.gradient_checkpointing_enable()
     tiny_llama.train()
     batch = lm_batch(tiny_llama.config.vocab_size)
-    with pytest.raises(RuntimeError, match="gradient checkpointing"):
+    with pytest.raises(dprc_core.UnsupportedModuleError, match="gradient checkpointing"):
         dprc_core.per_sample_grad_norms(tiny_llama, causal_lm_per_sample_loss, batch)
+    opt = torch.optim.SGD(tiny_llama.parameters(), lr=0.1)
+    with pytest.raises(dprc_core.UnsupportedModuleError, match="gradient checkpointing"):
+        dprc_core.PrivacyEngine(tiny_llama, opt, max_grad_norm=1.0, noise_multiplier=1.0,
+                                expected_batch_size=4)
+
+
+def test_gradient_checkpointing_switched_on_later_is_refused_at_the_step(tiny_llama):
+    opt = torch.optim.SGD(tiny_llama.parameters(), lr=0.1)
+    engine = dprc_core.PrivacyEngine(tiny_llama, opt, max_grad_norm=1.0, noise_multiplier=1.0,
+                                     expected_batch_size=4)
+    tiny_llama.gradient_checkpointing_enable()
+    tiny_llama.train()
+    with pytest.raises(dprc_core.UnsupportedModuleError, match="gradient checkpointing"):
+        engine.step(causal_lm_per_sample_loss, lm_batch(tiny_llama.config.vocab_size))

@@ -3,7 +3,7 @@
 from dprc_core.layers import (  # noqa: F401  (registration side effects)
     embedding,
     linear,
-    norms,
+    normalization,
     scaled_embedding,
 )
 from dprc_core.layers.base import (
@@ -13,6 +13,7 @@ from dprc_core.layers.base import (
     handler_for,
     register,
     register_by_name,
+    register_fallback,
     supported_types,
 )
 
@@ -23,5 +24,6 @@ __all__ = [
     "handler_for",
     "register",
     "register_by_name",
+    "register_fallback",
     "supported_types",
 ]

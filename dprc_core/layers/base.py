@@ -8,7 +8,10 @@ Adding a layer type means adding one module with a ``register(ModuleType)(handle
 Lookup is strict, because a handler encodes the math of one ``forward``: a module is handled by
 the handler registered for its exact type, or by the handler of a registered base class only
 when no class between the two overrides ``forward`` (``class Scaled(nn.Linear)`` with its own
-``forward`` is *not* a Linear for dprc). Anything else is refused at engine construction.
+``forward`` is *not* a Linear for dprc). Failing that, a *fallback* handler may claim the
+module by its structure (``register_fallback``): fallbacks read the module's math off its own
+forward and verify it (see :mod:`dprc_core.layers.probing`), refusing what they cannot
+reproduce. Anything else is refused at engine construction.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class LayerHandler:
 
 
 _REGISTRY: dict[type, LayerHandler] = {}
+# (predicate, handler): tried in order when no registered handler applies
+_FALLBACKS: list[tuple[Callable[[nn.Module], bool], LayerHandler]] = []
 # Handlers for classes of optional packages (transformers), keyed by "module.QualName" so that
 # registering them imports nothing; matched by exact type only.
 _NAMED: dict[str, LayerHandler] = {}
@@ -83,6 +88,20 @@ def register_by_name(*qualified_names: str) -> Callable[[LayerHandler], LayerHan
     return deco
 
 
+def register_fallback(
+    applies: Callable[[nn.Module], bool],
+) -> Callable[[LayerHandler], LayerHandler]:
+    """Register a handler for modules no registered handler serves, chosen by ``applies``.
+    Its ``check`` must verify, at construction, that the module's forward has the math the
+    handler differentiates, and refuse it otherwise."""
+
+    def deco(handler: LayerHandler) -> LayerHandler:
+        _FALLBACKS.append((applies, handler))
+        return handler
+
+    return deco
+
+
 def _qualified_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -98,8 +117,15 @@ def handler_for(module: nn.Module) -> LayerHandler | None:
         if handler is not None:
             return handler
         if "forward" in vars(cls):
-            return None  # this class has its own forward: a base class's math does not apply
+            break  # this class has its own forward: a base class's math does not apply
+    for applies, handler in _FALLBACKS:
+        if applies(module):
+            return handler
     return None
+
+
+def is_fallback(handler: LayerHandler) -> bool:
+    return any(h is handler for _, h in _FALLBACKS)
 
 
 def handler_for_type(cls: type) -> LayerHandler | None:

@@ -19,14 +19,13 @@ Register your own subclass of this form with
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
 from dprc_core.estimators import MatrixContribution, OneHot
 from dprc_core.layers.base import LayerHandler, UnsupportedModuleError, register_by_name
 from dprc_core.layers.embedding import _check
+from dprc_core.layers.probing import own_forward
 
 # Hugging Face classes (transformers 4.46 – 5.x) of the form s · weight[index(inputs)].
 HF_CLASSES = (
@@ -58,16 +57,6 @@ HF_CLASSES = (
 )
 
 
-def _forward_with_weight(module: nn.Module, weight: torch.Tensor, args, kwargs) -> Any:
-    """``type(module).forward`` with ``weight`` in place of the parameter (hooks bypassed)."""
-    saved = module._parameters["weight"]
-    module._parameters["weight"] = weight  # type: ignore[assignment]
-    try:
-        return type(module).forward(module, *args, **kwargs)
-    finally:
-        module._parameters["weight"] = saved
-
-
 def _fail(module: nn.Module, why: str) -> UnsupportedModuleError:
     return UnsupportedModuleError(
         f"{type(module).__name__}: its forward is not of the form scale * weight[index] "
@@ -82,7 +71,7 @@ def _capture(module: nn.Embedding, args, output: torch.Tensor, kwargs) -> tuple:
         codes = torch.ones(rows, 2, dtype=torch.float64, device=weight.device)
         codes[:, 0] = torch.arange(rows, dtype=torch.float64, device=weight.device)
         try:
-            probe = _forward_with_weight(module, codes, args, kwargs)
+            probe = own_forward(module, args, kwargs, weight=codes)
         except Exception as exc:  # a forward that depends on the weight's shape
             raise _fail(module, f"probing the forward raised {type(exc).__name__}: {exc}") from exc
         if not isinstance(probe, torch.Tensor) or probe.shape[-1] != 2:
