@@ -12,6 +12,11 @@ cases are refused when the engine is built, naming the module and the reason:
   ``pos_query_proj``, and ``query_proj`` / ``key_proj`` too when ``share_att_key`` is set):
   their outputs are computed once and then repeated over the batch by the model.
 * **Sequence-first layers.** FSMT's encoder and decoder layers and XLNet run on (T, B, d).
+* **Mixture-of-experts routing.** Routers (``MixtralTopKRouter``, ``Qwen2MoeTopKRouter``, …)
+  return a tuple (logits, weights, expert indices), and the experts are fused 3-D parameters
+  applied to a data-dependent subset of tokens each; neither has a per-sample handler. peft's
+  ``target_parameters`` adapters (``ParamWrapper``) add their low-rank delta to such a fused
+  parameter functionally. Attention, norms, embeddings and shared (dense) experts train.
 
 Everything else in those models can be trained: freeze the listed modules.
 """
@@ -29,6 +34,12 @@ _SHARED = (
     "broadcasts or repeats itself"
 )
 _SEQUENCE_FIRST = "runs sequence-first (T, B, d) inside this model family"
+_ROUTER = ("routes tokens to experts and returns a tuple (logits, weights, indices), which has "
+           "no per-sample gradient handler")
+_EXPERTS = ("holds fused mixture-of-experts weights (3-D, one slice per expert) applied to a "
+            "data-dependent subset of tokens each, which has no per-sample gradient handler")
+_PARAM_WRAPPER = ("is a peft target_parameters adapter (ParamWrapper), which adds its low-rank "
+                  "delta to the wrapped parameter functionally")
 
 
 def _family(module: nn.Module) -> str:
@@ -45,10 +56,19 @@ def known_unsupported(model: nn.Module) -> dict[int, str]:
     """id(module) -> why its parameters cannot get per-sample gradients."""
     found: dict[int, str] = {}
     for module in model.modules():
+        cls = type(module).__name__
+        if cls == "ParamWrapper" and type(module).__module__.startswith("peft."):
+            _flag(found, module, _PARAM_WRAPPER)
+            continue
         family = _family(module)
         if not family:
             continue
-        cls = type(module).__name__
+        if cls.endswith("Router"):
+            _flag(found, module, _ROUTER)
+        elif cls.endswith("Experts") and any(
+            p.dim() >= 3 for p in module.parameters(recurse=False)
+        ):
+            _flag(found, module, _EXPERTS)
         if family in _RELATIVE_BIAS_FAMILIES:
             bias = getattr(module, "relative_attention_bias", None)
             if isinstance(bias, nn.Module):
