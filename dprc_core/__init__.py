@@ -4,12 +4,13 @@ The library never imports the ``api`` or ``worker`` packages.
 """
 
 from dprc_core.engine import PrivacyEngine, PrivacyWarning, StepStats, per_sample_grad_norms
-from dprc_core.estimators import METHODS
 from dprc_core.independence import SampleMixingError
 from dprc_core.layers import LayerHandler, UnsupportedModuleError, register
+from dprc_core.norm_methods import NORM_METHODS, NormMethod, register_norm_method
 
 __all__ = [
-    "METHODS",
+    "NORM_METHODS",
+    "NormMethod",
     "LayerHandler",
     "PrivacyEngine",
     "PrivacyWarning",
@@ -18,5 +19,6 @@ __all__ = [
     "UnsupportedModuleError",
     "per_sample_grad_norms",
     "register",
+    "register_norm_method",
 ]
 __version__ = "0.1.0"

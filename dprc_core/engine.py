@@ -22,15 +22,11 @@ import torch
 from torch import nn
 
 from dprc_core.batching import batch_size, select_samples
-from dprc_core.estimators import (
-    METHODS,
-    RANDOMIZED_METHODS,
-    MatrixContribution,
-    auto_method,
-)
+from dprc_core.estimators import MatrixContribution, auto_method
 from dprc_core.hooks import PerSampleHooks, trainable_parameters
 from dprc_core.independence import check_sample_independence
 from dprc_core.noise import GaussianNoise, NuDPFTRLNoise
+from dprc_core.norm_methods import envelope_for, get_norm_method
 from dprc_core.seeding import derive_seed, fresh_seed
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -82,9 +78,12 @@ def _number(name: str, value: Any, *, positive: bool) -> float:
 
 
 def _check_method(method: str) -> str:
-    if method not in METHODS:
-        raise ValueError(f"unknown norm method {method!r}; expected one of {METHODS}")
+    get_norm_method(method)  # raises for an unknown name
     return method
+
+
+def _randomized(method: str) -> bool:
+    return get_norm_method(method).randomized
 
 
 class _Generators:
@@ -177,7 +176,7 @@ class PrivacyEngine:
             "expected_batch_size", expected_batch_size, positive=True
         )
         self.norm_method = _check_method(norm_method)
-        self.k = _check_k(k, randomized=norm_method in (*RANDOMIZED_METHODS, "auto"))
+        self.k = _check_k(k, randomized=_randomized(norm_method))
         if max_seq_len is not None and (
             isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1
         ):
@@ -209,7 +208,7 @@ class PrivacyEngine:
                 raise ValueError("nu and bands apply to noise_mechanism='nu_dpftrl' only")
             self.noise = GaussianNoise(self.noise_multiplier * self.max_grad_norm)
         elif noise_mechanism == "nu_dpftrl":
-            if norm_method in (*RANDOMIZED_METHODS, "auto"):
+            if _randomized(norm_method):
                 raise ValueError(
                     f"norm_method={norm_method!r} with correlated noise (nu_dpftrl) is refused: "
                     "randomized clipping with correlated noise has no privacy analysis; use an "
@@ -232,7 +231,7 @@ class PrivacyEngine:
     @property
     def randomized(self) -> bool:
         """Whether any parameter's norm is a randomized estimate (for the accountant)."""
-        return any(m in RANDOMIZED_METHODS for m in self.norm_plan.values())
+        return any(_randomized(m) for m in self.norm_plan.values())
 
     @property
     def accounting_clipping(self) -> str:
@@ -443,12 +442,7 @@ def make_norm_plan(
 def accounting_clipping_for(plan: dict[str, str]) -> str:
     """The accountant's ``clipping`` for a resolved norm plan (see
     :attr:`PrivacyEngine.accounting_clipping`)."""
-    methods = set(plan.values())
-    if "hutchpp" in methods:
-        return "hutchpp"
-    if "hutch" in methods:
-        return "hutch"
-    return "exact"
+    return envelope_for(set(plan.values()))
 
 
 def norm_plan(
@@ -458,7 +452,7 @@ def norm_plan(
     lets a caller know ``accounting_clipping_for(plan)`` — hence calibrate σ — before building
     the engine."""
     _check_method(norm_method)
-    _check_k(k, randomized=norm_method in (*RANDOMIZED_METHODS, "auto"))
+    _check_k(k, randomized=_randomized(norm_method))
     hooks = PerSampleHooks(model)
     try:
         return make_norm_plan(hooks, norm_method, k, max_seq_len)[0]

@@ -12,7 +12,7 @@ gradient is the **sum** ``M_i = Σ_c L_{c,i}ᵀ R_{c,i}`` and every method here 
 exact methods include the cross terms, sketches share one projection and add the sketches
 before taking the norm.
 
-Methods (DESIGN.md §2):
+Methods (docs/design.md §2; the registry of names is :mod:`dprc_core.norm_methods`):
 
 * ``fgc``    materialise ``M_i`` (sparse rows only for one-hot factors);
 * ``ghost``  ``‖M_i‖² = Σ_{a,b} ⟨L_a L_bᵀ, R_a R_bᵀ⟩`` — memory O(B·T²);
@@ -28,10 +28,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-
-EXACT_METHODS = ("fgc", "ghost", "exact")
-RANDOMIZED_METHODS = ("hutch", "hutchpp")
-METHODS = (*EXACT_METHODS, *RANDOMIZED_METHODS, "auto")
 
 
 # --------------------------------------------------------------------------------------------
@@ -215,6 +211,7 @@ def _sparse_rows_sq_norms(contribs: Sequence[MatrixContribution], dtype: torch.d
 
 def ghost_sq_norms(contribs: Sequence[MatrixContribution], dtype: torch.dtype) -> torch.Tensor:
     """Exact, by Gram matrices: ``Σ_{a,b} ⟨L_a L_bᵀ, R_a R_bᵀ⟩`` (cross terms included)."""
+    contribs = [_cast(c, dtype) for c in contribs]
     total = None
     for a, ca in enumerate(contribs):
         for b in range(a, len(contribs)):
@@ -327,27 +324,3 @@ def _sum_apply(contribs, x, dtype) -> torch.Tensor:
         y = _cast(c, dtype).apply(x)
         out = y if out is None else out + y
     return out
-
-
-def matrix_sq_norms(
-    contribs: Sequence[MatrixContribution],
-    method: str,
-    *,
-    k: int,
-    generator: torch.Generator | None,
-    dtype: torch.dtype,
-) -> tuple[torch.Tensor, str]:
-    """Per-sample squared norms of a 2-D parameter's summed gradient; returns (norms², method)."""
-    if method == "auto":
-        method = auto_choice(contribs, k)
-    if method == "exact":
-        method = exact_choice(contribs)
-    if method == "fgc":
-        return fgc_sq_norms(contribs, dtype), method
-    if method == "ghost":
-        return ghost_sq_norms([_cast(c, dtype) for c in contribs], dtype), method
-    if method == "hutch":
-        return hutch_sq_norms(contribs, k, generator=generator, dtype=dtype), method
-    if method == "hutchpp":
-        return hutchpp_sq_norms(contribs, k, generator=generator, dtype=dtype), method
-    raise ValueError(f"unknown norm method {method!r}; expected one of {METHODS}")

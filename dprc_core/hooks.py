@@ -23,10 +23,11 @@ import torch
 from torch import nn
 
 from dprc_core.batching import batch_size
-from dprc_core.estimators import MatrixContribution, matrix_sq_norms, vector_sq_norms
+from dprc_core.estimators import MatrixContribution, vector_sq_norms
 from dprc_core.layers import LayerHandler, UnsupportedModuleError, handler_for, supported_types
 from dprc_core.layers.base import Contribution, handler_for_type, overriding_class
 from dprc_core.layers.unsupported import known_unsupported
+from dprc_core.norm_methods import matrix_sq_norms
 
 
 @dataclass

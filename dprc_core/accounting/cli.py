@@ -2,20 +2,23 @@
 
 Both print the result together with every setting that produced it (``--json`` for a
 machine-readable object). A job is given either by ``--sample-rate`` and ``--steps`` or by
-``--dataset-size``, ``--batch-size`` and ``--epochs`` (q = B/N, steps = epochs·⌈N/B⌉).
+``--dataset-size``, ``--batch-size`` and ``--epochs`` (q = B/N, steps = ⌈epochs·N/B⌉: the
+planner's rule, :func:`dprc_core.accounting.steps.planned_steps`, so the steps calibrated here
+are the steps ``dprc train`` and the service run). ``--mechanism nu-dpftrl`` routes to
+:mod:`dprc_core.accounting.dpftrl_cli`, which computes and returns; this module prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 from typing import Any
 
 from dprc_core.accounting import dpftrl_cli
 from dprc_core.accounting.accountant import DEFAULT_SETTINGS, account
 from dprc_core.accounting.calibration import noise_multiplier
 from dprc_core.accounting.events import CLIPPINGS, PrivacyEvent
+from dprc_core.accounting.steps import planned_steps
 
 
 def add_subparser(subparsers: Any) -> None:
@@ -39,6 +42,7 @@ def add_subparser(subparsers: Any) -> None:
     )
     eps.add_argument("--delta", type=float, required=True)
     _add_job_arguments(eps)
+    dpftrl_cli.add_arguments(eps)
     eps.set_defaults(func=_epsilon_command)
 
     sig = sub.add_parser("sigma", help="smallest noise multiplier reaching a target epsilon")
@@ -51,8 +55,8 @@ def add_subparser(subparsers: Any) -> None:
         help="relative precision of the noise multiplier (default 0.005)",
     )
     _add_job_arguments(sig)
+    dpftrl_cli.add_arguments(sig)
     sig.set_defaults(func=_sigma_command)
-    dpftrl_cli.extend(eps, sig)  # --mechanism nu-dpftrl (dpftrl_cli.py)
 
 
 def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +65,7 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--steps", type=int, help="number of noisy steps")
     job.add_argument("--dataset-size", type=int, help="N (gives q = B/N)")
     job.add_argument("--batch-size", type=int, help="expected batch size B")
-    job.add_argument("--epochs", type=int, help="epochs (steps = epochs * ceil(N/B))")
+    job.add_argument("--epochs", type=float, help="epochs (steps = ceil(epochs * N / B))")
     clip = parser.add_argument_group("clipping")
     clip.add_argument("--clipping", choices=CLIPPINGS, default="exact")
     clip.add_argument("--k", type=int, help="projection dimension (hutch/hutchpp)")
@@ -85,15 +89,19 @@ def _job(args: argparse.Namespace) -> tuple[float, int, dict[str, Any]]:
         if None in (args.dataset_size, args.batch_size, args.epochs):
             raise ValueError("--dataset-size, --batch-size and --epochs go together")
         n, b, e = args.dataset_size, args.batch_size, args.epochs
-        if n < 1 or b < 1 or e < 1 or b > n:
-            raise ValueError("need 1 <= batch-size <= dataset-size and epochs >= 1")
-        steps = e * math.ceil(n / b)
-        return b / n, steps, {"dataset_size": n, "batch_size": b, "epochs": e}
+        if n < 1 or b < 1 or not e > 0 or b > n:
+            raise ValueError("need 1 <= batch-size <= dataset-size and epochs > 0")
+        steps = planned_steps(n, b, e)
+        return b / n, steps, {"dataset_size": n, "batch_size": b, "epochs": _number(e)}
     if args.sample_rate is None or args.steps is None:
         raise ValueError(
             "give --sample-rate and --steps (or --dataset-size, --batch-size and --epochs)"
         )
     return args.sample_rate, args.steps, {}
+
+
+def _number(x: float) -> float | int:
+    return int(x) if float(x).is_integer() else x
 
 
 def _envelope_words(clipping: str, k: int | None, rank: int | None) -> str:
@@ -134,6 +142,11 @@ def _common(event: PrivacyEvent, delta: float, extra: dict[str, Any]) -> dict[st
 
 
 def _epsilon_command(args: argparse.Namespace) -> int:
+    if args.mechanism == dpftrl_cli.NU_DPFTRL:
+        result, headline = dpftrl_cli.epsilon(args)
+        _report(result, args.json, headline, "epsilon")
+        return 0
+    dpftrl_cli.refuse_ftrl_options(args)
     q, steps, extra = _job(args)
     event = PrivacyEvent(args.noise_multiplier, q, steps, args.clipping, args.k, args.rank)
     result = _common(event, args.delta, extra)
@@ -142,6 +155,11 @@ def _epsilon_command(args: argparse.Namespace) -> int:
 
 
 def _sigma_command(args: argparse.Namespace) -> int:
+    if args.mechanism == dpftrl_cli.NU_DPFTRL:
+        result, headline = dpftrl_cli.sigma(args)
+        _report(result, args.json, headline, "noise_multiplier")
+        return 0
+    dpftrl_cli.refuse_ftrl_options(args)
     q, steps, extra = _job(args)
     sigma = noise_multiplier(
         args.epsilon, args.delta, q, steps, args.clipping, args.k, args.rank, rel_tol=args.rel_tol

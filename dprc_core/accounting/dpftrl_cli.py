@@ -1,7 +1,7 @@
 """``--mechanism nu-dpftrl`` for ``dprc accountant epsilon`` and ``dprc accountant sigma``.
 
-Kept apart from :mod:`dprc_core.accounting.cli` so that the DP-SGD commands stay as they are:
-:func:`extend` adds the options to both sub-commands and routes ν-DP-FTRL jobs here.
+:func:`add_arguments` adds the options to both sub-commands; :func:`epsilon` and :func:`sigma`
+compute a ν-DP-FTRL job's result and headline, which :mod:`dprc_core.accounting.cli` prints.
 
 A ν-DP-FTRL job is given by ``--dataset-size N --batch-size B --epochs E`` (fixed-order
 batches, :class:`~dprc_core.training.sampling.FixedOrderSampler`: steps = E·⌈N/B⌉, at most E
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
 from typing import Any
 
 from dprc_core.accounting.dpftrl import (
@@ -22,8 +21,10 @@ from dprc_core.accounting.dpftrl import (
     dpftrl_noise_multiplier,
     dpftrl_sensitivity_details,
 )
+from dprc_core.accounting.steps import planned_steps
 
-MECHANISMS = ("dp-sgd", "nu-dpftrl")
+NU_DPFTRL = "nu-dpftrl"
+MECHANISMS = ("dp-sgd", NU_DPFTRL)
 _ALIASES = {"nu-dp-ftrl": "nu-dpftrl"}
 _FTRL_ONLY = ("nu", "bands", "participations", "min_separation")
 
@@ -35,7 +36,8 @@ def _mechanism(value: str) -> str:
     return value
 
 
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--mechanism`` and the ν-DP-FTRL options."""
     group = parser.add_argument_group("mechanism")
     group.add_argument(
         "--mechanism",
@@ -54,23 +56,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _dispatch(original: Callable[[argparse.Namespace], int], ftrl: Callable) -> Callable:
-    def run(args: argparse.Namespace) -> int:
-        if args.mechanism == "nu-dpftrl":
-            return ftrl(args)
-        given = [f"--{f.replace('_', '-')}" for f in _FTRL_ONLY if getattr(args, f) is not None]
-        if given:
-            raise ValueError(f"{', '.join(given)}: only for --mechanism nu-dpftrl")
-        return original(args)
-
-    return run
-
-
-def extend(epsilon_parser: argparse.ArgumentParser, sigma_parser: argparse.ArgumentParser) -> None:
-    """Add ``--mechanism`` and the ν-DP-FTRL options to both sub-commands."""
-    for parser, ftrl in ((epsilon_parser, _epsilon_command), (sigma_parser, _sigma_command)):
-        _add_arguments(parser)
-        parser.set_defaults(func=_dispatch(parser.get_default("func"), ftrl))
+def refuse_ftrl_options(args: argparse.Namespace) -> None:
+    """A DP-SGD job given ν-DP-FTRL options is an error, not something to ignore."""
+    given = [f"--{f.replace('_', '-')}" for f in _FTRL_ONLY if getattr(args, f) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)}: only for --mechanism nu-dpftrl")
 
 
 def _job(args: argparse.Namespace) -> dict[str, Any]:
@@ -93,11 +83,12 @@ def _job(args: argparse.Namespace) -> dict[str, Any]:
         if None in (args.dataset_size, args.batch_size, args.epochs):
             raise ValueError("--dataset-size, --batch-size and --epochs go together")
         n, b, e = args.dataset_size, args.batch_size, args.epochs
-        if n < 1 or b < 1 or e < 1 or b > n:
-            raise ValueError("need 1 <= batch-size <= dataset-size and epochs >= 1")
+        if n < 1 or b < 1 or b > n or not (e >= 1 and float(e).is_integer()):
+            raise ValueError("need 1 <= batch-size <= dataset-size and whole epochs >= 1")
+        e = int(e)
         spe = math.ceil(n / b)
         return {
-            "steps": e * spe,
+            "steps": planned_steps(n, b, e, "nu_dpftrl"),
             "participations": e,
             "min_separation": spe,
             "dataset_size": n,
@@ -142,21 +133,13 @@ def _result(sigma: float, delta: float, nu: float, bands: int | None, job: dict)
     }
 
 
-def _report(result: dict[str, Any], as_json: bool, headline: str, shown: str) -> None:
-    from dprc_core.accounting.cli import _report as report  # the DP-SGD commands' format
-
-    report(result, as_json, headline, shown)
-
-
-def _epsilon_command(args: argparse.Namespace) -> int:
+def epsilon(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     job = _job(args)
     result = _result(args.noise_multiplier, args.delta, args.nu, args.bands, job)
-    headline = f"epsilon = {result['epsilon']:.6g} (exact Gaussian, nu-dp-ftrl)"
-    _report(result, args.json, headline, "epsilon")
-    return 0
+    return result, f"epsilon = {result['epsilon']:.6g} (exact Gaussian, nu-dp-ftrl)"
 
 
-def _sigma_command(args: argparse.Namespace) -> int:
+def sigma(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     job = _job(args)
     sigma = dpftrl_noise_multiplier(
         args.epsilon,
@@ -173,5 +156,4 @@ def _sigma_command(args: argparse.Namespace) -> int:
         f"noise_multiplier = {sigma:.6g} (nu-dp-ftrl, smallest with epsilon <= "
         f"{args.epsilon:g}; achieved epsilon = {result['epsilon']:.6g})"
     )
-    _report(result, args.json, headline, "noise_multiplier")
-    return 0
+    return result, headline

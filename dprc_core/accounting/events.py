@@ -12,14 +12,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dprc_core.accounting.envelope import check_k, check_rank
+from dprc_core.norm_methods import ENVELOPES
 
-CLIPPINGS = ("exact", "hutch", "hutchpp")
+# The accountant's clipping families: exact norms, or the Hutchinson / Hutch++ envelope of
+# randomized clipping (each norm method's family is in dprc_core.norm_methods).
+CLIPPINGS = ENVELOPES
 DP_SGD = "dp-sgd"
 NU_DPFTRL = "nu-dp-ftrl"
 SUPPORTED_MECHANISMS = (DP_SGD, NU_DPFTRL)
-# Mechanisms that exist in the design but have no accountant yet: refused with a clear error
-# rather than accounted as if they were DP-SGD. (ν-DP-FTRL has its accountant now.)
-PLANNED_MECHANISMS: tuple[str, ...] = ()
 # Fields only a ν-DP-FTRL event has; they are left out of a DP-SGD event's JSON, so ledgers
 # holding DP-SGD events only are written exactly as before (ledger JSON v1).
 DPFTRL_FIELDS = ("nu", "bands", "participations", "min_separation", "sensitivity")
@@ -90,11 +90,6 @@ def check_clipping(clipping: Any, k: Any, rank: Any) -> tuple[str, int | None, i
 def check_mechanism(mechanism: Any) -> str:
     if mechanism in SUPPORTED_MECHANISMS:
         return str(mechanism)
-    if mechanism in PLANNED_MECHANISMS:
-        raise UnsupportedMechanismError(
-            f"mechanism {mechanism!r} is not supported by this accountant yet "
-            f"(supported: {SUPPORTED_MECHANISMS}); refusing to account it as DP-SGD"
-        )
     raise ValueError(f"unknown mechanism {mechanism!r}; supported: {SUPPORTED_MECHANISMS}")
 
 

@@ -14,26 +14,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from fractions import Fraction
 from typing import Any
 
 from dprc_core.accounting import PrivacyEvent, epsilon_for_events, noise_multiplier
 from dprc_core.accounting.dpftrl import dpftrl_epsilon, dpftrl_noise_multiplier
 from dprc_core.accounting.events import check_delta, check_epsilon
+from dprc_core.accounting.steps import planned_steps
 
 NOISE_MECHANISMS = ("gaussian", "nu_dpftrl")
-
-
-def planned_steps(dataset_size: int, batch_size: float, epochs: float,
-                  mechanism: str = "gaussian") -> int:
-    """Steps a job runs: ⌈epochs·N/B⌉ (Poisson sampling), or epochs·⌈N/B⌉ for fixed-order
-    ν-DP-FTRL epochs. Computed in exact rational arithmetic on the numbers as written (the
-    shortest decimal of a float: 0.1 epochs of 30 examples at B = 1 is 3 steps, where float
-    arithmetic gives 3.0000000000000004 and a fourth step). The steps computed here are the
-    steps that run and the steps accounted, so the rounding cannot make them disagree."""
-    if mechanism == "nu_dpftrl":
-        return int(epochs) * -(-dataset_size // int(batch_size))
-    return math.ceil(Fraction(str(epochs)) * dataset_size / Fraction(str(batch_size)))
 
 
 def check_delta_for_size(delta: float, n: int) -> float:

@@ -29,8 +29,8 @@ import torch
 
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger
 from dprc_core.engine import PrivacyEngine, accounting_clipping_for, norm_plan
-from dprc_core.estimators import METHODS
 from dprc_core.losses import causal_lm_per_sample_loss, sequence_classification_per_sample_loss
+from dprc_core.norm_methods import method_names
 from dprc_core.seeding import derive_seed, fresh_seed
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.data import TASKS, TokenizedData, label_names, load_jsonl, tokenize
@@ -79,8 +79,8 @@ class JobSpec:
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
-        if self.clipping not in METHODS:
-            raise ValueError(f"clipping must be one of {METHODS}, got {self.clipping!r}")
+        if self.clipping not in method_names():
+            raise ValueError(f"clipping must be one of {method_names()}, got {self.clipping!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         for name in ("max_seq_len", "max_physical_batch_size", "k", "epsilon_every"):

@@ -126,11 +126,29 @@ def test_cli_sigma_json_with_dataset_size(capsys):
     )
     result = json.loads(capsys.readouterr().out)
     assert rc == 0
-    assert result["steps"] == 3 * 57 and result["sample_rate"] == pytest.approx(32 / 1800)
+    # the job's step rule, ceil(epochs·N/B) = ceil(168.75) = 169 (it was 3·ceil(N/B) = 171)
+    assert result["steps"] == math.ceil(3 * 1800 / 32) == 169
+    assert result["sample_rate"] == pytest.approx(32 / 1800)
     assert result["epsilon"] <= 2.0
     assert result["noise_multiplier"] == pytest.approx(
-        accounting.noise_multiplier(2.0, 1e-5, 32 / 1800, 171), rel=1e-12
+        accounting.noise_multiplier(2.0, 1e-5, 32 / 1800, 169), rel=1e-12
     )
+
+
+def test_cli_sigma_plans_exactly_the_steps_the_job_runs(capsys):
+    """The README's example: `dprc accountant sigma` and `dprc train` / the service (the
+    planner the runner executes) agree on the step count and hence on sigma."""
+    from dprc_core.training.plan import plan_privacy
+
+    argv = ["accountant", "sigma", "--epsilon", "2", "--delta", "1e-5", "--dataset-size",
+            "1800", "--batch-size", "32", "--epochs", "3", "--clipping", "hutch", "--k", "32",
+            "--json"]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    plan = plan_privacy(dataset_size=1800, batch_size=32, epochs=3, clipping="hutch", k=32,
+                        target_epsilon=2.0, delta=1e-5)
+    assert result["steps"] == plan.steps
+    assert result["noise_multiplier"] == pytest.approx(plan.noise_multiplier, rel=1e-12)
 
 
 @pytest.mark.parametrize(
