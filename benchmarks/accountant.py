@@ -5,7 +5,7 @@ Setting (issue): q = 1e-3, 10 000 steps, δ = 1e-6; clipping ``exact`` and ``hut
 before numpy is imported. Targets: calibration (hutch) < 5 s, ``epsilon`` (hutch) < 1 s, and
 the upper bound within 1% of a 10× finer discretisation (loss grid and scale bins).
 
-Method (DESIGN.md §5): σ is first calibrated to ε = 1; then ``epsilon`` at that σ is timed for
+Method (docs/design.md §5): σ is first calibrated to ε = 1; then ``epsilon`` at that σ is timed for
 every configuration interleaved A B C … A B C … in one process (``--rounds`` rounds), next to
 Google ``dp_accounting``'s PLD for the exact case (pessimistic connect-the-dots,
 value_discretization_interval = 1e-4, ``from_gaussian_mechanism`` → ``self_compose`` →

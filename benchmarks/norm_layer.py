@@ -1,6 +1,6 @@
 """Per-sample gradient norm of one linear layer: extra memory, time and FLOPs per method.
 
-The paper's Figure 2/3/13 setting (DESIGN.md §5): batch B = 2, sequence T = 4096, layers
+The paper's Figure 2/3/13 setting (docs/design.md §5): batch B = 2, sequence T = 4096, layers
 (p × d) 2048×2048, 8192×2048, 2048×512; methods fgc, ghost, exact and hutch / hutchpp with
 k ∈ {8, 32, 64, 128}. For each configuration a **fresh process** (this script with ``--one``)
 
@@ -13,7 +13,7 @@ k ∈ {8, 32, 64, 128}. For each configuration a **fresh process** (this script 
 
 FLOPs are analytic counts of the matrix products (the paper's Figure 3 metric). The target
 check compares hutch k=32 with ``exact`` on 8192×2048 (extra memory from the per-config runs;
-time as the median ratio of an interleaved A/B/A/B… run in one process, DESIGN.md §5).
+time as the median ratio of an interleaved A/B/A/B… run in one process, docs/design.md §5).
 
     python benchmarks/norm_layer.py             # full run (~5-10 min on 2 cores)
     python benchmarks/norm_layer.py --quick     # T = 1024, k = 32 only
@@ -41,7 +41,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dprc_core.estimators import MatrixContribution, matrix_sq_norms  # noqa: E402
+from dprc_core.estimators import MatrixContribution  # noqa: E402
+from dprc_core.norm_methods import matrix_sq_norms  # noqa: E402
 
 SHAPES = ((2048, 2048), (8192, 2048), (2048, 512))  # (p, d): weight out × in
 KS = (8, 32, 64, 128)

@@ -25,7 +25,7 @@ SECTIONS = [
 
 PREFACE = """# Benchmarks
 
-Speed and memory targets live here, never in tests (DESIGN.md §5). Every table below was
+Speed and memory targets live here, never in tests (docs/design.md §5). Every table below was
 produced by the command named above it, on the machine it names; rerun with `make bench`
 (or the single script) and then `python benchmarks/report.py` to refresh this page.
 Comparisons are ratios inside one run, A/B interleaved; peak memory on CPU is the peak RSS of a

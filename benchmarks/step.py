@@ -8,7 +8,7 @@ Batch: B = 2 random token sequences of length T, labels = inputs, loss =
 ``dprc_core.losses.causal_lm_per_sample_loss`` (its ``.mean()`` for the non-private step; Opacus's
 ghost criterion computes the same per-sequence token mean). Optimizer: plain SGD.
 
-Time (DESIGN.md §5): for each T, every configuration gets its own copy of the model (same
+Time (docs/design.md §5): for each T, every configuration gets its own copy of the model (same
 weights); after one warm-up step each, steps run interleaved A B C … A B C … in one process, and
 medians are compared as ratios to the non-private median of the same run.
 

@@ -1,4 +1,4 @@
-"""PrivacyEngine: the DP-SGD-RC step (DESIGN.md §3).
+"""PrivacyEngine: the DP-SGD-RC step (docs/design.md §3).
 
 One logical (Poisson-sampled) batch, possibly split into micro-batches:
 
@@ -61,8 +61,8 @@ def _check_k(k: Any, randomized: bool = False) -> int:
     if randomized and k < 2:
         raise ValueError(
             "k (sketch dimension) must be >= 2 for randomized clipping: the privacy analysis of "
-            "the Hutchinson estimate (the chi-square(k)/k envelope, DESIGN.md §4) needs k >= 2, "
-            f"and the accountant refuses k=1; got k={k!r}"
+            "the Hutchinson estimate (the chi-square(k)/k envelope, docs/design.md §4) needs "
+            f"k >= 2, and the accountant refuses k=1; got k={k!r}"
         )
     return k
 
@@ -116,7 +116,7 @@ def per_sample_grad_norms(
     """L2 norm of each sample's gradient over all parameters with ``requires_grad=True``.
 
     ``loss_fn(model, batch)`` must return per-sample losses of shape [B]. Leaves no ``.grad``
-    behind. ``method``: fgc | ghost | exact | hutch | hutchpp | auto (see DESIGN.md §2).
+    behind. ``method``: fgc | ghost | exact | hutch | hutchpp | auto (see docs/design.md §2).
     ``check_independence=True`` (the default, as for :class:`PrivacyEngine`) first runs the
     per-sample independence check on the batch's first two samples, which verifies the layouts
     that are not plainly batch-first (batch-major flattened, shared by the batch) and accepts
@@ -239,7 +239,7 @@ class PrivacyEngine:
 
         From the resolved plan: ``"exact"`` when no parameter uses a sketch (``auto`` with
         every layer exact included), ``"hutchpp"`` for Hutch++, else ``"hutch"``. A mix of
-        exact and Hutchinson layers is covered by the dimension-free envelope (DESIGN.md §4).
+        exact and Hutchinson layers is covered by the dimension-free envelope (docs/design.md §4).
         """
         return accounting_clipping_for(self.norm_plan)
 

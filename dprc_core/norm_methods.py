@@ -35,7 +35,7 @@ Estimator = Callable[
 ]
 
 # The accountant's envelope families, weakest first: a plan that mixes methods is accounted
-# with the strongest family among them (DESIGN: docs/design.md §4).
+# with the strongest family among them (docs/design.md §4).
 ENVELOPES = ("exact", "hutch", "hutchpp")
 
 

@@ -1,6 +1,6 @@
 """Statistical tests of the per-sample norm sketches in ``dprc_core.estimators``.
 
-What is proved here (DESIGN.md §2 and §6, paper §4 and Table 7):
+What is proved here (docs/design.md §2 and §6, paper §4 and Table 7):
 
 * ``fgc``, ``ghost`` and ``exact`` equal a naive dense ``einsum`` reference (float64, 1e-10
   relative), including one-hot factors with padding (negative) indices and tied parameters.
@@ -14,7 +14,7 @@ What is proved here (DESIGN.md §2 and §6, paper §4 and Table 7):
 * Hutch++ is never worse than Hutch in mean squared error, and orders of magnitude better when
   the gradient has (effective) rank ≤ k.
 
-Statistics (DESIGN.md §6: fixed seeds, bounds derived from the sample size)
+Statistics (docs/design.md §6: fixed seeds, bounds derived from the sample size)
 ---------------------------------------------------------------------------
 Hutch. Orient M as (n, c) with n ≥ c; ``X = ‖MᵀP‖²`` with P (n, k) of i.i.d. N(0, 1/k) entries.
 With ``P = Z/√k`` and the eigendecomposition ``MMᵀ = Σ λ_i u_i u_iᵀ``,
@@ -65,8 +65,8 @@ from dprc_core.estimators import (
     OneHot,
     fgc_sq_norms,
     ghost_sq_norms,
-    matrix_sq_norms,
 )
+from dprc_core.norm_methods import matrix_sq_norms
 
 Z = 5.0  # two-sided normal tail 5.7e-7; see the module docstring
 K = 32  # the paper's projection dimension

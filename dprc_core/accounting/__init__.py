@@ -1,4 +1,4 @@
-"""Privacy accounting for DP-SGD and DP-SGD with randomized clipping (DESIGN.md §4).
+"""Privacy accounting for DP-SGD and DP-SGD with randomized clipping (docs/design.md §4).
 
 Public API::
 

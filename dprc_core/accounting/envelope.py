@@ -1,4 +1,5 @@
-"""Envelope CDFs of the randomized-clipping norm ratio (DESIGN.md §4, paper Prop. 1, B.8, B.9.1).
+"""Envelope CDFs of the randomized-clipping norm ratio (docs/design.md §4; paper Prop. 1, B.8,
+B.9.1).
 
 With Hutchinson's estimator the squared-norm ratio ``Y = n̂²/‖g‖²`` is distributed as
 ``Σ_i λ_i χ²_i(k)/k`` with λ on the simplex (the normalised eigenvalues of every randomized
@@ -197,7 +198,7 @@ def x_plus(k: int, rank: int) -> float:
 
 
 def envelope_cdf(x: np.ndarray | float, k: int, rank: int | None = None) -> np.ndarray:
-    """Envelope CDF F(x; Y) ≥ sup_λ P(Σ λ_i χ²_i(k)/k ≤ x) (DESIGN.md §4).
+    """Envelope CDF F(x; Y) ≥ sup_λ P(Σ λ_i χ²_i(k)/k ≤ x) (docs/design.md §4).
 
     ``rank=None``: dimension-free envelope (valid for Hutch, Hutch++, any layer mix).
     ``rank=D``: three-region envelope of Proposition 1 for Hutch with total rank D; for

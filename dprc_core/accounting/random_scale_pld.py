@@ -1,6 +1,6 @@
 """Per-step privacy-loss distribution of the Poisson-subsampled Gaussian with a random scale.
 
-Mechanism (one step, DESIGN.md §4): the adversary sees the scale ``a`` (pessimistic), and given
+Mechanism (one step, docs/design.md §4): the adversary sees the scale ``a`` (pessimistic), and given
 ``a`` the step is a Poisson-subsampled Gaussian with sensitivity ``a`` (units of C) and noise
 σ. Its privacy profile in either direction is therefore the mixture
 ``δ_mix(ε) = Σ_j w_j δ(ε; a_j/σ) + w_∞ δ_∞(ε)`` of the profiles of a dominating discrete scale

@@ -1,5 +1,5 @@
 """Poisson sampling (DP-SGD) and fixed-order batches (ν-DP-FTRL): the samplings the accountant
-assumes (DESIGN.md §4).
+assumes (docs/design.md §4).
 
 Poisson sampling: every logical batch includes each of the N examples independently with
 probability q, so the batch size is Binomial(N, q) — possibly 0, which is still a (noise-only)
@@ -45,7 +45,7 @@ class PoissonSampler:
 
 
 class FixedOrderSampler:
-    """Fixed-order batches for ν-DP-FTRL (DESIGN.md §4): shuffle once with ``seed``, then
+    """Fixed-order batches for ν-DP-FTRL (docs/design.md §4): shuffle once with ``seed``, then
     cycle through the same order every epoch — every example exactly once per epoch.
 
     With N examples and batch size B there are ``steps_per_epoch = ⌈N/B⌉`` batches per epoch;
