@@ -25,13 +25,12 @@ from dprc_core.batching import batch_size, select_samples
 from dprc_core.estimators import MatrixContribution, auto_method
 from dprc_core.hooks import PerSampleHooks, trainable_parameters
 from dprc_core.independence import check_sample_independence
-from dprc_core.noise import GaussianNoise, NuDPFTRLNoise
+from dprc_core.noise import GaussianNoise, NoiseMechanism, NuDPFTRLNoise, as_noise_mechanism
 from dprc_core.norm_methods import envelope_for, get_norm_method
 from dprc_core.seeding import derive_seed, fresh_seed
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 CLIPPING_MODES = ("two_pass", "bookkeeping")
-NOISE_MECHANISMS = ("gaussian", "nu_dpftrl")
 
 
 @dataclass
@@ -160,10 +159,13 @@ class PrivacyEngine:
         clipping_mode: str = "bookkeeping",
         max_seq_len: int | None = None,
         check_independence: bool = True,
-        noise_mechanism: str = "gaussian",
+        noise_mechanism: NoiseMechanism | str = "gaussian",
         nu: float | None = None,
         bands: int | None = None,
     ):
+        """``noise_mechanism``: ``Gaussian()`` / ``"gaussian"`` (default), or
+        ``dprc_core.noise.NuDPFTRL(nu=..., bands=...)``; ``nu`` / ``bands`` beside the name
+        ``"nu_dpftrl"`` are the deprecated spelling of the latter."""
         if clipping_mode not in CLIPPING_MODES:
             raise ValueError(
                 f"clipping_mode must be one of {CLIPPING_MODES}, got {clipping_mode!r}"
@@ -201,26 +203,17 @@ class PrivacyEngine:
             )
         self.seed = fresh_seed() if seed is None else int(seed)
         self.generators = _Generators(self.seed)
-        self.noise_mechanism = noise_mechanism
-        self.noise: GaussianNoise | NuDPFTRLNoise
-        if noise_mechanism == "gaussian":
-            if nu is not None or bands is not None:
-                raise ValueError("nu and bands apply to noise_mechanism='nu_dpftrl' only")
-            self.noise = GaussianNoise(self.noise_multiplier * self.max_grad_norm)
-        elif noise_mechanism == "nu_dpftrl":
-            if _randomized(norm_method):
-                raise ValueError(
-                    f"norm_method={norm_method!r} with correlated noise (nu_dpftrl) is refused: "
-                    "randomized clipping with correlated noise has no privacy analysis; use an "
-                    "exact method (exact, ghost, fgc)"
-                )
-            if nu is None:
-                raise ValueError("noise_mechanism='nu_dpftrl' needs nu (the damping, in [0, 1])")
-            self.noise = NuDPFTRLNoise(self.noise_multiplier * self.max_grad_norm, nu, bands)
-        else:
+        self.mechanism = as_noise_mechanism(noise_mechanism, nu, bands)
+        self.noise_mechanism = self.mechanism.name
+        if self.mechanism.exact_clipping_only and _randomized(norm_method):
             raise ValueError(
-                f"noise_mechanism must be one of {NOISE_MECHANISMS}, got {noise_mechanism!r}"
+                f"norm_method={norm_method!r} with correlated noise ({self.mechanism.name}) is "
+                "refused: randomized clipping with correlated noise has no privacy analysis; "
+                "use an exact method (exact, ghost, fgc)"
             )
+        self.noise: GaussianNoise | NuDPFTRLNoise = self.mechanism.sampler(
+            self.noise_multiplier * self.max_grad_norm
+        )
         self.hooks = PerSampleHooks(model, verified_layouts=self.check_independence)
         self._independence_checked = False
         self.norm_plan = self._make_plan()
@@ -268,19 +261,41 @@ class PrivacyEngine:
         self.noise.load_state_dict(state.get("noise", {}))
 
     def accumulate(self, loss_fn: LossFn, batch: Any) -> None:
-        """Add one micro-batch's clipped per-sample gradients to the logical batch."""
+        """Add one micro-batch's clipped per-sample gradients to the logical batch.
+
+        Stages: open the logical batch; check sample independence (once); the norm pass;
+        drop non-finite samples; the clipped sum; the batch's statistics."""
+        self._open_batch()
+        size = batch_size(batch)
+        if size == 0:
+            return  # an empty (Poisson) micro-batch contributes nothing
+        self._check_independence_once(loss_fn, batch, size)
+        losses, result = self._norm_pass(loss_fn, batch)
+        norms = result.sq_norms.clamp(min=0).sqrt()
+        keep = self._finite_samples(norms, result)
+        if self.clipping_mode == "two_pass" and not bool(keep.all()):
+            del losses
+            self._rerun_kept(loss_fn, batch, size, norms, keep)
+            return
+        clip = torch.where(keep, (self.max_grad_norm / norms).clamp(max=1.0), 0.0)
+        self._add_clipped_sum(losses, result, clip, keep)
+        self._record(norms, result, clip, keep)
+
+    # -- the stages of accumulate
+    def _open_batch(self) -> None:
         if not self._in_batch:
             for p in self.params:
                 p.grad = None
             self._in_batch = True
-        size = batch_size(batch)
-        if size == 0:
-            return  # an empty (Poisson) micro-batch contributes nothing
+
+    def _check_independence_once(self, loss_fn: LossFn, batch: Any, size: int | None) -> None:
         if self.check_independence and not self._independence_checked and (size or 0) >= 2:
             check_sample_independence(self.hooks, loss_fn, batch, self.norm_method, self.k)
             self._independence_checked = True
+
+    def _norm_pass(self, loss_fn: LossFn, batch: Any) -> tuple[torch.Tensor, Any]:
         two_pass = self.clipping_mode == "two_pass"
-        losses, result = self.hooks.norm_pass(
+        return self.hooks.norm_pass(
             loss_fn,
             batch,
             method=self.norm_method,
@@ -289,27 +304,35 @@ class PrivacyEngine:
             retain_graph=two_pass,
             keep_contributions=not two_pass,
         )
-        norms = result.sq_norms.clamp(min=0).sqrt()
+
+    def _finite_samples(self, norms: torch.Tensor, result: Any) -> torch.Tensor:
+        """Samples whose loss, norm and (book-keeping) gradient factors are all finite."""
         keep = torch.isfinite(norms) & torch.isfinite(result.losses).to(norms.device)
-        if not two_pass:
+        if self.clipping_mode != "two_pass":
             keep &= _finite_samples(result.contributions, keep)
-        if two_pass and not bool(keep.all()):
-            # The retained graph holds the non-finite samples' activations, and a backward
-            # through it would give 0 · NaN = NaN: run the kept samples again on their own
-            # (a fresh forward, norm pass and clipped backward for exactly those samples).
-            del losses
-            self._norms.append(norms.detach()[~keep])
-            self._dropped += int((~keep).sum())
-            kept = torch.nonzero(keep).flatten().cpu()
-            if kept.numel():
-                self.accumulate(loss_fn, select_samples(batch, kept, size))
-            return
-        clip = torch.where(keep, (self.max_grad_norm / norms).clamp(max=1.0), 0.0)
-        if two_pass:
+        return keep
+
+    def _rerun_kept(self, loss_fn: LossFn, batch: Any, size: int | None, norms: torch.Tensor,
+                    keep: torch.Tensor) -> None:
+        """two_pass with non-finite samples: the retained graph holds their activations, and a
+        backward through it would give 0 · NaN = NaN, so run the kept samples again on their
+        own (a fresh forward, norm pass and clipped backward for exactly those samples)."""
+        self._norms.append(norms.detach()[~keep])
+        self._dropped += int((~keep).sum())
+        kept = torch.nonzero(keep).flatten().cpu()
+        if kept.numel():
+            self.accumulate(loss_fn, select_samples(batch, kept, size))
+
+    def _add_clipped_sum(self, losses: torch.Tensor, result: Any, clip: torch.Tensor,
+                         keep: torch.Tensor) -> None:
+        if self.clipping_mode == "two_pass":
             weighted = (losses * clip.to(losses.dtype).detach()).sum()
             torch.autograd.backward(weighted, inputs=self.params)
         else:
             self._bookkeeping_sum(result.contributions, clip, keep)
+
+    def _record(self, norms: torch.Tensor, result: Any, clip: torch.Tensor,
+                keep: torch.Tensor) -> None:
         self._norms.append(norms.detach())
         self._losses.append(result.losses.detach()[keep.to(result.losses.device)])
         self._clipped += int(((clip < 1) & keep).sum())
@@ -325,6 +348,16 @@ class PrivacyEngine:
         if not self._in_batch:  # an empty logical batch: still a (noise-only) step
             for p in self.params:
                 p.grad = None
+        self._add_noise_and_normalise()
+        self.optimizer.step()
+        self.steps += 1
+        stats = self._step_stats()
+        self._reset_batch()
+        return stats
+
+    def _add_noise_and_normalise(self) -> None:
+        """Noise once for the logical batch, then divide by the expected batch size; refuse to
+        step on a non-finite update."""
         with torch.no_grad():
             for index, p in enumerate(self.params):
                 grad = p.grad if p.grad is not None else torch.zeros_like(p)
@@ -341,13 +374,13 @@ class PrivacyEngine:
                     "the noised update is not finite although every non-finite sample was "
                     "dropped; the optimizer step was not taken"
                 )
-        self.optimizer.step()
-        self.steps += 1
+
+    def _step_stats(self) -> StepStats:
         norms = torch.cat(self._norms) if self._norms else torch.zeros(0)
         losses = torch.cat(self._losses) if self._losses else torch.zeros(0)
         n = int(norms.shape[0])
         kept = n - self._dropped
-        stats = StepStats(
+        return StepStats(
             step=self.steps,
             batch_size=n,
             per_sample_norms=norms,
@@ -356,8 +389,6 @@ class PrivacyEngine:
             methods=dict(self._methods),
             dropped=self._dropped,
         )
-        self._reset_batch()
-        return stats
 
     def detach(self) -> None:
         """Remove the hooks from the model."""

@@ -30,6 +30,7 @@ import torch
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger
 from dprc_core.engine import PrivacyEngine, accounting_clipping_for, norm_plan
 from dprc_core.losses import causal_lm_per_sample_loss, sequence_classification_per_sample_loss
+from dprc_core.noise import Gaussian, NuDPFTRL
 from dprc_core.norm_methods import method_names
 from dprc_core.seeding import derive_seed, fresh_seed
 from dprc_core.training import checkpoint as ckpt_io
@@ -244,7 +245,8 @@ def run_job(
         model, opt, max_grad_norm=spec.max_grad_norm, noise_multiplier=plan.noise_multiplier,
         expected_batch_size=plan.batch_size, norm_method=spec.clipping, k=spec.k,
         seed=seed, max_seq_len=spec.max_seq_len if spec.clipping == "auto" else None,
-        noise_mechanism=spec.noise_mechanism, nu=spec.nu, bands=spec.bands,
+        noise_mechanism=NuDPFTRL(spec.nu, spec.bands) if (  # type: ignore[arg-type]
+            spec.noise_mechanism == NuDPFTRL.name) else Gaussian(),
     )
     assert engine.accounting_clipping == clipping
     fixed = spec.noise_mechanism == "nu_dpftrl"
