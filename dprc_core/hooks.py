@@ -93,8 +93,13 @@ class PerSampleHooks:
         refuse_activation_checkpointing(model)
         known = known_unsupported(model)
         self.hooked: list[_HookedModule] = []
+        handled = _parameters_of_handled_modules(model, known)
         for name, module in model.named_modules(remove_duplicate=False):
             params = {n: p for n, p in module.named_parameters(recurse=False) if p.requires_grad}
+            if params and handler_for(module) is None and id(module) not in known:
+                # an alias of a parameter a handled module owns too (BERT's MLM head holds
+                # the decoder's tied bias as its own ``bias``): that module computes it
+                params = {n: p for n, p in params.items() if id(p) not in handled}
             if not params:
                 continue
             label = name or "<root>"
@@ -416,6 +421,15 @@ class _PassState:
             self.total = torch.zeros(self.batch_size or 0)
         for name in self.hooks.param_names.values():
             self.methods.setdefault(name, "unused")
+
+
+def _parameters_of_handled_modules(model: nn.Module, known: dict[int, str]) -> set[int]:
+    """id() of every trainable parameter owned directly by a module that has a handler."""
+    ids: set[int] = set()
+    for module in model.modules():
+        if id(module) not in known and handler_for(module) is not None:
+            ids |= {id(p) for p in module.parameters(recurse=False) if p.requires_grad}
+    return ids
 
 
 # Modules that use their children's parameters functionally (the children's forward never
