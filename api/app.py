@@ -1,5 +1,6 @@
 """The FastAPI application: routers per domain under ``/v1``, OpenAI-style errors,
-migrations applied at start-up."""
+migrations applied at start-up. The dispatcher that hands jobs to workers is injected by the
+process that composes the app (``dprc serve``, see :mod:`dprc.app`)."""
 
 from __future__ import annotations
 
@@ -13,25 +14,34 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from api.accountant.router import router as accountant_router
-from api.dispatch import make_dispatcher
 from api.errors import error_body, install_handlers
 from api.files.router import router as files_router
 from api.jobs.router import router as jobs_router
 from api.keys.router import router as keys_router
 from api.models.router import router as models_router
-from api.settings import Settings, get_settings
-from api.store import open_store
+from service.dispatch import Dispatcher, NoDispatcher
+from service.settings import Settings, get_settings
+from service.store import Store, open_store
 
 MULTIPART_SLACK = 1 << 20  # form fields and boundaries around the uploaded file
 
+DispatcherFactory = Callable[[Store], Dispatcher]
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+
+def _no_dispatcher(_store: Store) -> Dispatcher:
+    return NoDispatcher()
+
+
+def create_app(settings: Settings | None = None,
+               dispatcher: DispatcherFactory = _no_dispatcher) -> FastAPI:
+    """The app; at start-up it opens the store and builds its dispatcher with
+    ``dispatcher(store)`` (default: none, jobs wait for a worker's sweep)."""
     settings = settings or get_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.store = open_store(settings)
-        app.state.dispatcher = make_dispatcher(app.state.store)
+        app.state.dispatcher = dispatcher(app.state.store)
         yield
         app.state.dispatcher.stop()
         app.state.store.engine.dispose()

@@ -61,7 +61,7 @@ def main() -> int:
     env = {**os.environ, "DPRC_DATA_DIR": str(OUT / "dprc-data")}
     for var in ("DPRC_DATABASE_URL", "DPRC_BROKER_URL"):
         env.pop(var, None)  # the embedded default: SQLite + in-process worker
-    dprc = [sys.executable, "-m", "api.cli"]
+    dprc = [sys.executable, "-m", "dprc.cli"]
     key = subprocess.run([*dprc, "keys", "create", "--tenant", "demo"], env=env, check=True,
                          capture_output=True, text=True, cwd=ROOT).stdout.strip()
     port = _free_port()

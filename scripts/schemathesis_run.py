@@ -46,7 +46,7 @@ def main() -> int:
         env["DPRC_DATABASE_URL"] = args.database_url
     else:
         env.pop("DPRC_DATABASE_URL", None)
-    dprc = [sys.executable, "-m", "api.cli"]
+    dprc = [sys.executable, "-m", "dprc.cli"]
     key = subprocess.run([*dprc, "keys", "create", "--tenant", "schemathesis"], env=env,
                          check=True, capture_output=True, text=True, cwd=ROOT).stdout.strip()
     port = free_port()

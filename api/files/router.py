@@ -7,14 +7,13 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.responses import FileResponse
 
-from api.common import get_store
-from api.errors import NotFound
+from api.app_state import get_store
 from api.files import service
 from api.files.schemas import BudgetRequest, FileDeleted, FileList, FileObject
 from api.keys.dependencies import CallerDep
+from service.errors import NotFound
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
-
 
 
 @router.post("", response_model=FileObject)

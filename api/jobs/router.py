@@ -6,10 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
 
-from api.common import get_store
+from api.app_state import get_dispatcher, get_store
 from api.jobs import service
 from api.jobs.schemas import CheckpointList, EventList, Job, JobCreate, JobList, Ledger
 from api.keys.dependencies import CallerDep
+from service.lifecycle import JobStatus
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
 
@@ -28,8 +29,8 @@ def create_job(
     ] = None,
 ) -> Job:
     job = service.create_job(get_store(request), caller, body, idempotency_key)
-    if job.status == "queued":
-        request.app.state.dispatcher.submit(job.id)
+    if job.status == JobStatus.QUEUED:
+        get_dispatcher(request).submit(job.id)
     return job
 
 
@@ -53,7 +54,7 @@ def pause_job(fine_tuning_job_id: str, request: Request, caller: CallerDep) -> J
 @router.post("/{fine_tuning_job_id}/resume", response_model=Job)
 def resume_job(fine_tuning_job_id: str, request: Request, caller: CallerDep) -> Job:
     job = service.resume(get_store(request), caller, fine_tuning_job_id)
-    request.app.state.dispatcher.submit(job.id)
+    get_dispatcher(request).submit(job.id)
     return job
 
 

@@ -1,31 +1,32 @@
-"""Job creation (plan, budget reservation, idempotency, limits), reads, cancellation, and the
-transitions a worker uses (checkpoints, settlement)."""
+"""The HTTP side of jobs: creation (plan, budget reservation, idempotency, limits), reads,
+and the client's moves (cancel, pause, resume) through :mod:`service.lifecycle`. The
+worker side is :mod:`service.job_runs`."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import secrets
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.common import Store, cursor_page, new_id, now
-from api.db import locked_session
-from api.errors import Conflict, InvalidRequest, NotFound, RateLimited
-from api.files import budget
-from api.files import service as files
-from api.jobs import planning
 from api.jobs.schemas import Checkpoint as CheckpointObject
 from api.jobs.schemas import Event, Job, JobCreate, JobError, Ledger
 from api.keys.service import Caller
-from api.models import service as models
-from api.tables import Checkpoint, File, IdempotencyKey, JobEvent, Tenant
-from api.tables import Job as JobRow
 from dprc_core.accounting import PrivacyLedger
+from service import budget, lifecycle, planning
+from service import model_registry as models
+from service.clock import now
+from service.db import locked_session
+from service.errors import Conflict, InvalidInput, LimitReached, NotFound
+from service.ids import new_id
+from service.job_events import add_event
+from service.lifecycle import Actor, JobStatus
+from service.pagination import cursor_page
+from service.store import Store
+from service.tables import Checkpoint, File, IdempotencyKey, JobEvent, Tenant
+from service.tables import Job as JobRow
 
 FORMATS_FOR_TASK = {"causal_lm": ("text", "chat"), "classification": ("classification",)}
 
@@ -53,12 +54,6 @@ def to_object(row: JobRow, caller_org: str) -> Job:
 
 def _org(caller: Caller) -> str:
     return f"org-{caller.tenant_id}"
-
-
-def add_event(session: Session, job_id: str, message: str, *, level: str = "info",
-              type_: str = "message", data: dict[str, Any] | None = None) -> None:
-    session.add(JobEvent(id=new_id("ftevent"), job_id=job_id, created_at=now(), level=level,
-                         type=type_, message=message, data=data))
 
 
 def _request_hash(req: JobCreate) -> str:
@@ -99,15 +94,15 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
             raise NotFound(f"no such file: {req.training_file[:64]!r}", param="training_file",
                            code="file_not_found")
         if file.purpose != "fine-tune" or file.n_examples is None:
-            raise InvalidRequest(f"file {file.id} is not a fine-tune data set",
+            raise InvalidInput(f"file {file.id} is not a fine-tune data set",
                                  param="training_file", code="invalid_file")
         n, fmt = file.n_examples, file.data_format
     if fmt not in FORMATS_FOR_TASK[model.task]:
-        raise InvalidRequest(
+        raise InvalidInput(
             f"model {model.name!r} ({model.task}) needs lines of format "
             f"{' or '.join(FORMATS_FOR_TASK[model.task])}; file {req.training_file} is {fmt}",
             param="training_file", code="invalid_file")
-    plan = planning.make_plan(req, n, store.settings.default_k)
+    plan = planning.make_plan(plan_request(req), n, store.settings.default_k)
     models.ensure_local(model)  # builds the built-in tiny LM on first use
     new_event = plan.event()
 
@@ -119,20 +114,20 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
             existing = _idempotent(session, caller, idempotency_key, digest)
             if existing is not None:
                 return to_object(existing, _org(caller))
-        file = budget.lock_file(session, caller.tenant_id, req.training_file)
+        file = budget.lock_file(session, req.training_file, caller.tenant_id)
         if file is None:
             raise NotFound(f"no such file: {req.training_file[:64]!r}", param="training_file",
                            code="file_not_found")
         active = session.scalar(select(func.count()).select_from(JobRow).where(
-            JobRow.tenant_id == caller.tenant_id, JobRow.status.in_(budget.ACTIVE))) or 0
+            JobRow.tenant_id == caller.tenant_id, JobRow.status.in_(lifecycle.ACTIVE))) or 0
         limit = store.settings.max_active_jobs_per_tenant
         if active >= limit:
-            raise RateLimited(f"too many active fine-tuning jobs ({active}, limit {limit}); "
+            raise LimitReached(f"too many active fine-tuning jobs ({active}, limit {limit}); "
                               "wait for one to end or cancel one", code="too_many_active_jobs")
         if file.epsilon_budget is not None and file.delta is not None:
-            spent, committed = budget.refresh(session, file, extra=new_event)
+            spent, committed = lifecycle.settle(session, file, extra=new_event)
             if committed > file.epsilon_budget:
-                _before, current = budget.refresh(session, file)
+                _before, current = lifecycle.settle(session, file)
                 session.rollback()
                 remaining = max(0.0, file.epsilon_budget - current)
                 raise Conflict(
@@ -148,6 +143,14 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
                                        request_hash=digest, job_id=row.id, created_at=now()))
         session.commit()
         return to_object(row, _org(caller))
+
+
+def plan_request(req: JobCreate) -> planning.PlanRequest:
+    hp, pr = req.hyperparameters, req.privacy
+    return planning.PlanRequest(
+        target_epsilon=pr.target_epsilon, target_delta=pr.target_delta, n_epochs=hp.n_epochs,
+        batch_size=hp.batch_size, method=pr.clipping.method, k=pr.clipping.k,
+        mechanism=pr.noise.mechanism, nu=pr.noise.nu, bands=pr.noise.bands)
 
 
 def _insert_job(session: Session, caller: Caller, req: JobCreate, plan: planning.Plan) -> JobRow:
@@ -180,7 +183,7 @@ def _insert_job(session: Session, caller: Caller, req: JobCreate, plan: planning
     }
     row = JobRow(
         id=new_id("ftjob"), tenant_id=caller.tenant_id, model=req.model,
-        training_file_id=req.training_file, status="queued", created_at=now(),
+        training_file_id=req.training_file, status=lifecycle.INITIAL.value, created_at=now(),
         hyperparameters=hyper, privacy=privacy,
         seed=req.seed if req.seed is not None else secrets.randbits(63),  # secret: 63 bits
         suffix=req.suffix, job_metadata=req.metadata, checkpoint_every=req.checkpoint_every,
@@ -266,170 +269,31 @@ def ledger(store: Store, caller: Caller, job_id: str) -> Ledger:
                       planned=budget.planned_event(job).to_dict())
 
 
-# -- transitions ------------------------------------------------------------------------------
+# -- the client's moves -----------------------------------------------------------------------
 
 
 def cancel(store: Store, caller: Caller, job_id: str) -> Job:
-    """Queued jobs end now (their reservation is released); a running job is asked to stop
-    and its worker ends it, settling to the steps that ran."""
-    with store.sessions() as session:
-        file_id = get_row(session, caller, job_id).training_file_id
-    with locked_session(store.sessions) as session:
-        file = session.scalar(select(File).where(File.id == file_id).with_for_update())
-        job = session.scalar(select(JobRow).where(JobRow.id == job_id).with_for_update())
-        assert job is not None and file is not None
-        if job.status in ("succeeded", "failed"):
-            raise Conflict(f"fine-tuning job {job.id} has already {job.status}",
-                           param="fine_tuning_job_id", code="job_not_cancellable")
-        if job.status in ("validating_files", "queued", "paused"):
-            job.status = "cancelled"
-            job.finished_at = now()
-            add_event(session, job.id, "Job cancelled")
-            budget.refresh(session, file)
-        elif job.status == "running" and not job.cancel_requested:
-            job.cancel_requested = True
-            add_event(session, job.id, "Cancellation requested; the worker stops after the "
-                      "current step")
-        session.commit()
-        return to_object(job, _org(caller))
+    """Queued and paused jobs end now (their reservation is released); a running job is asked
+    to stop and its worker ends it, settling to the steps that ran."""
+    row = lifecycle.move(store, job_id, JobStatus.CANCELLED, by=Actor.CLIENT,
+                         tenant_id=caller.tenant_id, message="Job cancelled", finished_at=now())
+    assert row is not None
+    return to_object(row, _org(caller))
 
 
 def pause(store: Store, caller: Caller, job_id: str) -> Job:
     """A queued job is paused at once; a running one is asked to stop after the current step
     with a checkpoint (its worker marks it ``paused``). The reservation stays."""
-    with locked_session(store.sessions) as session:
-        job = get_row(session, caller, job_id)
-        job = session.scalar(select(JobRow).where(JobRow.id == job.id).with_for_update())
-        assert job is not None
-        if job.status == "queued":
-            job.status = "paused"
-            add_event(session, job.id, "Job paused")
-        elif job.status == "running" and not job.cancel_requested:
-            job.pause_requested = True
-            add_event(session, job.id, "Pause requested; the worker stops after the current "
-                      "step and writes a checkpoint")
-        elif job.status != "paused":
-            raise Conflict(f"fine-tuning job {job.id} is {job.status} and cannot be paused",
-                           param="fine_tuning_job_id", code="job_not_pausable")
-        session.commit()
-        return to_object(job, _org(caller))
+    row = lifecycle.move(store, job_id, JobStatus.PAUSED, by=Actor.CLIENT,
+                         tenant_id=caller.tenant_id, message="Job paused")
+    assert row is not None
+    return to_object(row, _org(caller))
 
 
 def resume(store: Store, caller: Caller, job_id: str) -> Job:
     """A paused job goes back to the queue; its worker resumes from the last checkpoint."""
-    with locked_session(store.sessions) as session:
-        job = get_row(session, caller, job_id)
-        job = session.scalar(select(JobRow).where(JobRow.id == job.id).with_for_update())
-        assert job is not None
-        if job.status != "paused":
-            raise Conflict(f"fine-tuning job {job.id} is {job.status}, not paused",
-                           param="fine_tuning_job_id", code="job_not_paused")
-        job.status = "queued"
-        job.pause_requested = False
-        add_event(session, job.id, "Job resumed; queued")
-        session.commit()
-        return to_object(job, _org(caller))
-
-
-def mark_paused(store: Store, job_id: str, owner: str) -> bool:
-    """Worker-side: the run stopped at a checkpoint because a pause was requested."""
-    with locked_session(store.sessions) as session:
-        job = session.scalar(select(JobRow).where(JobRow.id == job_id).with_for_update())
-        if job is None or job.status != "running" or job.lease_owner != owner:
-            return False
-        job.status = "paused"
-        job.pause_requested = False
-        job.lease_owner = None
-        job.lease_expires_at = None
-        add_event(session, job.id, f"Job paused at step {job.steps_done}")
-        session.commit()
-        return True
-
-
-def end_job(store: Store, job_id: str, status: str, *, error_code: str | None = None,
-            error_message: str | None = None) -> None:
-    """Worker-side end of a job: the final status and the settlement of its reservation to
-    the steps that ran (``steps_done``), under the file's lock."""
-    if status not in budget.TERMINAL:
-        raise ValueError(f"not a terminal status: {status}")
-    with store.sessions() as session:
-        file_id = session.scalar(select(JobRow.training_file_id).where(JobRow.id == job_id))
-    with locked_session(store.sessions) as session:
-        file = session.scalar(select(File).where(File.id == file_id).with_for_update())
-        job = session.scalar(select(JobRow).where(JobRow.id == job_id).with_for_update())
-        assert job is not None and file is not None
-        if job.status in budget.TERMINAL:
-            raise ValueError(f"job {job_id} has already ended ({job.status})")
-        job.status = status
-        job.finished_at = now()
-        job.error_code, job.error_message = error_code, error_message
-        job.lease_owner = None
-        add_event(session, job.id, f"Job {status}", level="error" if status == "failed"
-                  else "info")
-        budget.refresh(session, file)
-        session.commit()
-
-
-def record_checkpoint(store: Store, job_id: str, step: int, epsilon_at_step: float,
-                      archive: Path, metrics: dict[str, Any] | None = None) -> str:
-    """Worker-side: register a checkpoint archive as a file of the job's tenant."""
-    with locked_session(store.sessions) as session:
-        job = session.scalar(select(JobRow).where(JobRow.id == job_id))
-        assert job is not None
-        if not job.privacy.get("report_train_loss", True) and metrics:
-            metrics = {k: v for k, v in metrics.items() if "loss" not in k}
-        row = files.store_result_file(session, store, job.tenant_id, archive,
-                                      f"{job.id}-step-{step}.tar")
-        ckpt = Checkpoint(id=new_id("ftckpt"), job_id=job.id, created_at=now(), step=step,
-                          epsilon=epsilon_at_step, file_id=row.id, metrics=metrics)
-        session.add(ckpt)
-        job.result_files = [*list(job.result_files or []), row.id]
-        add_event(session, job.id, f"Checkpoint at step {step}", type_="metrics",
-                  data={"step": step, "epsilon_spent": epsilon_at_step, **(metrics or {})})
-        session.commit()
-        return ckpt.id
-
-
-def start_job(store: Store, job_id: str, owner: str, lease_seconds: int = 60) -> bool:
-    """Worker-side: take the lease on a queued job (or one whose lease expired) and mark it
-    running. Returns False if another live worker holds it or the job is not runnable."""
-    with locked_session(store.sessions) as session:
-        job = session.scalar(select(JobRow).where(JobRow.id == job_id).with_for_update())
-        if job is None or job.status not in ("queued", "running") or job.cancel_requested:
-            return False
-        moment = datetime.now(UTC)
-        expires = job.lease_expires_at
-        if expires is not None and expires.tzinfo is None:  # SQLite returns naive datetimes
-            expires = expires.replace(tzinfo=UTC)
-        if job.status == "running" and job.lease_owner not in (None, owner) and (
-            expires is not None and expires > moment
-        ):
-            return False
-        job.status = "running"
-        job.started_at = job.started_at or now()
-        job.lease_owner = owner
-        job.heartbeat_at = moment
-        job.lease_expires_at = moment + timedelta(seconds=lease_seconds)
-        job.attempts += 1
-        add_event(session, job.id, f"Job started (attempt {job.attempts})")
-        session.commit()
-        return True
-
-
-def record_progress(store: Store, job_id: str, steps_done: int, epsilon_spent: float,
-                    metrics: dict[str, Any] | None = None) -> None:
-    """Worker-side: steps done (counted when a step starts) and ε spent so far; a metrics
-    event (training loss is dropped when the job has ``report_train_loss: false``)."""
-    with locked_session(store.sessions) as session:
-        job = session.scalar(select(JobRow).where(JobRow.id == job_id))
-        assert job is not None
-        if not 0 <= steps_done <= job.steps_total:
-            raise ValueError(f"steps_done={steps_done} outside [0, {job.steps_total}]")
-        job.steps_done = steps_done
-        job.epsilon_spent = epsilon_spent
-        metrics = dict(metrics or {})
-        if not job.privacy.get("report_train_loss", True):
-            metrics = {k: v for k, v in metrics.items() if "loss" not in k}
-        add_event(session, job.id, f"Step {steps_done}/{job.steps_total}", type_="metrics",
-                  data={"step": steps_done, "epsilon_spent": epsilon_spent, **metrics})
-        session.commit()
+    row = lifecycle.move(store, job_id, JobStatus.QUEUED, by=Actor.CLIENT,
+                         tenant_id=caller.tenant_id, message="Job resumed; queued",
+                         pause_requested=False)
+    assert row is not None
+    return to_object(row, _org(caller))

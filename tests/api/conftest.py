@@ -18,10 +18,10 @@ import psycopg
 import pytest
 import uvicorn
 
-from api.app import create_app
-from api.common import Store
 from api.keys.service import create_key
-from api.settings import Settings
+from dprc.app import build_app
+from service.settings import Settings
+from service.store import Store
 
 PG_ADMIN = os.environ.get("DPRC_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -73,7 +73,7 @@ def _free_port() -> int:
 
 
 def _serve(settings: Settings) -> Iterator[Server]:
-    app = create_app(settings)
+    app = build_app(settings)
     port = _free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                             lifespan="on")

@@ -14,10 +14,10 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from api.cli import main
-from api.db import make_engine, upgrade
-from api.settings import Settings
-from api.tables import Base
+from dprc.cli import main
+from service.db import make_engine, upgrade
+from service.settings import Settings
+from service.tables import Base
 from tests.api.conftest import _free_port
 
 
@@ -45,7 +45,7 @@ def test_serve_subprocess(tmp_path):
     """``dprc serve`` over the console script, with a key from ``dprc keys create``."""
     env = {**os.environ, "DPRC_DATA_DIR": str(tmp_path)}
     env.pop("DPRC_DATABASE_URL", None)
-    dprc = [sys.executable, "-m", "api.cli"]
+    dprc = [sys.executable, "-m", "dprc.cli"]
     key = subprocess.run([*dprc, "keys", "create", "--tenant", "t"], env=env, check=True,
                          capture_output=True, text=True).stdout.strip()
     port = _free_port()

@@ -9,9 +9,9 @@ import tarfile
 import openai
 import pytest
 
-from api.jobs import service as jobs_service
 from dprc_core.accounting import epsilon, epsilon_for_events
 from dprc_core.training.plan import default_delta
+from service import job_runs
 from tests.api.conftest import labelled_lines, text_lines
 
 
@@ -93,7 +93,7 @@ def test_happy_path(server, tmp_path):
         info.size = len(payload)
         tar.addfile(info, io.BytesIO(payload))
     data = archive.read_bytes()
-    jobs_service.record_checkpoint(server.store, job.id, 5, 0.5, archive,
+    job_runs.record_checkpoint(server.store, job.id, 5, 0.5, archive,
                                    {"train_loss": 1.0, "clipped_fraction": 0.2})
     ckpts = client.fine_tuning.jobs.checkpoints.list(job.id).data
     assert [c.step_number for c in ckpts] == [5]

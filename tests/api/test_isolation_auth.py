@@ -8,9 +8,9 @@ import tarfile
 import openai
 import pytest
 
-from api.jobs import service as jobs_service
 from api.keys.service import revoke_key
-from api.tables import ApiKey
+from service import job_runs
+from service.tables import ApiKey
 from tests.api.conftest import labelled_lines
 
 
@@ -26,7 +26,7 @@ def a_resources(server, tmp_path):
     archive = tmp_path / "c.tar"
     with tarfile.open(archive, "w") as tar:
         tar.addfile(tarfile.TarInfo("empty"), io.BytesIO(b""))
-    jobs_service.record_checkpoint(server.store, job.id, 1, 0.1, archive)
+    job_runs.record_checkpoint(server.store, job.id, 1, 0.1, archive)
     ckpt = a.fine_tuning.jobs.checkpoints.list(job.id).data[0]
     return a, f, job, ckpt
 

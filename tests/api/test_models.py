@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from api.errors import InvalidRequest, NotFound
-from api.models import service
-from api.settings import ModelSpec, Settings
+from service import model_registry as service
+from service.errors import InvalidInput, NotFound
+from service.settings import ModelSpec, Settings
 
 
 def test_configured_models(tmp_path):
@@ -20,7 +20,7 @@ def test_configured_models(tmp_path):
     assert list(reg) == ["my-lm"]
     model = service.get_model(settings, "my-lm")
     assert model.task == "causal_lm" and not model.ready
-    with pytest.raises(InvalidRequest):  # no weights there: refused, nothing downloaded
+    with pytest.raises(InvalidInput):  # no weights there: refused, nothing downloaded
         service.ensure_local(model)
     (folder / "config.json").write_text("{}")
     assert service.ensure_local(model) == folder.resolve()
@@ -39,7 +39,7 @@ def test_models_from_environment(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", ["../x", "/abs", "a/b", "a\\b", "..", "", " x", "x" * 200,
                                   "C:\\models"])
 def test_path_like_names_are_refused(name, tmp_path):
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidInput):
         service.get_model(Settings(data_dir=tmp_path), name)
 
 

@@ -8,8 +8,8 @@ import json
 import openai
 import pytest
 
-from api.jobs import service as jobs
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger, epsilon_for_events
+from service import job_runs as jobs
 from tests.api.conftest import labelled_lines
 
 

@@ -108,8 +108,8 @@ def test_a_model_removed_from_disk_fails_the_job_and_releases_the_budget(tmp_pat
     """Same task code, called directly on a store without a running worker."""
     import shutil
 
-    from api.settings import ModelSpec
     from dprc_core.training.tiny import build_tiny_llama
+    from service.settings import ModelSpec
     from tests.api.conftest import _serve, _settings
     from worker.execution import execute_job
 

@@ -53,6 +53,8 @@ class Settings(BaseSettings):
     base_learning_rate: float = Field(default=5e-4, gt=0, description="times "
                                       "learning_rate_multiplier when no learning_rate is given")
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")
+    log_level: str = Field(default="info", description="root log level of `dprc serve` and "
+                           "of the Celery workers: debug | info | warning | error")
 
     @property
     def sqlalchemy_url(self) -> str:

@@ -19,13 +19,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
-from api.errors import InvalidRequest
-from api.files.budget import check_delta_for
-from api.jobs.schemas import JobCreate
 from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent
 from dprc_core.training.plan import PrivacyPlan, default_delta, plan_privacy, planned_steps
+from service.budget import check_delta_for, nu_dpftrl_event
+from service.errors import InvalidInput
 
 MAX_STEPS = 200_000
 DEFAULT_EPOCHS = 3
@@ -90,17 +89,19 @@ class Plan:
         }
 
 
-def nu_dpftrl_event(sigma: float, steps: int, noise: dict[str, Any]) -> PrivacyEvent:
-    """The first ``steps`` steps of a ν-DP-FTRL job: rows 1..steps of its Toeplitz noise, at most
-    ⌈steps / steps_per_epoch⌉ participations per example."""
-    sep = int(noise["min_separation"])
-    return PrivacyEvent.nu_dpftrl(sigma, steps=steps, nu=float(noise["nu"]),
-                                  participations=-(-steps // sep), min_separation=sep,
-                                  bands=noise.get("bands"))
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a job asks of the planner (the API's ``JobCreate`` gives it)."""
 
-
-def steps_for(n_epochs: int, n: int, batch_size: int) -> int:
-    return planned_steps(n, batch_size, n_epochs)
+    target_epsilon: float
+    target_delta: float | None = None
+    n_epochs: int | Literal["auto"] = "auto"
+    batch_size: int | Literal["auto"] = "auto"
+    method: str = "auto"  # exact | hutch | hutchpp | auto
+    k: int | None = None
+    mechanism: str = "gaussian"  # gaussian | nu_dpftrl
+    nu: float | None = None
+    bands: int | None = None
 
 
 @lru_cache(maxsize=512)
@@ -122,70 +123,68 @@ def _calibrated(n: int, batch: int, n_epochs: int, clipping: str, k: int | None,
         plan = library_plan(n, batch, n_epochs, clipping, k, target_epsilon, delta, mechanism,
                             nu, bands)
     except (ValueError, RuntimeError) as exc:
-        raise InvalidRequest(f"cannot calibrate the noise: {exc}", param=param,
+        raise InvalidInput(f"cannot calibrate the noise: {exc}", param=param,
                              code="calibration_failed") from exc
     if not math.isfinite(plan.planned_epsilon) or plan.planned_epsilon > target_epsilon:
-        raise InvalidRequest(  # pragma: no cover - the calibration guarantees it
+        raise InvalidInput(  # pragma: no cover - the calibration guarantees it
             "calibration did not reach the target epsilon", param=param,
             code="calibration_failed")
     return plan
 
 
-def make_plan(req: JobCreate, n: int, default_k: int) -> Plan:
-    hp, pr = req.hyperparameters, req.privacy
-    n_epochs = DEFAULT_EPOCHS if hp.n_epochs == "auto" else hp.n_epochs
-    batch = min(DEFAULT_BATCH, n) if hp.batch_size == "auto" else hp.batch_size
+def make_plan(req: PlanRequest, n: int, default_k: int) -> Plan:
+    n_epochs = DEFAULT_EPOCHS if req.n_epochs == "auto" else req.n_epochs
+    batch = min(DEFAULT_BATCH, n) if req.batch_size == "auto" else req.batch_size
     if batch > n:
-        raise InvalidRequest(
+        raise InvalidInput(
             f"batch_size={batch} is larger than the data set (N={n}); the expected Poisson "
             "batch size must be at most N", param="hyperparameters.batch_size",
             code="invalid_value")
-    if pr.noise.mechanism == "nu_dpftrl":
+    if req.mechanism == "nu_dpftrl":
         return _nu_dpftrl_plan(req, n, n_epochs, batch)
-    steps = steps_for(n_epochs, n, batch)
-    delta = _steps_and_delta(steps, n, pr.target_delta)
-    method = pr.clipping.method
+    steps = planned_steps(n, batch, n_epochs)
+    delta = _steps_and_delta(steps, n, req.target_delta)
+    method = req.method
     if method == "exact":
-        if pr.clipping.k is not None:
-            raise InvalidRequest("k is only meaningful for hutch, hutchpp and auto clipping",
+        if req.k is not None:
+            raise InvalidInput("k is only meaningful for hutch, hutchpp and auto clipping",
                                  param="privacy.clipping.k", code="invalid_value")
         k, acc_clip, acc_k = None, "exact", None
     else:
-        k = pr.clipping.k if pr.clipping.k is not None else default_k
+        k = req.k if req.k is not None else default_k
         if k < 2:
-            raise InvalidRequest("k must be >= 2 for randomized clipping (the envelope needs "
+            raise InvalidInput("k must be >= 2 for randomized clipping (the envelope needs "
                                  "chi2(k) log-concave)", param="privacy.clipping.k",
                                  code="invalid_value")
         acc_clip, acc_k = ("hutch" if method == "auto" else method), k
-    lib = _calibrated(n, batch, n_epochs, acc_clip, acc_k, pr.target_epsilon, delta)
+    lib = _calibrated(n, batch, n_epochs, acc_clip, acc_k, req.target_epsilon, delta)
     assert lib.steps == steps and lib.delta == delta
-    return Plan(n, n_epochs, batch, lib.sample_rate, lib.steps, pr.target_epsilon, lib.delta,
+    return Plan(n, n_epochs, batch, lib.sample_rate, lib.steps, req.target_epsilon, lib.delta,
                 method, k, acc_clip, acc_k, lib.noise_multiplier, lib.planned_epsilon)
 
 
 def _steps_and_delta(steps: int, n: int, target_delta: float | None) -> float:
     """Refuse too many steps; δ: the request's (at most 1/N) or 1/N^1.1 rounded down."""
     if steps > MAX_STEPS:
-        raise InvalidRequest(f"this job would run {steps} steps (at most {MAX_STEPS})",
+        raise InvalidInput(f"this job would run {steps} steps (at most {MAX_STEPS})",
                              param="hyperparameters.n_epochs", code="invalid_value")
     if target_delta is None:
         return default_delta(n)
     return check_delta_for(n, target_delta, "privacy.target_delta")
 
 
-def _nu_dpftrl_plan(req: JobCreate, n: int, n_epochs: int, batch: int) -> Plan:
-    pr = req.privacy
-    if pr.clipping.method != "exact" or pr.clipping.k is not None:
-        raise InvalidRequest(
+def _nu_dpftrl_plan(req: PlanRequest, n: int, n_epochs: int, batch: int) -> Plan:
+    if req.method != "exact" or req.k is not None:
+        raise InvalidInput(
             "correlated noise (nu_dpftrl) needs privacy.clipping.method = 'exact' (and no k): "
             "randomized clipping with correlated noise has no privacy analysis",
             param="privacy.clipping.method", code="invalid_value")
     steps = planned_steps(n, batch, n_epochs, "nu_dpftrl")
-    delta = _steps_and_delta(steps, n, pr.target_delta)
-    nu, bands = float(pr.noise.nu or 0.0), pr.noise.bands
-    lib = _calibrated(n, batch, n_epochs, "exact", None, pr.target_epsilon, delta,
+    delta = _steps_and_delta(steps, n, req.target_delta)
+    nu, bands = float(req.nu or 0.0), req.bands
+    lib = _calibrated(n, batch, n_epochs, "exact", None, req.target_epsilon, delta,
                       "nu_dpftrl", nu, bands, param="privacy.noise")
     assert lib.steps == steps and lib.min_separation is not None
-    return Plan(n, n_epochs, batch, lib.sample_rate, lib.steps, pr.target_epsilon, lib.delta,
+    return Plan(n, n_epochs, batch, lib.sample_rate, lib.steps, req.target_epsilon, lib.delta,
                 "exact", None, "exact", None, lib.noise_multiplier, lib.planned_epsilon,
                 "nu_dpftrl", nu, bands, lib.min_separation)
