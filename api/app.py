@@ -32,8 +32,9 @@ def _no_dispatcher(_store: Store) -> Dispatcher:
     return NoDispatcher()
 
 
-def create_app(settings: Settings | None = None,
-               dispatcher: DispatcherFactory = _no_dispatcher) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, dispatcher: DispatcherFactory = _no_dispatcher
+) -> FastAPI:
     """The app; at start-up it opens the store and builds its dispatcher with
     ``dispatcher(store)`` (default: none, jobs wait for a worker's sweep)."""
     settings = settings or get_settings()
@@ -60,12 +61,18 @@ def create_app(settings: Settings | None = None,
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
         # NUL can be stored by neither PostgreSQL text nor file names: refuse it up front
-        if "\x00" in request.url.path or "%00" in request.url.query or "\x00" in unquote(
-            request.url.query
+        if (
+            "\x00" in request.url.path
+            or "%00" in request.url.query
+            or "\x00" in unquote(request.url.query)
         ):
             return JSONResponse(
-                error_body("NUL characters are not allowed in paths or query parameters",
-                           "invalid_request_error", None, "invalid_value"),
+                error_body(
+                    "NUL characters are not allowed in paths or query parameters",
+                    "invalid_request_error",
+                    None,
+                    "invalid_value",
+                ),
                 status_code=400,
             )
         return await call_next(request)
@@ -79,8 +86,12 @@ def create_app(settings: Settings | None = None,
             cap = settings.max_upload_bytes
             if length and length.isdigit() and int(length) > cap + MULTIPART_SLACK:
                 return JSONResponse(
-                    error_body(f"file exceeds the upload limit of {cap} bytes",
-                               "invalid_request_error", "file", "file_too_large"),
+                    error_body(
+                        f"file exceeds the upload limit of {cap} bytes",
+                        "invalid_request_error",
+                        "file",
+                        "file_too_large",
+                    ),
                     status_code=413,
                 )
         return await call_next(request)
@@ -101,8 +112,9 @@ def create_app(settings: Settings | None = None,
         if settings.broker_url:
             checks["broker"] = _ping_broker(settings.broker_url)
             ok = ok and checks["broker"] == "ok"
-        return JSONResponse({"status": "ok" if ok else "error", "checks": checks},
-                            status_code=200 if ok else 503)
+        return JSONResponse(
+            {"status": "ok" if ok else "error", "checks": checks}, status_code=200 if ok else 503
+        )
 
     return app
 
@@ -111,11 +123,15 @@ def _ping_broker(url: str) -> str:
     """PING a Redis broker over a raw socket (no client library needed)."""
     parsed = urlparse(url)
     try:
-        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 6379),
-                                      timeout=2) as sock:
+        with socket.create_connection(
+            (parsed.hostname or "127.0.0.1", parsed.port or 6379), timeout=2
+        ) as sock:
             sock.sendall(b"PING\r\n")
             reply = sock.recv(64)
-        return "ok" if reply.startswith(b"+PONG") or reply.startswith(b"-NOAUTH") else (
-            f"error: unexpected reply {reply[:20]!r}")
+        return (
+            "ok"
+            if reply.startswith(b"+PONG") or reply.startswith(b"-NOAUTH")
+            else (f"error: unexpected reply {reply[:20]!r}")
+        )
     except OSError as exc:
         return f"error: {type(exc).__name__}"

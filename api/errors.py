@@ -107,8 +107,12 @@ def install_handlers(app: FastAPI) -> None:
         # a value the database cannot store (e.g. NUL in PostgreSQL text) is the client's
         log.info("database refused a value: %s", exc.orig)
         return JSONResponse(
-            error_body("a value in the request cannot be stored (invalid characters)",
-                       INVALID_REQUEST, None, "invalid_value"),
+            error_body(
+                "a value in the request cannot be stored (invalid characters)",
+                INVALID_REQUEST,
+                None,
+                "invalid_value",
+            ),
             status_code=400,
         )
 

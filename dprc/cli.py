@@ -20,8 +20,11 @@ def add_subparsers(sub: Any) -> None:
     serve = sub.add_parser("serve", help="run the API server (uvicorn)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--log-level", default=None,
-                       help="log level of the server and its worker (default: DPRC_LOG_LEVEL)")
+    serve.add_argument(
+        "--log-level",
+        default=None,
+        help="log level of the server and its worker (default: DPRC_LOG_LEVEL)",
+    )
     serve.set_defaults(func=_serve)
 
     keys = sub.add_parser("keys", help="manage API keys (tenants are created on demand)")
@@ -90,8 +93,13 @@ def _keys_list(args: argparse.Namespace) -> int:
     store = _store()
     with store.sessions() as session:
         for key, tenant in list_keys(session):
-            info = KeyInfo(id=key.id, tenant=tenant, prefix=key.prefix,
-                           created_at=key.created_at, revoked_at=key.revoked_at)
+            info = KeyInfo(
+                id=key.id,
+                tenant=tenant,
+                prefix=key.prefix,
+                created_at=key.created_at,
+                revoked_at=key.revoked_at,
+            )
             if args.json:
                 print(info.model_dump_json())
                 continue

@@ -25,9 +25,14 @@ def nu_dpftrl_event(sigma: float, steps: int, noise: dict[str, Any]) -> PrivacyE
     """The first ``steps`` steps of a ν-DP-FTRL job: rows 1..steps of its Toeplitz noise, at most
     ⌈steps / steps_per_epoch⌉ participations per example."""
     sep = int(noise["min_separation"])
-    return PrivacyEvent.nu_dpftrl(sigma, steps=steps, nu=float(noise["nu"]),
-                                  participations=-(-steps // sep), min_separation=sep,
-                                  bands=noise.get("bands"))
+    return PrivacyEvent.nu_dpftrl(
+        sigma,
+        steps=steps,
+        nu=float(noise["nu"]),
+        participations=-(-steps // sep),
+        min_separation=sep,
+        bands=noise.get("bands"),
+    )
 
 
 def _event(job: Job, steps: int) -> PrivacyEvent | None:

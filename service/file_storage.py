@@ -51,10 +51,18 @@ def store_result_file(
     directory = storage_dir(store, tenant_id)
     target = directory / f"{file_id}{''.join(source.suffixes)[-16:]}"
     os.replace(source, target)
-    row = File(id=file_id, tenant_id=tenant_id, filename=clean_filename(filename),
-               purpose=RESULT_PURPOSE, bytes=target.stat().st_size, created_at=now(),
-               storage_path=str(target), epsilon_spent=0.0, epsilon_committed=0.0,
-               deleted=False)
+    row = File(
+        id=file_id,
+        tenant_id=tenant_id,
+        filename=clean_filename(filename),
+        purpose=RESULT_PURPOSE,
+        bytes=target.stat().st_size,
+        created_at=now(),
+        storage_path=str(target),
+        epsilon_spent=0.0,
+        epsilon_committed=0.0,
+        deleted=False,
+    )
     session.add(row)
     session.flush()
     return row

@@ -48,11 +48,17 @@ def job_request(store: Store, job_id: str) -> JobRequest:
         file = session.scalar(select(File).where(File.id == job.training_file_id))
         assert file is not None
         return JobRequest(
-            id=job.id, tenant_id=job.tenant_id, model=job.model,
-            file_path=Path(file.storage_path), n_examples=int(file.n_examples or 0),
-            hyperparameters=dict(job.hyperparameters), privacy=dict(job.privacy),
-            seed=int(job.seed), checkpoint_every=job.checkpoint_every,
-            noise_multiplier=job.noise_multiplier, sample_rate=job.sample_rate,
+            id=job.id,
+            tenant_id=job.tenant_id,
+            model=job.model,
+            file_path=Path(file.storage_path),
+            n_examples=int(file.n_examples or 0),
+            hyperparameters=dict(job.hyperparameters),
+            privacy=dict(job.privacy),
+            seed=int(job.seed),
+            checkpoint_every=job.checkpoint_every,
+            noise_multiplier=job.noise_multiplier,
+            sample_rate=job.sample_rate,
             steps_total=job.steps_total,
         )
 
@@ -71,8 +77,13 @@ def _without_loss(job: JobRow, metrics: dict[str, Any]) -> dict[str, Any]:
     return metrics
 
 
-def record_progress(store: Store, job_id: str, steps_done: int, epsilon_spent: float,
-                    metrics: dict[str, Any] | None = None) -> None:
+def record_progress(
+    store: Store,
+    job_id: str,
+    steps_done: int,
+    epsilon_spent: float,
+    metrics: dict[str, Any] | None = None,
+) -> None:
     """Steps done (counted when a step starts) and ε spent so far; a metrics event."""
     with locked_session(store.sessions) as session:
         job = session.scalar(select(JobRow).where(JobRow.id == job_id))
@@ -82,27 +93,49 @@ def record_progress(store: Store, job_id: str, steps_done: int, epsilon_spent: f
         job.steps_done = steps_done
         job.epsilon_spent = epsilon_spent
         metrics = _without_loss(job, dict(metrics or {}))
-        add_event(session, job.id, f"Step {steps_done}/{job.steps_total}", type_="metrics",
-                  data={"step": steps_done, "epsilon_spent": epsilon_spent, **metrics})
+        add_event(
+            session,
+            job.id,
+            f"Step {steps_done}/{job.steps_total}",
+            type_="metrics",
+            data={"step": steps_done, "epsilon_spent": epsilon_spent, **metrics},
+        )
         session.commit()
 
 
-def record_checkpoint(store: Store, job_id: str, step: int, epsilon_at_step: float,
-                      archive: Path, metrics: dict[str, Any] | None = None) -> str:
+def record_checkpoint(
+    store: Store,
+    job_id: str,
+    step: int,
+    epsilon_at_step: float,
+    archive: Path,
+    metrics: dict[str, Any] | None = None,
+) -> str:
     """Register a checkpoint archive as a file of the job's tenant."""
     with locked_session(store.sessions) as session:
         job = session.scalar(select(JobRow).where(JobRow.id == job_id))
         assert job is not None
         if metrics:
             metrics = _without_loss(job, metrics)
-        row = store_result_file(session, store, job.tenant_id, archive,
-                                f"{job.id}-step-{step}.tar")
-        ckpt = Checkpoint(id=new_id("ftckpt"), job_id=job.id, created_at=now(), step=step,
-                          epsilon=epsilon_at_step, file_id=row.id, metrics=metrics)
+        row = store_result_file(session, store, job.tenant_id, archive, f"{job.id}-step-{step}.tar")
+        ckpt = Checkpoint(
+            id=new_id("ftckpt"),
+            job_id=job.id,
+            created_at=now(),
+            step=step,
+            epsilon=epsilon_at_step,
+            file_id=row.id,
+            metrics=metrics,
+        )
         session.add(ckpt)
         job.result_files = [*list(job.result_files or []), row.id]
-        add_event(session, job.id, f"Checkpoint at step {step}", type_="metrics",
-                  data={"step": step, "epsilon_spent": epsilon_at_step, **(metrics or {})})
+        add_event(
+            session,
+            job.id,
+            f"Checkpoint at step {step}",
+            type_="metrics",
+            data={"step": step, "epsilon_spent": epsilon_at_step, **(metrics or {})},
+        )
         session.commit()
         return ckpt.id
 
@@ -112,24 +145,44 @@ def mark_paused(store: Store, job_id: str, owner: str) -> bool:
     its lease released. False unless it is running under ``owner``."""
     try:
         row = lifecycle.move(
-            store, job_id, JobStatus.PAUSED, by=Actor.WORKER,
+            store,
+            job_id,
+            JobStatus.PAUSED,
+            by=Actor.WORKER,
             guard=lambda job: job.lease_owner == owner,
-            message="Job paused at step {job.steps_done}", pause_requested=False,
-            lease_owner=None, lease_expires_at=None)
+            message="Job paused at step {job.steps_done}",
+            pause_requested=False,
+            lease_owner=None,
+            lease_expires_at=None,
+        )
     except lifecycle.TransitionRefused:
         return False
     return row is not None
 
 
-def end_job(store: Store, job_id: str, status: str, *, error_code: str | None = None,
-            error_message: str | None = None) -> None:
+def end_job(
+    store: Store,
+    job_id: str,
+    status: str,
+    *,
+    error_code: str | None = None,
+    error_message: str | None = None,
+) -> None:
     """The final status of a running job and the settlement of its reservation to the steps
     that ran (``steps_done``), under the file's lock. Raises
     :class:`~service.lifecycle.TransitionRefused` when the job has already ended."""
     target = JobStatus(status)
     if target not in lifecycle.TERMINAL:
         raise ValueError(f"not a terminal status: {status}")
-    lifecycle.move(store, job_id, target, by=Actor.WORKER, message="Job {job.status}",
-                   level="error" if target == JobStatus.FAILED else "info",
-                   finished_at=now(), error_code=error_code, error_message=error_message,
-                   lease_owner=None)
+    lifecycle.move(
+        store,
+        job_id,
+        target,
+        by=Actor.WORKER,
+        message="Job {job.status}",
+        level="error" if target == JobStatus.FAILED else "info",
+        finished_at=now(),
+        error_code=error_code,
+        error_message=error_message,
+        lease_owner=None,
+    )

@@ -44,8 +44,9 @@ class JobStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
-ACTIVE = frozenset({JobStatus.VALIDATING_FILES, JobStatus.QUEUED, JobStatus.RUNNING,
-                    JobStatus.PAUSED})  # hold a budget reservation (their whole plan)
+ACTIVE = frozenset(
+    {JobStatus.VALIDATING_FILES, JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.PAUSED}
+)  # hold a budget reservation (their whole plan)
 TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 INITIAL = JobStatus.QUEUED  # what job creation inserts
 
@@ -98,10 +99,13 @@ class Deferral:
 
 DEFERRED: dict[tuple[JobStatus, JobStatus], Deferral] = {
     (S.RUNNING, S.CANCELLED): Deferral(
-        "cancel_requested", "Cancellation requested; the worker stops after the current step"),
+        "cancel_requested", "Cancellation requested; the worker stops after the current step"
+    ),
     (S.RUNNING, S.PAUSED): Deferral(
-        "pause_requested", "Pause requested; the worker stops after the current step and "
-        "writes a checkpoint", refused_if="cancel_requested"),
+        "pause_requested",
+        "Pause requested; the worker stops after the current step and writes a checkpoint",
+        refused_if="cancel_requested",
+    ),
 }
 
 # Moves a client may ask for again: the job comes back as it is.
@@ -121,10 +125,15 @@ class TransitionRefused(Conflict):
 
     def __init__(self, job: JobRow, target: JobStatus):
         code, template = REFUSALS.get(
-            target, ("invalid_transition", "fine-tuning job {id} is {status}: cannot move to "
-                     f"{target.value}"))
-        super().__init__(template.format(id=job.id, status=job.status),
-                         param="fine_tuning_job_id", code=code)
+            target,
+            (
+                "invalid_transition",
+                f"fine-tuning job {{id}} is {{status}}: cannot move to {target.value}",
+            ),
+        )
+        super().__init__(
+            template.format(id=job.id, status=job.status), param="fine_tuning_job_id", code=code
+        )
         self.status = JobStatus(job.status)
         self.target = target
 
@@ -155,8 +164,9 @@ def settle(session: Session, file: File, extra: PrivacyEvent | None = None) -> t
     return spent, committed
 
 
-def _lock(session: Session, job_id: str, tenant_id: int | None,
-          with_file: bool) -> tuple[JobRow, File | None]:
+def _lock(
+    session: Session, job_id: str, tenant_id: int | None, with_file: bool
+) -> tuple[JobRow, File | None]:
     """The job (of ``tenant_id`` when given) with its row locked, after its file's row when
     ``with_file``. A job's file never changes, so reading it before the locks is safe."""
     query = select(JobRow.training_file_id).where(JobRow.id == job_id)
@@ -164,17 +174,29 @@ def _lock(session: Session, job_id: str, tenant_id: int | None,
         query = query.where(JobRow.tenant_id == tenant_id)
     file_id = session.scalar(query)
     if file_id is None:
-        raise NotFound(f"no such fine-tuning job: {job_id[:64]!r}", param="fine_tuning_job_id",
-                       code="job_not_found")
+        raise NotFound(
+            f"no such fine-tuning job: {job_id[:64]!r}",
+            param="fine_tuning_job_id",
+            code="job_not_found",
+        )
     file = budget.lock_file(session, file_id) if with_file else None
     job = session.scalar(select(JobRow).where(JobRow.id == job_id).with_for_update())
     assert job is not None
     return job, file
 
 
-def move(store: Store, job_id: str, target: JobStatus, *, by: Actor, message: str,
-         tenant_id: int | None = None, level: str = "info",
-         guard: Callable[[JobRow], bool] | None = None, **changes: Any) -> JobRow | None:
+def move(
+    store: Store,
+    job_id: str,
+    target: JobStatus,
+    *,
+    by: Actor,
+    message: str,
+    tenant_id: int | None = None,
+    level: str = "info",
+    guard: Callable[[JobRow], bool] | None = None,
+    **changes: Any,
+) -> JobRow | None:
     """Move ``job_id`` to ``target`` on behalf of ``by``, in one locked transaction: check the
     move is allowed, set the status and ``changes`` (column values, or functions of the locked
     row giving them), log ``message`` (a format
@@ -229,16 +251,26 @@ def claim(store: Store, job_id: str, owner: str, lease_seconds: int) -> bool:
         if job.status not in (JobStatus.QUEUED, JobStatus.RUNNING) or job.cancel_requested:
             return False
         held_elsewhere = job.lease_owner not in (None, owner)
-        return not (job.status == JobStatus.RUNNING and held_elsewhere
-                    and not lease_expired(job.lease_expires_at, moment))
+        return not (
+            job.status == JobStatus.RUNNING
+            and held_elsewhere
+            and not lease_expired(job.lease_expires_at, moment)
+        )
 
     try:
-        row = move(store, job_id, JobStatus.RUNNING, by=Actor.WORKER, guard=claimable,
-                   message="Job started (attempt {job.attempts})", lease_owner=owner,
-                   heartbeat_at=moment,
-                   lease_expires_at=moment + timedelta(seconds=lease_seconds),
-                   started_at=lambda job: job.started_at or now(),
-                   attempts=lambda job: job.attempts + 1)
+        row = move(
+            store,
+            job_id,
+            JobStatus.RUNNING,
+            by=Actor.WORKER,
+            guard=claimable,
+            message="Job started (attempt {job.attempts})",
+            lease_owner=owner,
+            heartbeat_at=moment,
+            lease_expires_at=moment + timedelta(seconds=lease_seconds),
+            started_at=lambda job: job.started_at or now(),
+            attempts=lambda job: job.attempts + 1,
+        )
     except NotFound:
         return False
     return row is not None
@@ -272,9 +304,9 @@ def runnable_job_ids(store: Store, queued_older_than: int = 0) -> list[str]:
     moment = utc_now()
     with store.sessions() as session:
         rows = session.execute(
-            select(JobRow.id, JobRow.status, JobRow.lease_expires_at, JobRow.created_at).where(
-                or_(JobRow.status == JobStatus.QUEUED, JobRow.status == JobStatus.RUNNING)
-            ).order_by(JobRow.seq)
+            select(JobRow.id, JobRow.status, JobRow.lease_expires_at, JobRow.created_at)
+            .where(or_(JobRow.status == JobStatus.QUEUED, JobRow.status == JobStatus.RUNNING))
+            .order_by(JobRow.seq)
         ).all()
     out = []
     for job_id, status, expires, created in rows:
@@ -289,6 +321,7 @@ def stop_requested(store: Store, job_id: str) -> tuple[bool, bool]:
     """(cancel requested, pause requested): the client's deferred moves, read by the worker
     between steps. A job that is gone reads as cancelled."""
     with store.sessions() as session:
-        row = session.execute(select(JobRow.cancel_requested, JobRow.pause_requested).where(
-            JobRow.id == job_id)).one_or_none()
+        row = session.execute(
+            select(JobRow.cancel_requested, JobRow.pause_requested).where(JobRow.id == job_id)
+        ).one_or_none()
         return (bool(row[0]), bool(row[1])) if row else (True, False)

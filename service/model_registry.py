@@ -81,5 +81,8 @@ def ensure_local(model: Model) -> Path:
         return model.path
     if model.buildable:
         return builtin.build_tiny_llama(model.path)
-    raise InvalidInput(f"the model {model.name!r} has no weights at its configured folder",
-                         param="model", code="model_unavailable")
+    raise InvalidInput(
+        f"the model {model.name!r} has no weights at its configured folder",
+        param="model",
+        code="model_unavailable",
+    )

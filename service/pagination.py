@@ -26,8 +26,9 @@ def cursor_page(
     if after:
         anchor = session.scalar(query.with_only_columns(table.seq).where(table.id == after))
         if anchor is None:
-            raise NotFound(f"no such {what}: {after[:64]!r}", param="after",
-                           code=f"{what}_not_found")
+            raise NotFound(
+                f"no such {what}: {after[:64]!r}", param="after", code=f"{what}_not_found"
+            )
         query = query.where(table.seq < anchor if descending else table.seq > anchor)
     order = table.seq.desc() if descending else table.seq.asc()
     rows = list(session.scalars(query.order_by(order).limit(limit + 1)))

@@ -107,9 +107,7 @@ class Job(Base):
     error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
     result_files: Mapped[list[str]] = mapped_column(JSON, default=list)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    pause_requested: Mapped[bool] = mapped_column(
-        Boolean, default=False, server_default=false()
-    )
+    pause_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # lease of the worker that runs the job
     lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
     lease_expires_at: Mapped[datetime | None] = mapped_column(

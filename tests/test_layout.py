@@ -56,6 +56,9 @@ def test_no_relative_imports_escape_the_rules():
     for package in ("service", "api", "worker", "dprc"):
         for path in (ROOT / package).rglob("*.py"):
             tree = ast.parse(path.read_text(), filename=str(path))
-            offenders += [f"{path.relative_to(ROOT)}:{node.lineno}" for node in ast.walk(tree)
-                          if isinstance(node, ast.ImportFrom) and node.level > 0]
+            offenders += [
+                f"{path.relative_to(ROOT)}:{node.lineno}"
+                for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.level > 0
+            ]
     assert not offenders, offenders

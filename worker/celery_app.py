@@ -114,8 +114,9 @@ _sweeper_stop = threading.Event()
 
 @signals.worker_ready.connect
 def _start_sweeper(**_: object) -> None:
-    threading.Thread(target=_sweep_forever, args=(_sweeper_stop,), daemon=True,
-                     name="dprc-sweep").start()
+    threading.Thread(
+        target=_sweep_forever, args=(_sweeper_stop,), daemon=True, name="dprc-sweep"
+    ).start()
 
 
 @signals.worker_shutdown.connect

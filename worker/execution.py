@@ -84,8 +84,11 @@ def build_spec(store: Store, req: runs.JobRequest) -> JobSpec:
     if model.buildable and not model.ready:
         builtin.build_tiny_llama(model.path)
     if not model.ready:
-        raise JobFailure("model_not_found", f"model {req.model!r}: its folder {model.path} has "
-                         "no config.json (was it removed from disk?)")
+        raise JobFailure(
+            "model_not_found",
+            f"model {req.model!r}: its folder {model.path} has "
+            "no config.json (was it removed from disk?)",
+        )
     if not req.file_path.is_file():
         raise JobFailure("training_file_missing", "the training file's data is missing on disk")
     hp, pr = req.hyperparameters, req.privacy
@@ -97,17 +100,31 @@ def build_spec(store: Store, req: runs.JobRequest) -> JobSpec:
     k = clip.get("k") or settings.default_k
     noise = pr.get("noise") or {"mechanism": "gaussian"}
     return JobSpec(
-        model=str(model.path), task=model.task, train_file=str(req.file_path),
-        output_dir=str(run_dir(store, req.id)), epochs=int(hp["n_epochs"]),
-        batch_size=int(hp["batch_size"]), learning_rate=float(lr), optimizer="adam",
-        max_seq_len=int(hp.get("max_seq_len") or 128), lora=lora,
+        model=str(model.path),
+        task=model.task,
+        train_file=str(req.file_path),
+        output_dir=str(run_dir(store, req.id)),
+        epochs=int(hp["n_epochs"]),
+        batch_size=int(hp["batch_size"]),
+        learning_rate=float(lr),
+        optimizer="adam",
+        max_seq_len=int(hp.get("max_seq_len") or 128),
+        lora=lora,
         train_only=hp.get("train_only"),
-        target_epsilon=None, target_delta=float(pr["target_delta"]),
-        noise_multiplier=req.noise_multiplier, max_grad_norm=float(pr["max_grad_norm"]),
-        clipping=clip["method"], k=int(k), checkpoint_every=req.checkpoint_every,
-        seed=req.seed, max_physical_batch_size=settings.max_physical_batch_size,
-        device=settings.device, report_train_loss=bool(pr.get("report_train_loss", True)),
-        noise_mechanism=noise["mechanism"], nu=noise.get("nu"), bands=noise.get("bands"),
+        target_epsilon=None,
+        target_delta=float(pr["target_delta"]),
+        noise_multiplier=req.noise_multiplier,
+        max_grad_norm=float(pr["max_grad_norm"]),
+        clipping=clip["method"],
+        k=int(k),
+        checkpoint_every=req.checkpoint_every,
+        seed=req.seed,
+        max_physical_batch_size=settings.max_physical_batch_size,
+        device=settings.device,
+        report_train_loss=bool(pr.get("report_train_loss", True)),
+        noise_mechanism=noise["mechanism"],
+        nu=noise.get("nu"),
+        bands=noise.get("bands"),
     )
 
 
@@ -122,8 +139,9 @@ def _archive(ckpt: Path) -> Path:
     return Path(name)
 
 
-def execute_job(store: Store, job_id: str, owner: str | None = None,
-                stop: threading.Event | None = None) -> WorkerOutcome:
+def execute_job(
+    store: Store, job_id: str, owner: str | None = None, stop: threading.Event | None = None
+) -> WorkerOutcome:
     """Run or resume ``job_id``. Returns what happened (:class:`WorkerOutcome`)."""
     owner = owner or worker_id()
     lease = store.settings.lease_seconds
@@ -144,17 +162,23 @@ def execute_job(store: Store, job_id: str, owner: str | None = None,
                 metrics["clipped_fraction"] = p.clipped_fraction
             runs.record_progress(store, job_id, p.step, p.epsilon or 0.0, metrics)
             if p.checkpoint is not None:
-                runs.record_checkpoint(store, job_id, p.step, p.epsilon or 0.0,
-                                       _archive(Path(p.checkpoint)), metrics)
+                runs.record_checkpoint(
+                    store, job_id, p.step, p.epsilon or 0.0, _archive(Path(p.checkpoint)), metrics
+                )
 
         def should_stop() -> bool:
-            return beat.lost or (stop is not None and stop.is_set()) or any(
-                lifecycle.stop_requested(store, job_id))
+            return (
+                beat.lost
+                or (stop is not None and stop.is_set())
+                or any(lifecycle.stop_requested(store, job_id))
+            )
 
         result = run_job(spec, on_progress=on_progress, should_stop=should_stop)
         if result.steps != req.steps_total:
-            raise JobFailure("plan_mismatch", f"the runner planned {result.steps} steps, the "
-                             f"job {req.steps_total}")
+            raise JobFailure(
+                "plan_mismatch",
+                f"the runner planned {result.steps} steps, the job {req.steps_total}",
+            )
     except JobFailure as exc:
         return _fail(store, job_id, exc.code, str(exc), beat)
     except DataError as exc:
@@ -183,14 +207,14 @@ def execute_job(store: Store, job_id: str, owner: str | None = None,
     return WorkerOutcome.INTERRUPTED
 
 
-def _fail(store: Store, job_id: str, code: str, message: str,
-          beat: Heartbeat) -> WorkerOutcome:
+def _fail(store: Store, job_id: str, code: str, message: str, beat: Heartbeat) -> WorkerOutcome:
     beat.stop()
     if beat.lost:
         return WorkerOutcome.LEASE_LOST
     try:
-        runs.end_job(store, job_id, lifecycle.JobStatus.FAILED, error_code=code,
-                     error_message=message[:2000])
+        runs.end_job(
+            store, job_id, lifecycle.JobStatus.FAILED, error_code=code, error_message=message[:2000]
+        )
     except lifecycle.TransitionRefused:  # no longer running (e.g. it has already ended)
         pass
     return WorkerOutcome.FAILED

@@ -41,13 +41,26 @@ def to_object(row: JobRow, caller_org: str) -> Job:
     if row.error_code or row.error_message:
         error = JobError(code=row.error_code or "error", message=row.error_message or "")
     return Job(
-        id=row.id, created_at=row.created_at, error=error, fine_tuned_model=row.fine_tuned_model,
-        finished_at=row.finished_at, hyperparameters=row.hyperparameters, model=row.model,
-        organization_id=caller_org, result_files=list(row.result_files or []), seed=row.seed,
-        status=row.status, trained_tokens=row.trained_tokens, training_file=row.training_file_id,
-        metadata=row.job_metadata, user_provided_suffix=row.suffix, privacy=privacy,
-        steps_done=row.steps_done, steps_total=row.steps_total,
-        checkpoint_every=row.checkpoint_every, cancel_requested=row.cancel_requested,
+        id=row.id,
+        created_at=row.created_at,
+        error=error,
+        fine_tuned_model=row.fine_tuned_model,
+        finished_at=row.finished_at,
+        hyperparameters=row.hyperparameters,
+        model=row.model,
+        organization_id=caller_org,
+        result_files=list(row.result_files or []),
+        seed=row.seed,
+        status=row.status,
+        trained_tokens=row.trained_tokens,
+        training_file=row.training_file_id,
+        metadata=row.job_metadata,
+        user_provided_suffix=row.suffix,
+        privacy=privacy,
+        steps_done=row.steps_done,
+        steps_total=row.steps_total,
+        checkpoint_every=row.checkpoint_every,
+        cancel_requested=row.cancel_requested,
         pause_requested=bool(row.pause_requested),
     )
 
@@ -62,13 +75,19 @@ def _request_hash(req: JobCreate) -> str:
 
 
 def _idempotent(session: Session, caller: Caller, key: str, digest: str) -> JobRow | None:
-    row = session.scalar(select(IdempotencyKey).where(
-        IdempotencyKey.tenant_id == caller.tenant_id, IdempotencyKey.key == key))
+    row = session.scalar(
+        select(IdempotencyKey).where(
+            IdempotencyKey.tenant_id == caller.tenant_id, IdempotencyKey.key == key
+        )
+    )
     if row is None:
         return None
     if row.request_hash != digest:
-        raise Conflict("this Idempotency-Key was already used with a different request",
-                       param="Idempotency-Key", code="idempotency_key_reused")
+        raise Conflict(
+            "this Idempotency-Key was already used with a different request",
+            param="Idempotency-Key",
+            code="idempotency_key_reused",
+        )
     job = session.scalar(select(JobRow).where(JobRow.id == row.job_id))
     assert job is not None
     return job
@@ -87,21 +106,33 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
 
     model = models.get_model(store.settings, req.model)
     with store.sessions() as session:
-        file = session.scalar(select(File).where(
-            File.id == req.training_file, File.tenant_id == caller.tenant_id,
-            File.deleted.is_(False)))
+        file = session.scalar(
+            select(File).where(
+                File.id == req.training_file,
+                File.tenant_id == caller.tenant_id,
+                File.deleted.is_(False),
+            )
+        )
         if file is None:
-            raise NotFound(f"no such file: {req.training_file[:64]!r}", param="training_file",
-                           code="file_not_found")
+            raise NotFound(
+                f"no such file: {req.training_file[:64]!r}",
+                param="training_file",
+                code="file_not_found",
+            )
         if file.purpose != "fine-tune" or file.n_examples is None:
-            raise InvalidInput(f"file {file.id} is not a fine-tune data set",
-                                 param="training_file", code="invalid_file")
+            raise InvalidInput(
+                f"file {file.id} is not a fine-tune data set",
+                param="training_file",
+                code="invalid_file",
+            )
         n, fmt = file.n_examples, file.data_format
     if fmt not in FORMATS_FOR_TASK[model.task]:
         raise InvalidInput(
             f"model {model.name!r} ({model.task}) needs lines of format "
             f"{' or '.join(FORMATS_FOR_TASK[model.task])}; file {req.training_file} is {fmt}",
-            param="training_file", code="invalid_file")
+            param="training_file",
+            code="invalid_file",
+        )
     plan = planning.make_plan(plan_request(req), n, store.settings.default_k)
     models.ensure_local(model)  # builds the built-in tiny LM on first use
     new_event = plan.event()
@@ -116,14 +147,26 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
                 return to_object(existing, _org(caller))
         file = budget.lock_file(session, req.training_file, caller.tenant_id)
         if file is None:
-            raise NotFound(f"no such file: {req.training_file[:64]!r}", param="training_file",
-                           code="file_not_found")
-        active = session.scalar(select(func.count()).select_from(JobRow).where(
-            JobRow.tenant_id == caller.tenant_id, JobRow.status.in_(lifecycle.ACTIVE))) or 0
+            raise NotFound(
+                f"no such file: {req.training_file[:64]!r}",
+                param="training_file",
+                code="file_not_found",
+            )
+        active = (
+            session.scalar(
+                select(func.count())
+                .select_from(JobRow)
+                .where(JobRow.tenant_id == caller.tenant_id, JobRow.status.in_(lifecycle.ACTIVE))
+            )
+            or 0
+        )
         limit = store.settings.max_active_jobs_per_tenant
         if active >= limit:
-            raise LimitReached(f"too many active fine-tuning jobs ({active}, limit {limit}); "
-                              "wait for one to end or cancel one", code="too_many_active_jobs")
+            raise LimitReached(
+                f"too many active fine-tuning jobs ({active}, limit {limit}); "
+                "wait for one to end or cancel one",
+                code="too_many_active_jobs",
+            )
         if file.epsilon_budget is not None and file.delta is not None:
             spent, committed = lifecycle.settle(session, file, extra=new_event)
             if committed > file.epsilon_budget:
@@ -136,11 +179,21 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
                     f"epsilon={current:.4g} (spent {spent:.4g}); remaining epsilon="
                     f"{remaining:.4g}; this job (planned epsilon={plan.planned_epsilon:.4g} at "
                     f"its delta={plan.target_delta:g}) would bring the composed epsilon to "
-                    f"{committed:.4g}", param="training_file", code="budget_exceeded")
+                    f"{committed:.4g}",
+                    param="training_file",
+                    code="budget_exceeded",
+                )
         row = _insert_job(session, caller, req, plan)
         if idempotency_key is not None:
-            session.add(IdempotencyKey(tenant_id=caller.tenant_id, key=idempotency_key,
-                                       request_hash=digest, job_id=row.id, created_at=now()))
+            session.add(
+                IdempotencyKey(
+                    tenant_id=caller.tenant_id,
+                    key=idempotency_key,
+                    request_hash=digest,
+                    job_id=row.id,
+                    created_at=now(),
+                )
+            )
         session.commit()
         return to_object(row, _org(caller))
 
@@ -148,9 +201,16 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
 def plan_request(req: JobCreate) -> planning.PlanRequest:
     hp, pr = req.hyperparameters, req.privacy
     return planning.PlanRequest(
-        target_epsilon=pr.target_epsilon, target_delta=pr.target_delta, n_epochs=hp.n_epochs,
-        batch_size=hp.batch_size, method=pr.clipping.method, k=pr.clipping.k,
-        mechanism=pr.noise.mechanism, nu=pr.noise.nu, bands=pr.noise.bands)
+        target_epsilon=pr.target_epsilon,
+        target_delta=pr.target_delta,
+        n_epochs=hp.n_epochs,
+        batch_size=hp.batch_size,
+        method=pr.clipping.method,
+        k=pr.clipping.k,
+        mechanism=pr.noise.mechanism,
+        nu=pr.noise.nu,
+        bands=pr.noise.bands,
+    )
 
 
 def _insert_job(session: Session, caller: Caller, req: JobCreate, plan: planning.Plan) -> JobRow:
@@ -159,7 +219,8 @@ def _insert_job(session: Session, caller: Caller, req: JobCreate, plan: planning
     hyper = {
         "n_epochs": plan.n_epochs,
         "batch_size": plan.batch_size,
-        "learning_rate_multiplier": None if hp.learning_rate is not None
+        "learning_rate_multiplier": None
+        if hp.learning_rate is not None
         else (1.0 if lrm in (None, "auto") else lrm),
         "learning_rate": hp.learning_rate,
         "max_seq_len": hp.max_seq_len,
@@ -182,26 +243,46 @@ def _insert_job(session: Session, caller: Caller, req: JobCreate, plan: planning
         "accountant": plan.accountant(),
     }
     row = JobRow(
-        id=new_id("ftjob"), tenant_id=caller.tenant_id, model=req.model,
-        training_file_id=req.training_file, status=lifecycle.INITIAL.value, created_at=now(),
-        hyperparameters=hyper, privacy=privacy,
+        id=new_id("ftjob"),
+        tenant_id=caller.tenant_id,
+        model=req.model,
+        training_file_id=req.training_file,
+        status=lifecycle.INITIAL.value,
+        created_at=now(),
+        hyperparameters=hyper,
+        privacy=privacy,
         seed=req.seed if req.seed is not None else secrets.randbits(63),  # secret: 63 bits
-        suffix=req.suffix, job_metadata=req.metadata, checkpoint_every=req.checkpoint_every,
-        noise_multiplier=plan.noise_multiplier, sample_rate=plan.sample_rate,
-        steps_total=plan.steps, accounting_clipping=plan.accounting_clipping,
-        accounting_k=plan.accounting_k, steps_done=0, epsilon_spent=0.0, result_files=[],
-        cancel_requested=False, attempts=0,
+        suffix=req.suffix,
+        job_metadata=req.metadata,
+        checkpoint_every=req.checkpoint_every,
+        noise_multiplier=plan.noise_multiplier,
+        sample_rate=plan.sample_rate,
+        steps_total=plan.steps,
+        accounting_clipping=plan.accounting_clipping,
+        accounting_k=plan.accounting_k,
+        steps_done=0,
+        epsilon_spent=0.0,
+        result_files=[],
+        cancel_requested=False,
+        attempts=0,
     )
     session.add(row)
     session.flush()
     add_event(session, row.id, f"Created fine-tuning job: {row.id}")
-    add_event(session, row.id,
-              f"Privacy plan: noise multiplier {plan.noise_multiplier:.4g}, sample rate "
-              f"{plan.sample_rate:.4g}, {plan.steps} steps, planned epsilon "
-              f"{plan.planned_epsilon:.4g} at delta {plan.target_delta:g}",
-              data={"noise_multiplier": plan.noise_multiplier, "sample_rate": plan.sample_rate,
-                    "steps": plan.steps, "planned_epsilon": plan.planned_epsilon,
-                    "target_delta": plan.target_delta})
+    add_event(
+        session,
+        row.id,
+        f"Privacy plan: noise multiplier {plan.noise_multiplier:.4g}, sample rate "
+        f"{plan.sample_rate:.4g}, {plan.steps} steps, planned epsilon "
+        f"{plan.planned_epsilon:.4g} at delta {plan.target_delta:g}",
+        data={
+            "noise_multiplier": plan.noise_multiplier,
+            "sample_rate": plan.sample_rate,
+            "steps": plan.steps,
+            "planned_epsilon": plan.planned_epsilon,
+            "target_delta": plan.target_delta,
+        },
+    )
     add_event(session, row.id, "Job queued")
     return row
 
@@ -210,11 +291,15 @@ def _insert_job(session: Session, caller: Caller, req: JobCreate, plan: planning
 
 
 def get_row(session: Session, caller: Caller, job_id: str) -> JobRow:
-    row = session.scalar(select(JobRow).where(JobRow.id == job_id,
-                                              JobRow.tenant_id == caller.tenant_id))
+    row = session.scalar(
+        select(JobRow).where(JobRow.id == job_id, JobRow.tenant_id == caller.tenant_id)
+    )
     if row is None:
-        raise NotFound(f"no such fine-tuning job: {job_id[:64]!r}", param="fine_tuning_job_id",
-                       code="job_not_found")
+        raise NotFound(
+            f"no such fine-tuning job: {job_id[:64]!r}",
+            param="fine_tuning_job_id",
+            code="job_not_found",
+        )
     return row
 
 
@@ -232,29 +317,48 @@ def list_jobs(
         return [to_object(r, _org(caller)) for r in rows], more
 
 
-def list_events(store: Store, caller: Caller, job_id: str, after: str | None,
-                limit: int) -> tuple[list[Event], bool]:
+def list_events(
+    store: Store, caller: Caller, job_id: str, after: str | None, limit: int
+) -> tuple[list[Event], bool]:
     with store.sessions() as session:
         job = get_row(session, caller, job_id)
         q = select(JobEvent).where(JobEvent.job_id == job.id)
         rows, more = cursor_page(session, q, JobEvent, after, limit, "event")
-        data = [Event(id=r.id, created_at=r.created_at, level=r.level, message=r.message,
-                      type=r.type, data=r.data) for r in rows]
+        data = [
+            Event(
+                id=r.id,
+                created_at=r.created_at,
+                level=r.level,
+                message=r.message,
+                type=r.type,
+                data=r.data,
+            )
+            for r in rows
+        ]
         return data, more
 
 
-def list_checkpoints(store: Store, caller: Caller, job_id: str, after: str | None,
-                     limit: int) -> tuple[list[CheckpointObject], bool]:
+def list_checkpoints(
+    store: Store, caller: Caller, job_id: str, after: str | None, limit: int
+) -> tuple[list[CheckpointObject], bool]:
     with store.sessions() as session:
         job = get_row(session, caller, job_id)
         q = select(Checkpoint).where(Checkpoint.job_id == job.id)
         rows, more = cursor_page(session, q, Checkpoint, after, limit, "checkpoint")
-        data = [CheckpointObject(
-            id=r.id, created_at=r.created_at,
-            fine_tuned_model_checkpoint=f"ft:{job.model}:{job.suffix or ''}:{job.id}:"
-                                        f"ckpt-step-{r.step}",
-            fine_tuning_job_id=job.id, metrics={"step": r.step, **(r.metrics or {})},
-            step_number=r.step, epsilon=r.epsilon, file_id=r.file_id) for r in rows]
+        data = [
+            CheckpointObject(
+                id=r.id,
+                created_at=r.created_at,
+                fine_tuned_model_checkpoint=f"ft:{job.model}:{job.suffix or ''}:{job.id}:"
+                f"ckpt-step-{r.step}",
+                fine_tuning_job_id=job.id,
+                metrics={"step": r.step, **(r.metrics or {})},
+                step_number=r.step,
+                epsilon=r.epsilon,
+                file_id=r.file_id,
+            )
+            for r in rows
+        ]
         return data, more
 
 
@@ -264,9 +368,13 @@ def ledger(store: Store, caller: Caller, job_id: str) -> Ledger:
         spent = budget.spent_event(job)
         led = PrivacyLedger([spent] if spent is not None else [])
         delta = float(job.privacy["target_delta"])
-        return Ledger(job_id=job.id, delta=delta, epsilon_spent=led.epsilon(delta),
-                      ledger=json.loads(led.to_json()),
-                      planned=budget.planned_event(job).to_dict())
+        return Ledger(
+            job_id=job.id,
+            delta=delta,
+            epsilon_spent=led.epsilon(delta),
+            ledger=json.loads(led.to_json()),
+            planned=budget.planned_event(job).to_dict(),
+        )
 
 
 # -- the client's moves -----------------------------------------------------------------------
@@ -275,8 +383,15 @@ def ledger(store: Store, caller: Caller, job_id: str) -> Ledger:
 def cancel(store: Store, caller: Caller, job_id: str) -> Job:
     """Queued and paused jobs end now (their reservation is released); a running job is asked
     to stop and its worker ends it, settling to the steps that ran."""
-    row = lifecycle.move(store, job_id, JobStatus.CANCELLED, by=Actor.CLIENT,
-                         tenant_id=caller.tenant_id, message="Job cancelled", finished_at=now())
+    row = lifecycle.move(
+        store,
+        job_id,
+        JobStatus.CANCELLED,
+        by=Actor.CLIENT,
+        tenant_id=caller.tenant_id,
+        message="Job cancelled",
+        finished_at=now(),
+    )
     assert row is not None
     return to_object(row, _org(caller))
 
@@ -284,16 +399,28 @@ def cancel(store: Store, caller: Caller, job_id: str) -> Job:
 def pause(store: Store, caller: Caller, job_id: str) -> Job:
     """A queued job is paused at once; a running one is asked to stop after the current step
     with a checkpoint (its worker marks it ``paused``). The reservation stays."""
-    row = lifecycle.move(store, job_id, JobStatus.PAUSED, by=Actor.CLIENT,
-                         tenant_id=caller.tenant_id, message="Job paused")
+    row = lifecycle.move(
+        store,
+        job_id,
+        JobStatus.PAUSED,
+        by=Actor.CLIENT,
+        tenant_id=caller.tenant_id,
+        message="Job paused",
+    )
     assert row is not None
     return to_object(row, _org(caller))
 
 
 def resume(store: Store, caller: Caller, job_id: str) -> Job:
     """A paused job goes back to the queue; its worker resumes from the last checkpoint."""
-    row = lifecycle.move(store, job_id, JobStatus.QUEUED, by=Actor.CLIENT,
-                         tenant_id=caller.tenant_id, message="Job resumed; queued",
-                         pause_requested=False)
+    row = lifecycle.move(
+        store,
+        job_id,
+        JobStatus.QUEUED,
+        by=Actor.CLIENT,
+        tenant_id=caller.tenant_id,
+        message="Job resumed; queued",
+        pause_requested=False,
+    )
     assert row is not None
     return to_object(row, _org(caller))

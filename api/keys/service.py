@@ -75,9 +75,9 @@ def revoke_key(session: Session, key_id: str) -> bool:
 
 def list_keys(session: Session) -> list[tuple[ApiKey, str]]:
     rows = session.execute(
-        select(ApiKey, Tenant.name).join(Tenant, Tenant.id == ApiKey.tenant_id).order_by(
-            ApiKey.created_at, ApiKey.id
-        )
+        select(ApiKey, Tenant.name)
+        .join(Tenant, Tenant.id == ApiKey.tenant_id)
+        .order_by(ApiKey.created_at, ApiKey.id)
     )
     return [(k, name) for k, name in rows]
 

@@ -13,8 +13,9 @@ target_metadata = Base.metadata
 def run() -> None:
     connection = context.config.attributes.get("connection")
     if connection is not None:
-        context.configure(connection=connection, target_metadata=target_metadata,
-                          render_as_batch=True)
+        context.configure(
+            connection=connection, target_metadata=target_metadata, render_as_batch=True
+        )
         with context.begin_transaction():
             context.run_migrations()
         return
@@ -23,8 +24,7 @@ def run() -> None:
 
     engine = make_engine(Settings())
     with engine.begin() as conn:
-        context.configure(connection=conn, target_metadata=target_metadata,
-                          render_as_batch=True)
+        context.configure(connection=conn, target_metadata=target_metadata, render_as_batch=True)
         with context.begin_transaction():
             context.run_migrations()
 

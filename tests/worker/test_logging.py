@@ -34,15 +34,23 @@ def test_configure_logging_sets_one_root_handler_and_the_level():
 
 
 def test_dprc_serve_shows_the_embedded_workers_log_lines(tmp_path):
-    env = {**os.environ, "DPRC_DATA_DIR": str(tmp_path), "DPRC_LOG_LEVEL": "info",
-           "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "DPRC_DATA_DIR": str(tmp_path),
+        "DPRC_LOG_LEVEL": "info",
+        "PYTHONUNBUFFERED": "1",
+    }
     for var in ("DPRC_DATABASE_URL", "DPRC_BROKER_URL", "DPRC_EMBEDDED_WORKER"):
         env.pop(var, None)  # the default: SQLite and the embedded worker
     log_file = tmp_path / "serve.log"
     with log_file.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "dprc.cli", "serve", "--port", str(_free_port())],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
         try:
             deadline = time.monotonic() + 60
             while "embedded worker" not in log_file.read_text():
