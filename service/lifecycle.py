@@ -199,8 +199,8 @@ def move(
 ) -> JobRow | None:
     """Move ``job_id`` to ``target`` on behalf of ``by``, in one locked transaction: check the
     move is allowed, set the status and ``changes`` (column values, or functions of the locked
-    row giving them), log ``message`` (a format
-    string over ``job``) as a job event and settle the file's budget when the move requires it.
+    row giving them), log ``message`` (a format string over ``job``) as a job event and settle
+    the file's budget when the move requires it (:func:`settles`).
 
     * Already in ``target`` (a client's repeated cancel or pause): nothing changes.
     * A client's move that the worker makes (:data:`DEFERRED`): the request is recorded.
