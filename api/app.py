@@ -1,5 +1,6 @@
 """The FastAPI application: routers per domain under ``/v1``, OpenAI-style errors,
-migrations applied at start-up."""
+migrations applied at start-up. The dispatcher that hands jobs to workers is injected by the
+process that composes the app (``dprc serve``, see :mod:`dprc.app`)."""
 
 from __future__ import annotations
 
@@ -13,25 +14,35 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from api.accountant.router import router as accountant_router
-from api.dispatch import make_dispatcher
 from api.errors import error_body, install_handlers
 from api.files.router import router as files_router
 from api.jobs.router import router as jobs_router
 from api.keys.router import router as keys_router
 from api.models.router import router as models_router
-from api.settings import Settings, get_settings
-from api.store import open_store
+from service.dispatch import Dispatcher, NoDispatcher
+from service.settings import Settings, get_settings
+from service.store import Store, open_store
 
 MULTIPART_SLACK = 1 << 20  # form fields and boundaries around the uploaded file
 
+DispatcherFactory = Callable[[Store], Dispatcher]
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+
+def _no_dispatcher(_store: Store) -> Dispatcher:
+    return NoDispatcher()
+
+
+def create_app(
+    settings: Settings | None = None, dispatcher: DispatcherFactory = _no_dispatcher
+) -> FastAPI:
+    """The app; at start-up it opens the store and builds its dispatcher with
+    ``dispatcher(store)`` (default: none, jobs wait for a worker's sweep)."""
     settings = settings or get_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.store = open_store(settings)
-        app.state.dispatcher = make_dispatcher(app.state.store)
+        app.state.dispatcher = dispatcher(app.state.store)
         yield
         app.state.dispatcher.stop()
         app.state.store.engine.dispose()
@@ -50,12 +61,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
         # NUL can be stored by neither PostgreSQL text nor file names: refuse it up front
-        if "\x00" in request.url.path or "%00" in request.url.query or "\x00" in unquote(
-            request.url.query
+        if (
+            "\x00" in request.url.path
+            or "%00" in request.url.query
+            or "\x00" in unquote(request.url.query)
         ):
             return JSONResponse(
-                error_body("NUL characters are not allowed in paths or query parameters",
-                           "invalid_request_error", None, "invalid_value"),
+                error_body(
+                    "NUL characters are not allowed in paths or query parameters",
+                    "invalid_request_error",
+                    None,
+                    "invalid_value",
+                ),
                 status_code=400,
             )
         return await call_next(request)
@@ -69,8 +86,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             cap = settings.max_upload_bytes
             if length and length.isdigit() and int(length) > cap + MULTIPART_SLACK:
                 return JSONResponse(
-                    error_body(f"file exceeds the upload limit of {cap} bytes",
-                               "invalid_request_error", "file", "file_too_large"),
+                    error_body(
+                        f"file exceeds the upload limit of {cap} bytes",
+                        "invalid_request_error",
+                        "file",
+                        "file_too_large",
+                    ),
                     status_code=413,
                 )
         return await call_next(request)
@@ -91,8 +112,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.broker_url:
             checks["broker"] = _ping_broker(settings.broker_url)
             ok = ok and checks["broker"] == "ok"
-        return JSONResponse({"status": "ok" if ok else "error", "checks": checks},
-                            status_code=200 if ok else 503)
+        return JSONResponse(
+            {"status": "ok" if ok else "error", "checks": checks}, status_code=200 if ok else 503
+        )
 
     return app
 
@@ -101,11 +123,15 @@ def _ping_broker(url: str) -> str:
     """PING a Redis broker over a raw socket (no client library needed)."""
     parsed = urlparse(url)
     try:
-        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 6379),
-                                      timeout=2) as sock:
+        with socket.create_connection(
+            (parsed.hostname or "127.0.0.1", parsed.port or 6379), timeout=2
+        ) as sock:
             sock.sendall(b"PING\r\n")
             reply = sock.recv(64)
-        return "ok" if reply.startswith(b"+PONG") or reply.startswith(b"-NOAUTH") else (
-            f"error: unexpected reply {reply[:20]!r}")
+        return (
+            "ok"
+            if reply.startswith(b"+PONG") or reply.startswith(b"-NOAUTH")
+            else (f"error: unexpected reply {reply[:20]!r}")
+        )
     except OSError as exc:
         return f"error: {type(exc).__name__}"

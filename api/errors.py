@@ -1,8 +1,9 @@
-"""OpenAI-style errors: ``{"error": {"message", "type", "param", "code"}}`` with the status.
+"""HTTP errors, OpenAI-style: ``{"error": {"message", "type", "param", "code"}}`` with a status.
 
-Services raise :class:`APIError` (or a subclass); the handlers registered by
-:func:`install_handlers` render it, FastAPI's validation errors and HTTP errors in the same
-shape so that the ``openai`` SDK raises its typed exceptions.
+The one place that maps the domain errors of :mod:`service.errors` (raised by the services)
+to status codes; the handlers registered by :func:`install_handlers` render them, FastAPI's
+validation errors and HTTP errors in the same shape so that the ``openai`` SDK raises its typed
+exceptions.
 """
 
 from __future__ import annotations
@@ -16,73 +17,53 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-log = logging.getLogger("dprc.api")
+from service.errors import (
+    Conflict,
+    DomainError,
+    InvalidInput,
+    LimitReached,
+    NotFound,
+    TooLarge,
+    Unauthenticated,
+)
+
+log = logging.getLogger(__name__)
 
 # The SDK retries 408/409/429/5xx unless told not to; these answers will not change on retry.
 NO_RETRY = {"x-should-retry": "false"}
 
+INVALID_REQUEST = "invalid_request_error"
 
-class APIError(Exception):
-    status = 400
-    type = "invalid_request_error"
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        status: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.code = code
-        if status is not None:
-            self.status = status
+# Domain error class -> (HTTP status, OpenAI error type); the first match in MRO order wins.
+STATUS: dict[type[DomainError], tuple[int, str]] = {
+    InvalidInput: (400, INVALID_REQUEST),
+    Unauthenticated: (401, "authentication_error"),
+    NotFound: (404, INVALID_REQUEST),
+    Conflict: (409, INVALID_REQUEST),
+    TooLarge: (413, INVALID_REQUEST),
+    LimitReached: (429, "rate_limit_error"),
+}
 
 
-class InvalidRequest(APIError):
-    status = 400
-
-
-class AuthenticationError(APIError):
-    status = 401
-    type = "authentication_error"
-
-
-class NotFound(APIError):
-    status = 404
-
-
-class Conflict(APIError):
-    status = 409
-
-
-class PayloadTooLarge(APIError):
-    status = 413
-
-
-class Unprocessable(APIError):
-    status = 422
-
-
-class RateLimited(APIError):
-    status = 429
-    type = "rate_limit_error"
+def status_of(exc: DomainError) -> tuple[int, str]:
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 400, INVALID_REQUEST
 
 
 def error_body(message: str, type_: str, param: str | None, code: str | None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def _render(exc: APIError) -> JSONResponse:
-    headers = dict(NO_RETRY) if exc.status in (409, 429) else None
-    if exc.status == 401:
+def _render(exc: DomainError) -> JSONResponse:
+    status, type_ = status_of(exc)
+    headers = dict(NO_RETRY) if status in (409, 429) else None
+    if status == 401:
         headers = {"WWW-Authenticate": "Bearer"}
     return JSONResponse(
-        error_body(exc.message, exc.type, exc.param, exc.code),
-        status_code=exc.status,
+        error_body(exc.message, type_, exc.param, exc.code),
+        status_code=status,
         headers=headers,
     )
 
@@ -93,8 +74,8 @@ def _loc_param(loc: tuple[Any, ...]) -> str | None:
 
 
 def install_handlers(app: FastAPI) -> None:
-    @app.exception_handler(APIError)
-    async def _api_error(_request: Request, exc: APIError) -> JSONResponse:
+    @app.exception_handler(DomainError)
+    async def _domain_error(_request: Request, exc: DomainError) -> JSONResponse:
         return _render(exc)
 
     @app.exception_handler(RequestValidationError)
@@ -107,13 +88,13 @@ def install_handlers(app: FastAPI) -> None:
         if len(errors) > 1:
             message += f" (and {len(errors) - 1} more problem(s))"
         return JSONResponse(
-            error_body(message, "invalid_request_error", param, "invalid_value"),
+            error_body(message, INVALID_REQUEST, param, "invalid_value"),
             status_code=422,
         )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        type_ = "invalid_request_error"
+        type_ = INVALID_REQUEST
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return JSONResponse(
             error_body(str(exc.detail), type_, None, code),
@@ -126,8 +107,12 @@ def install_handlers(app: FastAPI) -> None:
         # a value the database cannot store (e.g. NUL in PostgreSQL text) is the client's
         log.info("database refused a value: %s", exc.orig)
         return JSONResponse(
-            error_body("a value in the request cannot be stored (invalid characters)",
-                       "invalid_request_error", None, "invalid_value"),
+            error_body(
+                "a value in the request cannot be stored (invalid characters)",
+                INVALID_REQUEST,
+                None,
+                "invalid_value",
+            ),
             status_code=400,
         )
 

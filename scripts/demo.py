@@ -61,17 +61,28 @@ def main() -> int:
     env = {**os.environ, "DPRC_DATA_DIR": str(OUT / "dprc-data")}
     for var in ("DPRC_DATABASE_URL", "DPRC_BROKER_URL"):
         env.pop(var, None)  # the embedded default: SQLite + in-process worker
-    dprc = [sys.executable, "-m", "api.cli"]
-    key = subprocess.run([*dprc, "keys", "create", "--tenant", "demo"], env=env, check=True,
-                         capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    dprc = [sys.executable, "-m", "dprc.cli"]
+    key = subprocess.run(
+        [*dprc, "keys", "create", "--tenant", "demo"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout.strip()
     port = _free_port()
     log = open(OUT / "server.log", "w")
-    server = subprocess.Popen([*dprc, "serve", "--host", "127.0.0.1", "--port", str(port),
-                               "--log-level", "warning"], env=env, cwd=ROOT, stdout=log,
-                              stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [*dprc, "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        env=env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key,
-                               max_retries=0, timeout=120)
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=120
+        )
         deadline = time.monotonic() + 120
         while True:
             try:
@@ -83,22 +94,36 @@ def main() -> int:
                 time.sleep(0.3)
         print(f"dprc serve (embedded: SQLite + in-process worker) on port {port}")
         before = _accuracy(None, DATA / "reviews_test.jsonl")
-        f = client.files.create(file=open(DATA / "reviews_train.jsonl", "rb"),
-                                purpose="fine-tune", extra_body={"epsilon_budget": 10.0})
-        print(f"uploaded {f.filename}: {f.model_extra['n_examples']} examples, "
-              f"privacy budget ε = 10")
+        f = client.files.create(
+            file=open(DATA / "reviews_train.jsonl", "rb"),
+            purpose="fine-tune",
+            extra_body={"epsilon_budget": 10.0},
+        )
+        print(
+            f"uploaded {f.filename}: {f.model_extra['n_examples']} examples, privacy budget ε = 10"
+        )
         job = client.fine_tuning.jobs.create(
-            model="minilm-l6-v2", training_file=f.id, seed=0,
-            hyperparameters={"n_epochs": 4, "batch_size": 64, "learning_rate": 0.1,
-                             "max_seq_len": 32, "train_only": ["classifier"]},
-            extra_body={"privacy": {"target_epsilon": 8.0,
-                                    "clipping": {"method": "hutch", "k": 32}},
-                        "checkpoint_every": 20},
+            model="minilm-l6-v2",
+            training_file=f.id,
+            seed=0,
+            hyperparameters={
+                "n_epochs": 4,
+                "batch_size": 64,
+                "learning_rate": 0.1,
+                "max_seq_len": 32,
+                "train_only": ["classifier"],
+            },
+            extra_body={
+                "privacy": {"target_epsilon": 8.0, "clipping": {"method": "hutch", "k": 32}},
+                "checkpoint_every": 20,
+            },
         )
         p = job.model_extra["privacy"]
-        print(f"job {job.id}: σ = {p['noise_multiplier']:.4f}, q = {p['sample_rate']:.4f}, "
-              f"{p['steps']} Poisson steps, planned ε = {p['planned_epsilon']:.3f} at "
-              f"δ = {p['target_delta']:g}")
+        print(
+            f"job {job.id}: σ = {p['noise_multiplier']:.4f}, q = {p['sample_rate']:.4f}, "
+            f"{p['steps']} Poisson steps, planned ε = {p['planned_epsilon']:.3f} at "
+            f"δ = {p['target_delta']:g}"
+        )
         last = -1
         while True:
             job = client.fine_tuning.jobs.retrieve(job.id)
@@ -112,8 +137,9 @@ def main() -> int:
             time.sleep(1.0)
         if job.status != "succeeded":
             raise RuntimeError(f"job {job.status}: {job.error}")
-        ckpt = max(client.fine_tuning.jobs.checkpoints.list(job.id).data,
-                   key=lambda c: c.step_number)
+        ckpt = max(
+            client.fine_tuning.jobs.checkpoints.list(job.id).data, key=lambda c: c.step_number
+        )
         archive = client.files.content(ckpt.model_extra["file_id"]).read()
         target = OUT / "checkpoint"
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:

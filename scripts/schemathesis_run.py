@@ -40,19 +40,30 @@ def main() -> int:
     args = parser.parse_args()
 
     data_dir = Path(tempfile.mkdtemp(prefix="dprc-schemathesis-"))
-    env = {**os.environ, "DPRC_DATA_DIR": str(data_dir), "DPRC_MAX_UPLOAD_BYTES": "65536",
-           "DPRC_MAX_ACTIVE_JOBS_PER_TENANT": "1000"}
+    env = {
+        **os.environ,
+        "DPRC_DATA_DIR": str(data_dir),
+        "DPRC_MAX_UPLOAD_BYTES": "65536",
+        "DPRC_MAX_ACTIVE_JOBS_PER_TENANT": "1000",
+    }
     if args.database_url:
         env["DPRC_DATABASE_URL"] = args.database_url
     else:
         env.pop("DPRC_DATABASE_URL", None)
-    dprc = [sys.executable, "-m", "api.cli"]
-    key = subprocess.run([*dprc, "keys", "create", "--tenant", "schemathesis"], env=env,
-                         check=True, capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    dprc = [sys.executable, "-m", "dprc.cli"]
+    key = subprocess.run(
+        [*dprc, "keys", "create", "--tenant", "schemathesis"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout.strip()
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([*dprc, "serve", "--port", str(port), "--log-level", "warning"],
-                              env=env, cwd=ROOT)
+    server = subprocess.Popen(
+        [*dprc, "serve", "--port", str(port), "--log-level", "warning"], env=env, cwd=ROOT
+    )
     try:
         headers = {"Authorization": f"Bearer {key}"}
         for _ in range(300):
@@ -62,30 +73,65 @@ def main() -> int:
             except httpx.TransportError:
                 time.sleep(0.2)
         lines = "\n".join(json.dumps({"text": f"t{i}", "label": i % 2}) for i in range(50))
-        r = httpx.post(f"{base}/v1/files", headers=headers,
-                       files={"file": ("seed.jsonl", lines.encode())},
-                       data={"purpose": "fine-tune", "epsilon_budget": "8"})
+        r = httpx.post(
+            f"{base}/v1/files",
+            headers=headers,
+            files={"file": ("seed.jsonl", lines.encode())},
+            data={"purpose": "fine-tune", "epsilon_budget": "8"},
+        )
         r.raise_for_status()
         file_id = r.json()["id"]
-        r = httpx.post(f"{base}/v1/fine_tuning/jobs", headers=headers, timeout=60, json={
-            "model": "minilm-l6-v2", "training_file": file_id,
-            "hyperparameters": {"n_epochs": 1, "batch_size": 5},
-            "privacy": {"target_epsilon": 1.0, "clipping": {"method": "exact"}}})
+        r = httpx.post(
+            f"{base}/v1/fine_tuning/jobs",
+            headers=headers,
+            timeout=60,
+            json={
+                "model": "minilm-l6-v2",
+                "training_file": file_id,
+                "hyperparameters": {"n_epochs": 1, "batch_size": 5},
+                "privacy": {"target_epsilon": 1.0, "clipping": {"method": "exact"}},
+            },
+        )
         r.raise_for_status()
         config = data_dir / "schemathesis.toml"  # real ids, so that tests reach the services
-        config.write_text(f'[parameters]\n"path.file_id" = "{file_id}"\n'
-                          f'"path.fine_tuning_job_id" = "{r.json()["id"]}"\n'
-                          '"path.model" = "minilm-l6-v2"\n')
-        cmd = [sys.executable, "-m", "schemathesis.cli", "--config-file", str(config),
-               "run", f"{base}/openapi.json",
-               "-H", f"Authorization: Bearer {key}", "--checks", "not_a_server_error",
-               "--max-examples", str(args.max_examples), "--workers", args.workers,
-               "--request-timeout", "60", "--no-color", "--seed", "1",
-               "--suppress-health-check", "all", "--generation-database", "none"]
+        config.write_text(
+            f'[parameters]\n"path.file_id" = "{file_id}"\n'
+            f'"path.fine_tuning_job_id" = "{r.json()["id"]}"\n'
+            '"path.model" = "minilm-l6-v2"\n'
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "schemathesis.cli",
+            "--config-file",
+            str(config),
+            "run",
+            f"{base}/openapi.json",
+            "-H",
+            f"Authorization: Bearer {key}",
+            "--checks",
+            "not_a_server_error",
+            "--max-examples",
+            str(args.max_examples),
+            "--workers",
+            args.workers,
+            "--request-timeout",
+            "60",
+            "--no-color",
+            "--seed",
+            "1",
+            "--suppress-health-check",
+            "all",
+            "--generation-database",
+            "none",
+        ]
         if args.max_time:
             cmd += ["--max-time", str(args.max_time)]
-        print("$", " ".join(c if "Bearer" not in c else "Authorization: Bearer ***"
-                            for c in cmd[1:]), flush=True)
+        print(
+            "$",
+            " ".join(c if "Bearer" not in c else "Authorization: Bearer ***" for c in cmd[1:]),
+            flush=True,
+        )
         return subprocess.run(cmd, cwd=ROOT).returncode
     finally:
         server.terminate()

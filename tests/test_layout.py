@@ -1,24 +1,64 @@
-"""Architecture rule (DESIGN.md §1): the library never imports the service packages."""
+"""Architecture rules (docs/api.md, "Layout"): which top-level packages may import which.
+
+* ``dprc_core`` (the library) imports none of the service packages;
+* ``service`` (the domain layer) imports neither ``api``, ``worker`` nor ``dprc``;
+* ``api`` (HTTP) never imports ``worker`` or ``dprc``; ``worker`` never imports ``api`` or
+  ``dprc``: the dispatcher is injected by the composition root ``dprc``.
+
+Every ``.py`` file is walked, function-local imports included.
+"""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-CORE = Path(__file__).resolve().parents[1] / "dprc_core"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FORBIDDEN = {
+    "dprc_core": {"api", "worker", "service", "dprc"},
+    "service": {"api", "worker", "dprc"},
+    "api": {"worker", "dprc"},
+    "worker": {"api", "dprc"},
+}
 
 
-def test_dprc_core_does_not_import_api_or_worker():
+def imported_packages(path: Path) -> list[str]:
+    """The absolute module names ``path`` imports, anywhere in the file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    return names
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_package_imports_follow_the_layering(package):
+    files = list((ROOT / package).rglob("*.py"))
+    assert files, f"no Python files under {package}/"
+    offenders = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in files
+        for name in imported_packages(path)
+        if name.split(".")[0] in FORBIDDEN[package]
+    ]
+    assert not offenders, offenders
+
+
+def test_no_relative_imports_escape_the_rules():
+    """Relative imports would slip past the walk above; the service packages use none."""
     offenders = []
-    for path in CORE.rglob("*.py"):
-        tree = ast.parse(path.read_text(), filename=str(path))
-        for node in ast.walk(tree):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            for name in names:
-                if name.split(".")[0] in ("api", "worker"):
-                    offenders.append(f"{path.relative_to(CORE.parent)}: {name}")
+    for package in ("service", "api", "worker", "dprc"):
+        for path in (ROOT / package).rglob("*.py"):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            offenders += [
+                f"{path.relative_to(ROOT)}:{node.lineno}"
+                for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.level > 0
+            ]
     assert not offenders, offenders

@@ -11,6 +11,10 @@ so a running job is not redelivered under a live worker; a worker that dies is n
 its job's expired lease instead: every worker sweeps the store every ``DPRC_SWEEP_SECONDS`` and
 re-enqueues such jobs, which resume from their last checkpoint. CUDA is touched only inside the
 task (the runner picks the device; CPU when there is none).
+
+This module is the worker process's composition root: it opens the store from ``service``
+settings and configures logging (``DPRC_LOG_LEVEL``) in place of Celery's own. The API
+process enqueues through :class:`CeleryDispatcher`.
 """
 
 from __future__ import annotations
@@ -18,15 +22,18 @@ from __future__ import annotations
 import logging
 import threading
 from functools import lru_cache
+from typing import Any
 
 from celery import Celery, signals
 
-from api.common import Store
-from api.settings import Settings
+from service.lifecycle import runnable_job_ids
+from service.logging_setup import configure_logging
+from service.settings import Settings
+from service.store import Store, open_store
 
 TASK_NAME = "dprc.run_job"
 QUEUE = "gpu"
-log = logging.getLogger("dprc.worker")
+log = logging.getLogger(__name__)
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -47,37 +54,55 @@ def make_celery(settings: Settings) -> Celery:
     return celery
 
 
+def enqueue(celery: Celery, job_id: str) -> None:
+    celery.send_task(TASK_NAME, args=[job_id], queue=QUEUE)
+
+
+class CeleryDispatcher:
+    """The API process's side of the queue: job ids go to the ``gpu`` queue."""
+
+    def __init__(self, settings: Settings):
+        self.celery = make_celery(settings)
+
+    def submit(self, job_id: str) -> None:
+        try:
+            enqueue(self.celery, job_id)
+        except Exception:  # the broker is down: the workers' sweep starts the job later
+            log.exception("could not enqueue job %s; a worker sweep will pick it up", job_id)
+
+    def stop(self) -> None:
+        self.celery.close()
+
+
 @lru_cache
 def _store() -> Store:
-    from api.store import open_store
-
     return open_store(Settings())
 
 
 app = make_celery(Settings()) if Settings().broker_url else Celery("dprc")
 
 
+@signals.setup_logging.connect
+def _setup_logging(**_: Any) -> None:
+    """Replaces Celery's logging set-up with the service's (``DPRC_LOG_LEVEL``)."""
+    configure_logging(Settings().log_level)
+
+
 @app.task(name=TASK_NAME)
 def run_job_task(job_id: str) -> str:
-    from worker.execution import execute_job
+    from worker.execution import execute_job  # torch and the runner: only in the task
 
     outcome = execute_job(_store(), job_id)
     log.info("job %s: %s", job_id, outcome)
-    return outcome
-
-
-def enqueue(celery: Celery, job_id: str) -> None:
-    celery.send_task(TASK_NAME, args=[job_id], queue=QUEUE)
+    return outcome.value
 
 
 def _sweep_forever(stop: threading.Event) -> None:
-    from api.jobs import worker_service as ws
-
     store = _store()
     while not stop.is_set():
         try:
             older = store.settings.sweep_seconds
-            for job_id in ws.runnable_job_ids(store, queued_older_than=older):
+            for job_id in runnable_job_ids(store, queued_older_than=older):
                 enqueue(app, job_id)
         except Exception:
             log.exception("sweep failed")
@@ -89,8 +114,9 @@ _sweeper_stop = threading.Event()
 
 @signals.worker_ready.connect
 def _start_sweeper(**_: object) -> None:
-    threading.Thread(target=_sweep_forever, args=(_sweeper_stop,), daemon=True,
-                     name="dprc-sweep").start()
+    threading.Thread(
+        target=_sweep_forever, args=(_sweeper_stop,), daemon=True, name="dprc-sweep"
+    ).start()
 
 
 @signals.worker_shutdown.connect

@@ -14,11 +14,11 @@ import logging
 import queue
 import threading
 
-from api.common import Store
-from api.jobs import worker_service as ws
+from service.lifecycle import runnable_job_ids
+from service.store import Store
 from worker.execution import execute_job, worker_id
 
-log = logging.getLogger("dprc.worker")
+log = logging.getLogger(__name__)
 
 
 class EmbeddedWorker:
@@ -37,6 +37,7 @@ class EmbeddedWorker:
     def start(self) -> EmbeddedWorker:
         for t in self._threads:
             t.start()
+        log.info("embedded worker %s started", self.owner)
         return self
 
     def submit(self, job_id: str) -> None:
@@ -55,7 +56,7 @@ class EmbeddedWorker:
     def _sweep(self) -> None:
         while not self._stop.is_set():
             try:
-                for job_id in ws.runnable_job_ids(self.store):
+                for job_id in runnable_job_ids(self.store):
                     self.submit(job_id)
             except Exception:
                 log.exception("embedded worker sweep failed")

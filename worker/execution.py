@@ -22,17 +22,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from api.common import Store
-from api.jobs import service as jobs
-from api.jobs import worker_service as ws
-from api.models import builtin
-from api.models.service import registry
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.data import DataError
 from dprc_core.training.models import LoraSpec, ModelLoadError
 from dprc_core.training.runner import JobSpec, Progress, run_job
+from service import builtin_models as builtin
+from service import job_runs as runs
+from service import lifecycle
+from service.lifecycle import WorkerOutcome
+from service.model_registry import registry
+from service.store import Store
 
-log = logging.getLogger("dprc.worker")
+log = logging.getLogger(__name__)
 
 
 class JobFailure(Exception):
@@ -63,7 +64,7 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(max(self.lease / 3, 0.5)):
             try:
-                if not ws.renew_lease(self.store, self.job_id, self.owner, self.lease):
+                if not lifecycle.renew_lease(self.store, self.job_id, self.owner, self.lease):
                     self.lost = True
                     return
             except Exception:  # a transient store error: try again at the next beat
@@ -74,7 +75,7 @@ class Heartbeat:
         self._thread.join(timeout=5)
 
 
-def build_spec(store: Store, req: ws.JobRequest) -> JobSpec:
+def build_spec(store: Store, req: runs.JobRequest) -> JobSpec:
     settings = store.settings
     models = registry(settings)
     model = models.get(req.model)
@@ -83,8 +84,11 @@ def build_spec(store: Store, req: ws.JobRequest) -> JobSpec:
     if model.buildable and not model.ready:
         builtin.build_tiny_llama(model.path)
     if not model.ready:
-        raise JobFailure("model_not_found", f"model {req.model!r}: its folder {model.path} has "
-                         "no config.json (was it removed from disk?)")
+        raise JobFailure(
+            "model_not_found",
+            f"model {req.model!r}: its folder {model.path} has "
+            "no config.json (was it removed from disk?)",
+        )
     if not req.file_path.is_file():
         raise JobFailure("training_file_missing", "the training file's data is missing on disk")
     hp, pr = req.hyperparameters, req.privacy
@@ -96,17 +100,31 @@ def build_spec(store: Store, req: ws.JobRequest) -> JobSpec:
     k = clip.get("k") or settings.default_k
     noise = pr.get("noise") or {"mechanism": "gaussian"}
     return JobSpec(
-        model=str(model.path), task=model.task, train_file=str(req.file_path),
-        output_dir=str(run_dir(store, req.id)), epochs=int(hp["n_epochs"]),
-        batch_size=int(hp["batch_size"]), learning_rate=float(lr), optimizer="adam",
-        max_seq_len=int(hp.get("max_seq_len") or 128), lora=lora,
+        model=str(model.path),
+        task=model.task,
+        train_file=str(req.file_path),
+        output_dir=str(run_dir(store, req.id)),
+        epochs=int(hp["n_epochs"]),
+        batch_size=int(hp["batch_size"]),
+        learning_rate=float(lr),
+        optimizer="adam",
+        max_seq_len=int(hp.get("max_seq_len") or 128),
+        lora=lora,
         train_only=hp.get("train_only"),
-        target_epsilon=None, target_delta=float(pr["target_delta"]),
-        noise_multiplier=req.noise_multiplier, max_grad_norm=float(pr["max_grad_norm"]),
-        clipping=clip["method"], k=int(k), checkpoint_every=req.checkpoint_every,
-        seed=req.seed, max_physical_batch_size=settings.max_physical_batch_size,
-        device=settings.device, report_train_loss=bool(pr.get("report_train_loss", True)),
-        noise_mechanism=noise["mechanism"], nu=noise.get("nu"), bands=noise.get("bands"),
+        target_epsilon=None,
+        target_delta=float(pr["target_delta"]),
+        noise_multiplier=req.noise_multiplier,
+        max_grad_norm=float(pr["max_grad_norm"]),
+        clipping=clip["method"],
+        k=int(k),
+        checkpoint_every=req.checkpoint_every,
+        seed=req.seed,
+        max_physical_batch_size=settings.max_physical_batch_size,
+        device=settings.device,
+        report_train_loss=bool(pr.get("report_train_loss", True)),
+        noise_mechanism=noise["mechanism"],
+        nu=noise.get("nu"),
+        bands=noise.get("bands"),
     )
 
 
@@ -121,18 +139,17 @@ def _archive(ckpt: Path) -> Path:
     return Path(name)
 
 
-def execute_job(store: Store, job_id: str, owner: str | None = None,
-                stop: threading.Event | None = None) -> str:
-    """Run or resume ``job_id``. Returns what happened: skipped | succeeded | cancelled |
-    paused | failed | interrupted (shutdown: left running, its lease will expire) |
-    lease_lost."""
+def execute_job(
+    store: Store, job_id: str, owner: str | None = None, stop: threading.Event | None = None
+) -> WorkerOutcome:
+    """Run or resume ``job_id``. Returns what happened (:class:`WorkerOutcome`)."""
     owner = owner or worker_id()
     lease = store.settings.lease_seconds
-    if not jobs.start_job(store, job_id, owner, lease):
-        return "skipped"
+    if not runs.start_job(store, job_id, owner, lease):
+        return WorkerOutcome.SKIPPED
     beat = Heartbeat(store, job_id, owner, lease)
     try:
-        req = ws.job_request(store, job_id)
+        req = runs.job_request(store, job_id)
         spec = build_spec(store, req)
         if spec.task == "causal_lm" and req.n_examples < 2:
             raise JobFailure("invalid_training_file", "the training file needs >= 2 examples")
@@ -143,19 +160,25 @@ def execute_job(store: Store, job_id: str, owner: str | None = None,
                 metrics["train_loss"] = p.loss
             if p.clipped_fraction is not None:
                 metrics["clipped_fraction"] = p.clipped_fraction
-            jobs.record_progress(store, job_id, p.step, p.epsilon or 0.0, metrics)
+            runs.record_progress(store, job_id, p.step, p.epsilon or 0.0, metrics)
             if p.checkpoint is not None:
-                jobs.record_checkpoint(store, job_id, p.step, p.epsilon or 0.0,
-                                       _archive(Path(p.checkpoint)), metrics)
+                runs.record_checkpoint(
+                    store, job_id, p.step, p.epsilon or 0.0, _archive(Path(p.checkpoint)), metrics
+                )
 
         def should_stop() -> bool:
-            return beat.lost or (stop is not None and stop.is_set()) or any(
-                ws.stop_requested(store, job_id))
+            return (
+                beat.lost
+                or (stop is not None and stop.is_set())
+                or any(lifecycle.stop_requested(store, job_id))
+            )
 
         result = run_job(spec, on_progress=on_progress, should_stop=should_stop)
         if result.steps != req.steps_total:
-            raise JobFailure("plan_mismatch", f"the runner planned {result.steps} steps, the "
-                             f"job {req.steps_total}")
+            raise JobFailure(
+                "plan_mismatch",
+                f"the runner planned {result.steps} steps, the job {req.steps_total}",
+            )
     except JobFailure as exc:
         return _fail(store, job_id, exc.code, str(exc), beat)
     except DataError as exc:
@@ -171,25 +194,27 @@ def execute_job(store: Store, job_id: str, owner: str | None = None,
     finally:
         beat.stop()
     if result.status == "succeeded":
-        jobs.end_job(store, job_id, "succeeded")
-        return "succeeded"
+        runs.end_job(store, job_id, lifecycle.JobStatus.SUCCEEDED)
+        return WorkerOutcome.SUCCEEDED
     if beat.lost:
-        return "lease_lost"
-    cancel, pause = ws.stop_requested(store, job_id)
+        return WorkerOutcome.LEASE_LOST
+    cancel, pause = lifecycle.stop_requested(store, job_id)
     if cancel:
-        jobs.end_job(store, job_id, "cancelled")
-        return "cancelled"
-    if pause and jobs.mark_paused(store, job_id, owner):
-        return "paused"
-    return "interrupted"
+        runs.end_job(store, job_id, lifecycle.JobStatus.CANCELLED)
+        return WorkerOutcome.CANCELLED
+    if pause and runs.mark_paused(store, job_id, owner):
+        return WorkerOutcome.PAUSED
+    return WorkerOutcome.INTERRUPTED
 
 
-def _fail(store: Store, job_id: str, code: str, message: str, beat: Heartbeat) -> str:
+def _fail(store: Store, job_id: str, code: str, message: str, beat: Heartbeat) -> WorkerOutcome:
     beat.stop()
     if beat.lost:
-        return "lease_lost"
+        return WorkerOutcome.LEASE_LOST
     try:
-        jobs.end_job(store, job_id, "failed", error_code=code, error_message=message[:2000])
-    except ValueError:  # already ended (e.g. cancelled while queued)
+        runs.end_job(
+            store, job_id, lifecycle.JobStatus.FAILED, error_code=code, error_message=message[:2000]
+        )
+    except lifecycle.TransitionRefused:  # no longer running (e.g. it has already ended)
         pass
-    return "failed"
+    return WorkerOutcome.FAILED

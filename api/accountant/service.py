@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any, TypeVar
 
 from api.accountant.schemas import AccountantResult, EpsilonRequest, NoiseMultiplierRequest
-from api.errors import InvalidRequest
 from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent, account, noise_multiplier
 from dprc_core.accounting.dpftrl import (
+    check_bands,
+    check_nu,
     dpftrl_epsilon,
     dpftrl_noise_multiplier,
     dpftrl_sensitivity,
 )
 from dprc_core.accounting.events import (
+    CLIPPINGS,
     check_clipping,
     check_delta,
     check_epsilon,
@@ -21,44 +25,64 @@ from dprc_core.accounting.events import (
     check_sample_rate,
     check_steps,
 )
+from service.errors import InvalidInput
+
+T = TypeVar("T")
 
 MAX_STEPS = 1_000_000
 MAX_RANK = 10**9
 
 
-def _check(param: str, fn, *args):  # type: ignore[no-untyped-def]
+def _check(param: str | None, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, a library check; its ValueError is :class:`InvalidInput` on ``param``."""
     try:
         return fn(*args)
     except ValueError as exc:
-        raise InvalidRequest(str(exc), param=param, code="invalid_value") from exc
+        raise InvalidInput(str(exc), param=param, code="invalid_value") from exc
 
 
-def _job(req: EpsilonRequest | NoiseMultiplierRequest) -> tuple[float, int, str, int | None,
-                                                                  int | None]:
+def _clipping(req: EpsilonRequest | NoiseMultiplierRequest) -> tuple[str, int | None, int | None]:
+    """The clipping, k and rank, checked one parameter at a time so that a refusal names the
+    parameter it is about: the method alone, then k with it, then the rank with both."""
+    if req.clipping not in CLIPPINGS:
+        _check("clipping", check_clipping, req.clipping, req.k, req.rank)
+    _check("k", check_clipping, req.clipping, req.k, None)
+    return _check("rank", check_clipping, req.clipping, req.k, req.rank)
+
+
+def _positive_int(name: str, value: int | None) -> int:
+    if value is None or value < 1:
+        raise InvalidInput(
+            f"{name} must be an integer >= 1, got {value!r}", param=name, code="invalid_value"
+        )
+    return value
+
+
+def _job(
+    req: EpsilonRequest | NoiseMultiplierRequest,
+) -> tuple[float, int, str, int | None, int | None]:
     if req.sample_rate is None:
-        raise InvalidRequest("sample_rate is required for mechanism dp-sgd", param="sample_rate",
-                             code="invalid_value")
+        raise InvalidInput(
+            "sample_rate is required for mechanism dp-sgd",
+            param="sample_rate",
+            code="invalid_value",
+        )
     for name in ("nu", "bands", "participations", "min_separation"):
         if getattr(req, name) is not None:
-            raise InvalidRequest(f"{name} applies to mechanism nu-dpftrl only", param=name,
-                                 code="invalid_value")
+            raise InvalidInput(
+                f"{name} applies to mechanism nu-dpftrl only", param=name, code="invalid_value"
+            )
     q = _check("sample_rate", check_sample_rate, req.sample_rate)
     steps = _check("steps", check_steps, req.steps)
     if steps > MAX_STEPS:
-        raise InvalidRequest(f"steps must be at most {MAX_STEPS}", param="steps",
-                             code="invalid_value")
+        raise InvalidInput(
+            f"steps must be at most {MAX_STEPS}", param="steps", code="invalid_value"
+        )
     if req.rank is not None and req.rank > MAX_RANK:
-        raise InvalidRequest(f"rank must be at most {MAX_RANK}", param="rank",
-                             code="invalid_value")
-    try:
-        clipping, k, rank = check_clipping(req.clipping, req.k, req.rank)
-    except ValueError as exc:
-        msg = str(exc)
-        param = "clipping" if msg.startswith("clipping must") else (
-            "rank" if msg.startswith("rank") else "k")
-        raise InvalidRequest(msg, param=param, code="invalid_value") from exc
+        raise InvalidInput(f"rank must be at most {MAX_RANK}", param="rank", code="invalid_value")
+    clipping, k, rank = _clipping(req)
     if k is not None and k > 4096:
-        raise InvalidRequest("k must be at most 4096", param="k", code="invalid_value")
+        raise InvalidInput("k must be at most 4096", param="k", code="invalid_value")
     return q, steps, clipping, k, rank
 
 
@@ -74,60 +98,88 @@ def _result(kind: str, event: PrivacyEvent, delta: float) -> AccountantResult:
     try:
         res = account([event], delta, DEFAULT_SETTINGS)
     except ValueError as exc:  # e.g. "parameters too extreme" for the loss grid
-        raise InvalidRequest(f"cannot account these parameters: {exc}", param=None,
-                             code="accounting_failed") from exc
+        raise InvalidInput(
+            f"cannot account these parameters: {exc}", param=None, code="accounting_failed"
+        ) from exc
     return AccountantResult(
         object=kind,  # type: ignore[arg-type]
         epsilon=res.epsilon if math.isfinite(res.epsilon) else None,
-        noise_multiplier=event.noise_multiplier, delta=delta, sample_rate=event.sample_rate,
-        steps=event.steps, clipping=event.clipping, k=event.k, rank=event.rank,
+        noise_multiplier=event.noise_multiplier,
+        delta=delta,
+        sample_rate=event.sample_rate,
+        steps=event.steps,
+        clipping=event.clipping,
+        k=event.k,
+        rank=event.rank,
         envelope=_envelope(event.clipping, event.k, event.rank),
         adjacency="add/remove, Poisson sampling, max over both directions",
-        accountant={"description": res.describe(), "grid_interval": res.grid_interval,
-                    "scale_bins": list(res.scale_bins),
-                    "tail_budget_per_step": res.tail_budget_per_step,
-                    "settings": asdict(res.settings)},
+        accountant={
+            "description": res.describe(),
+            "grid_interval": res.grid_interval,
+            "scale_bins": list(res.scale_bins),
+            "tail_budget_per_step": res.tail_budget_per_step,
+            "settings": asdict(res.settings),
+        },
     )
 
 
-def _nu_pattern(req: EpsilonRequest | NoiseMultiplierRequest) -> dict:
+def _nu_pattern(req: EpsilonRequest | NoiseMultiplierRequest) -> dict[str, Any]:
     if req.sample_rate is not None:
-        raise InvalidRequest("nu-dpftrl has no amplification by sampling: no sample_rate",
-                             param="sample_rate", code="invalid_value")
+        raise InvalidInput(
+            "nu-dpftrl has no amplification by sampling: no sample_rate",
+            param="sample_rate",
+            code="invalid_value",
+        )
     if req.clipping != "exact" or req.k is not None or req.rank is not None:
-        raise InvalidRequest("nu-dpftrl is accounted for exact clipping only (randomized "
-                             "clipping with correlated noise has no analysis)",
-                             param="clipping", code="invalid_value")
+        raise InvalidInput(
+            "nu-dpftrl is accounted for exact clipping only (randomized "
+            "clipping with correlated noise has no analysis)",
+            param="clipping",
+            code="invalid_value",
+        )
     for name in ("nu", "participations", "min_separation"):
         if getattr(req, name) is None:
-            raise InvalidRequest(f"nu-dpftrl needs {name}", param=name, code="invalid_value")
+            raise InvalidInput(f"nu-dpftrl needs {name}", param=name, code="invalid_value")
     if req.steps > 20_000:
-        raise InvalidRequest("steps must be at most 20000 for nu-dpftrl", param="steps",
-                             code="invalid_value")
-    pattern = {"nu": req.nu, "steps": req.steps, "participations": req.participations,
-               "min_separation": req.min_separation, "bands": req.bands}
-    try:
-        dpftrl_sensitivity(**pattern)
-    except ValueError as exc:
-        msg = str(exc)
-        param = next((p for p in pattern if msg.startswith(p)), None)
-        raise InvalidRequest(msg, param=param, code="invalid_value") from exc
+        raise InvalidInput(
+            "steps must be at most 20000 for nu-dpftrl", param="steps", code="invalid_value"
+        )
+    pattern = {
+        "nu": _check("nu", check_nu, req.nu),
+        "steps": _positive_int("steps", req.steps),
+        "participations": _positive_int("participations", req.participations),
+        "min_separation": _positive_int("min_separation", req.min_separation),
+        "bands": _check("bands", check_bands, req.bands),
+    }
+    _check(None, dpftrl_sensitivity, *pattern.values())  # what is left: the combination
     return pattern
 
 
-def _nu_result(kind: str, sigma: float, delta: float, pattern: dict) -> AccountantResult:
+def _nu_result(kind: str, sigma: float, delta: float, pattern: dict[str, Any]) -> AccountantResult:
     eps = dpftrl_epsilon(sigma, delta, **pattern)
     sens = dpftrl_sensitivity(**pattern)
     return AccountantResult(
         object=kind,  # type: ignore[arg-type]
-        epsilon=eps if math.isfinite(eps) else None, noise_multiplier=sigma, delta=delta,
-        mechanism="nu-dpftrl", sample_rate=None, steps=pattern["steps"], nu=pattern["nu"],
-        bands=pattern["bands"], participations=pattern["participations"],
-        min_separation=pattern["min_separation"], sensitivity=sens, clipping="exact", k=None,
-        rank=None, envelope="exact per-sample norms (sensitivity 1)",
+        epsilon=eps if math.isfinite(eps) else None,
+        noise_multiplier=sigma,
+        delta=delta,
+        mechanism="nu-dpftrl",
+        sample_rate=None,
+        steps=pattern["steps"],
+        nu=pattern["nu"],
+        bands=pattern["bands"],
+        participations=pattern["participations"],
+        min_separation=pattern["min_separation"],
+        sensitivity=sens,
+        clipping="exact",
+        k=None,
+        rank=None,
+        envelope="exact per-sample norms (sensitivity 1)",
         adjacency="zero-out (implied by add/remove), no amplification",
-        accountant={"description": "Gaussian mechanism with mu = sensitivity / sigma, the "
-                    "sensitivity of the implemented noise matrix (docs/accounting.md §9)"},
+        accountant={
+            "description": "Gaussian mechanism with mu = sensitivity / sigma, the "
+            "sensitivity of the implemented noise matrix (docs/accounting.md §9)"
+        },
     )
 
 
@@ -140,8 +192,11 @@ def epsilon(req: EpsilonRequest) -> AccountantResult:
     q, steps, clipping, k, rank = _job(req)
     sigma = _check("noise_multiplier", check_noise_multiplier, req.noise_multiplier)
     if sigma < 1e-3 or sigma > 1e4:
-        raise InvalidRequest("noise_multiplier must be in [0.001, 10000]",
-                             param="noise_multiplier", code="invalid_value")
+        raise InvalidInput(
+            "noise_multiplier must be in [0.001, 10000]",
+            param="noise_multiplier",
+            code="invalid_value",
+        )
     delta = _check("delta", check_delta, req.delta)
     return _result("accountant.epsilon", PrivacyEvent(sigma, q, steps, clipping, k, rank), delta)
 
@@ -154,21 +209,21 @@ def calibrate(req: NoiseMultiplierRequest) -> AccountantResult:
         try:
             sigma = dpftrl_noise_multiplier(target, delta, **pattern)
         except ValueError as exc:
-            raise InvalidRequest(str(exc), param="target_epsilon",
-                                 code="calibration_failed") from exc
+            raise InvalidInput(str(exc), param="target_epsilon", code="calibration_failed") from exc
         out = _nu_result("accountant.noise_multiplier", sigma, delta, pattern)
         return out.model_copy(update={"target_epsilon": target})
     q, steps, clipping, k, rank = _job(req)
     target = _check("target_epsilon", check_epsilon, req.target_epsilon)
     delta = _check("target_delta", check_delta, req.target_delta)
     if not 1e-6 <= req.rel_tol <= 0.5:
-        raise InvalidRequest("rel_tol must be in [1e-6, 0.5]", param="rel_tol",
-                             code="invalid_value")
+        raise InvalidInput("rel_tol must be in [1e-6, 0.5]", param="rel_tol", code="invalid_value")
     try:
-        sigma = noise_multiplier(target, delta, q, steps, clipping, k, rank,
-                                 rel_tol=float(req.rel_tol))
+        sigma = noise_multiplier(
+            target, delta, q, steps, clipping, k, rank, rel_tol=float(req.rel_tol)
+        )
     except ValueError as exc:
-        raise InvalidRequest(str(exc), param="target_epsilon", code="calibration_failed") from exc
-    out = _result("accountant.noise_multiplier", PrivacyEvent(sigma, q, steps, clipping, k, rank),
-                  delta)
+        raise InvalidInput(str(exc), param="target_epsilon", code="calibration_failed") from exc
+    out = _result(
+        "accountant.noise_multiplier", PrivacyEvent(sigma, q, steps, clipping, k, rank), delta
+    )
     return out.model_copy(update={"target_epsilon": target, "rel_tol": float(req.rel_tol)})

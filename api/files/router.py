@@ -7,14 +7,13 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.responses import FileResponse
 
-from api.common import get_store
-from api.errors import NotFound
+from api.app_state import get_store
 from api.files import service
 from api.files.schemas import BudgetRequest, FileDeleted, FileList, FileObject
 from api.keys.dependencies import CallerDep
+from service.errors import NotFound
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
-
 
 
 @router.post("", response_model=FileObject)
@@ -24,12 +23,17 @@ def upload_file(
     file: Annotated[UploadFile, File(description="JSONL data set")],
     purpose: Annotated[str, Form(max_length=64)],
     epsilon_budget: Annotated[
-        float | None, Form(gt=0, le=100, allow_inf_nan=False,
-                           description="privacy budget of this data set")
+        float | None,
+        Form(gt=0, le=100, allow_inf_nan=False, description="privacy budget of this data set"),
     ] = None,
     delta: Annotated[
-        float | None, Form(gt=0, lt=1, allow_inf_nan=False,
-                           description="δ of the budget (default 1/N^1.1 rounded down)")
+        float | None,
+        Form(
+            gt=0,
+            lt=1,
+            allow_inf_nan=False,
+            description="δ of the budget (default 1/N^1.1 rounded down)",
+        ),
     ] = None,
 ) -> FileObject:
     store = get_store(request)
@@ -47,8 +51,12 @@ def list_files(
     order: Literal["asc", "desc"] = "desc",
 ) -> FileList:
     data, has_more = service.list_files(get_store(request), caller, purpose, limit, after, order)
-    return FileList(data=data, has_more=has_more,
-                    first_id=data[0].id if data else None, last_id=data[-1].id if data else None)
+    return FileList(
+        data=data,
+        has_more=has_more,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+    )
 
 
 @router.get("/{file_id}", response_model=FileObject)
@@ -61,18 +69,22 @@ def delete_file(file_id: str, request: Request, caller: CallerDep) -> FileDelete
     return FileDeleted(id=service.delete(get_store(request), caller, file_id), deleted=True)
 
 
-@router.get("/{file_id}/content", response_class=FileResponse,
-            responses={200: {"content": {"application/octet-stream": {}}}})
+@router.get(
+    "/{file_id}/content",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
 def file_content(file_id: str, request: Request, caller: CallerDep) -> FileResponse:
     path, filename = service.content_path(get_store(request), caller, file_id)
     if not path.exists():
-        raise NotFound(f"the content of file {file_id} is gone", param="file_id",
-                       code="file_not_found")
+        raise NotFound(
+            f"the content of file {file_id} is gone", param="file_id", code="file_not_found"
+        )
     return FileResponse(path, media_type="application/octet-stream", filename=filename)
 
 
 @router.post("/{file_id}/budget", response_model=FileObject)
-def set_budget(file_id: str, body: BudgetRequest, request: Request,
-               caller: CallerDep) -> FileObject:
-    return service.set_budget(get_store(request), caller, file_id, body.epsilon_budget,
-                              body.delta)
+def set_budget(
+    file_id: str, body: BudgetRequest, request: Request, caller: CallerDep
+) -> FileObject:
+    return service.set_budget(get_store(request), caller, file_id, body.epsilon_budget, body.delta)

@@ -4,25 +4,26 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import IO, Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.common import Store, cursor_page, new_id, now
-from api.db import locked_session
-from api.errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge
-from api.files import budget
 from api.files.schemas import Budget, FileObject
 from api.keys.service import Caller
-from api.tables import File, Job
 from dprc_core.training.plan import default_delta
+from service import budget, lifecycle
+from service.clock import now
+from service.db import locked_session
+from service.errors import Conflict, InvalidInput, NotFound, TooLarge
+from service.file_storage import clean_filename, storage_dir, write_atomic
+from service.ids import new_id
+from service.pagination import cursor_page
+from service.store import Store
+from service.tables import File, Job
 
 UPLOAD_PURPOSES = ("fine-tune",)
-RESULT_PURPOSE = "fine-tune-results"
 TEXT_KEYS = {"text"}
 CLASSIFICATION_KEYS = {"text", "label"}
 ROLES = ("system", "user", "assistant")
@@ -32,8 +33,8 @@ ROLES = ("system", "user", "assistant")
 
 
 def _line_format(obj: Any, lineno: int) -> str:
-    def bad(why: str) -> InvalidRequest:
-        return InvalidRequest(f"line {lineno}: {why}", param="file", code="invalid_jsonl")
+    def bad(why: str) -> InvalidInput:
+        return InvalidInput(f"line {lineno}: {why}", param="file", code="invalid_jsonl")
 
     if not isinstance(obj, dict):
         raise bad("each line must be a JSON object")
@@ -58,19 +59,20 @@ def _line_format(obj: Any, lineno: int) -> str:
             raise bad("'label' must be an integer or a string")
         return "classification"
     raise bad(
-        "expected {\"text\": ...}, {\"text\": ..., \"label\": ...} or {\"messages\": [...]}, "
+        'expected {"text": ...}, {"text": ..., "label": ...} or {"messages": [...]}, '
         f"got keys {sorted(keys)[:5]}"
     )
 
 
 def validate_jsonl(data: bytes) -> tuple[int, str]:
-    """(number of examples, format) of a fine-tune JSONL file, or 400 naming the first bad
-    line. Blank lines are skipped; every line must have the same format."""
+    """(number of examples, format) of a fine-tune JSONL file, or :class:`InvalidInput`
+    naming the first bad line. Blank lines are skipped; every line must have the same format."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InvalidRequest(f"file is not UTF-8 text: {exc}", param="file",
-                             code="invalid_jsonl") from exc
+        raise InvalidInput(
+            f"file is not UTF-8 text: {exc}", param="file", code="invalid_jsonl"
+        ) from exc
     n, fmt = 0, None
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -78,28 +80,34 @@ def validate_jsonl(data: bytes) -> tuple[int, str]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise InvalidRequest(f"line {lineno}: not valid JSON ({exc.msg})", param="file",
-                                 code="invalid_jsonl") from exc
+            raise InvalidInput(
+                f"line {lineno}: not valid JSON ({exc.msg})", param="file", code="invalid_jsonl"
+            ) from exc
         this = _line_format(obj, lineno)
         if fmt is None:
             fmt = this
         elif this != fmt:
-            raise InvalidRequest(f"line {lineno}: {this} line in a {fmt} file (formats mixed)",
-                                 param="file", code="invalid_jsonl")
+            raise InvalidInput(
+                f"line {lineno}: {this} line in a {fmt} file (formats mixed)",
+                param="file",
+                code="invalid_jsonl",
+            )
         n += 1
     if fmt is None:
-        raise InvalidRequest("file has no examples", param="file", code="invalid_jsonl")
+        raise InvalidInput("file has no examples", param="file", code="invalid_jsonl")
     if n < 2:
-        raise InvalidRequest("a data set needs at least 2 examples", param="file",
-                             code="invalid_jsonl")
+        raise InvalidInput(
+            "a data set needs at least 2 examples", param="file", code="invalid_jsonl"
+        )
     return n, fmt
 
 
 def read_capped(stream: IO[bytes], cap: int) -> bytes:
     data = stream.read(cap + 1)
     if len(data) > cap:
-        raise PayloadTooLarge(f"file exceeds the upload limit of {cap} bytes", param="file",
-                              code="file_too_large")
+        raise TooLarge(
+            f"file exceeds the upload limit of {cap} bytes", param="file", code="file_too_large"
+        )
     return data
 
 
@@ -118,41 +126,24 @@ def to_object(f: File) -> FileObject:
             committed=committed if math.isfinite(committed) else None,
             remaining=max(0.0, f.epsilon_budget - committed),
         )
-    return FileObject(id=f.id, bytes=f.bytes, created_at=f.created_at, filename=f.filename,
-                      purpose=f.purpose, n_examples=f.n_examples, format=f.data_format, budget=b)
+    return FileObject(
+        id=f.id,
+        bytes=f.bytes,
+        created_at=f.created_at,
+        filename=f.filename,
+        purpose=f.purpose,
+        n_examples=f.n_examples,
+        format=f.data_format,
+        budget=b,
+    )
 
 
-def _clean_filename(name: str | None) -> str:
-    base = os.path.basename((name or "upload.jsonl").replace("\\", "/"))
-    base = "".join(ch for ch in base if ch.isprintable() and ch != "\x00")[:255]
-    return base or "upload.jsonl"
-
-
-def _storage_dir(store: Store, tenant_id: int) -> Path:
-    path = store.settings.files_dir / str(tenant_id)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _write_atomic(directory: Path, name: str, data: bytes) -> Path:
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".upload-")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        target = directory / name
-        os.replace(tmp, target)
-        return target
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _budget_values(n: int, epsilon_budget: float | None, delta: float | None) -> tuple[
-    float | None, float | None
-]:
+def _budget_values(
+    n: int, epsilon_budget: float | None, delta: float | None
+) -> tuple[float | None, float | None]:
     if epsilon_budget is None:
         if delta is not None:
-            raise InvalidRequest("delta needs epsilon_budget", param="delta", code="invalid_value")
+            raise InvalidInput("delta needs epsilon_budget", param="delta", code="invalid_value")
         return None, None
     d = default_delta(n) if delta is None else budget.check_delta_for(n, delta, "delta")
     return epsilon_budget, d
@@ -171,19 +162,33 @@ def create_file(
     delta: float | None,
 ) -> FileObject:
     if purpose not in UPLOAD_PURPOSES:
-        raise InvalidRequest(f"purpose must be one of {UPLOAD_PURPOSES}, got {purpose[:40]!r}",
-                             param="purpose", code="invalid_value")
+        raise InvalidInput(
+            f"purpose must be one of {UPLOAD_PURPOSES}, got {purpose[:40]!r}",
+            param="purpose",
+            code="invalid_value",
+        )
     n, fmt = validate_jsonl(data)
     eps_b, d = _budget_values(n, epsilon_budget, delta)
     file_id = new_id("file")
-    path = _write_atomic(_storage_dir(store, caller.tenant_id), f"{file_id}.jsonl", data)
+    path = write_atomic(storage_dir(store, caller.tenant_id), f"{file_id}.jsonl", data)
     try:
         with store.sessions() as session:
-            row = File(id=file_id, tenant_id=caller.tenant_id, filename=_clean_filename(filename),
-                       purpose=purpose, bytes=len(data), created_at=now(),
-                       storage_path=str(path), n_examples=n, data_format=fmt,
-                       epsilon_budget=eps_b, delta=d, epsilon_spent=0.0, epsilon_committed=0.0,
-                       deleted=False)
+            row = File(
+                id=file_id,
+                tenant_id=caller.tenant_id,
+                filename=clean_filename(filename),
+                purpose=purpose,
+                bytes=len(data),
+                created_at=now(),
+                storage_path=str(path),
+                n_examples=n,
+                data_format=fmt,
+                epsilon_budget=eps_b,
+                delta=d,
+                epsilon_spent=0.0,
+                epsilon_committed=0.0,
+                deleted=False,
+            )
             session.add(row)
             session.commit()
             return to_object(row)
@@ -192,27 +197,12 @@ def create_file(
         raise
 
 
-def store_result_file(
-    session: Session, store: Store, tenant_id: int, source: Path, filename: str
-) -> File:
-    """Register a worker-produced archive (e.g. a checkpoint) as a tenant's file. The caller
-    commits."""
-    file_id = new_id("file")
-    directory = _storage_dir(store, tenant_id)
-    target = directory / f"{file_id}{''.join(source.suffixes)[-16:]}"
-    os.replace(source, target)
-    row = File(id=file_id, tenant_id=tenant_id, filename=_clean_filename(filename),
-               purpose=RESULT_PURPOSE, bytes=target.stat().st_size, created_at=now(),
-               storage_path=str(target), epsilon_spent=0.0, epsilon_committed=0.0,
-               deleted=False)
-    session.add(row)
-    session.flush()
-    return row
-
-
 def get_row(session: Session, caller: Caller, file_id: str) -> File:
-    row = session.scalar(select(File).where(File.id == file_id, File.tenant_id == caller.tenant_id,
-                                            File.deleted.is_(False)))
+    row = session.scalar(
+        select(File).where(
+            File.id == file_id, File.tenant_id == caller.tenant_id, File.deleted.is_(False)
+        )
+    )
     if row is None:
         raise NotFound(f"no such file: {file_id[:64]!r}", param="file_id", code="file_not_found")
     return row
@@ -223,14 +213,14 @@ def retrieve(store: Store, caller: Caller, file_id: str) -> FileObject:
         return to_object(get_row(session, caller, file_id))
 
 
-def list_files(store: Store, caller: Caller, purpose: str | None, limit: int, after: str | None,
-               order: str) -> tuple[list[FileObject], bool]:
+def list_files(
+    store: Store, caller: Caller, purpose: str | None, limit: int, after: str | None, order: str
+) -> tuple[list[FileObject], bool]:
     with store.sessions() as session:
         q = select(File).where(File.tenant_id == caller.tenant_id, File.deleted.is_(False))
         if purpose:
             q = q.where(File.purpose == purpose)
-        rows, more = cursor_page(session, q, File, after, limit, "file",
-                                 descending=order == "desc")
+        rows, more = cursor_page(session, q, File, after, limit, "file", descending=order == "desc")
         return [to_object(r) for r in rows], more
 
 
@@ -242,15 +232,22 @@ def content_path(store: Store, caller: Caller, file_id: str) -> tuple[Path, str]
 
 def delete(store: Store, caller: Caller, file_id: str) -> str:
     with locked_session(store.sessions) as session:
-        row = budget.lock_file(session, caller.tenant_id, file_id)
+        row = budget.lock_file(session, file_id, caller.tenant_id)
         if row is None:
-            raise NotFound(f"no such file: {file_id[:64]!r}", param="file_id",
-                           code="file_not_found")
-        active = session.scalar(select(func.count()).select_from(Job).where(
-            Job.training_file_id == row.id, Job.status.in_(budget.ACTIVE)))
+            raise NotFound(
+                f"no such file: {file_id[:64]!r}", param="file_id", code="file_not_found"
+            )
+        active = session.scalar(
+            select(func.count())
+            .select_from(Job)
+            .where(Job.training_file_id == row.id, Job.status.in_(lifecycle.ACTIVE))
+        )
         if active:
-            raise Conflict(f"file {file_id} is used by {active} active fine-tuning job(s); "
-                           "cancel them first", param="file_id", code="file_in_use")
+            raise Conflict(
+                f"file {file_id} is used by {active} active fine-tuning job(s); cancel them first",
+                param="file_id",
+                code="file_in_use",
+            )
         row.deleted = True
         path = Path(row.storage_path)
         session.commit()
@@ -258,28 +255,34 @@ def delete(store: Store, caller: Caller, file_id: str) -> str:
     return file_id
 
 
-def set_budget(store: Store, caller: Caller, file_id: str, epsilon_budget: float,
-               delta: float | None) -> FileObject:
-    """Set or change a data set's budget; refused (409) if what is already committed does not
-    fit the new one."""
+def set_budget(
+    store: Store, caller: Caller, file_id: str, epsilon_budget: float, delta: float | None
+) -> FileObject:
+    """Set or change a data set's budget; refused (:class:`Conflict`) if what is already
+    committed does not fit the new one."""
     with locked_session(store.sessions) as session:
-        row = budget.lock_file(session, caller.tenant_id, file_id)
+        row = budget.lock_file(session, file_id, caller.tenant_id)
         if row is None:
-            raise NotFound(f"no such file: {file_id[:64]!r}", param="file_id",
-                           code="file_not_found")
+            raise NotFound(
+                f"no such file: {file_id[:64]!r}", param="file_id", code="file_not_found"
+            )
         if row.purpose not in UPLOAD_PURPOSES or row.n_examples is None:
-            raise InvalidRequest("only fine-tune data sets carry a budget", param="file_id",
-                                 code="invalid_value")
+            raise InvalidInput(
+                "only fine-tune data sets carry a budget", param="file_id", code="invalid_value"
+            )
         eps_b, d = _budget_values(row.n_examples, epsilon_budget, delta)
         assert eps_b is not None and d is not None
         old = (row.epsilon_budget, row.delta)
         row.epsilon_budget, row.delta = eps_b, d
-        _spent, committed = budget.refresh(session, row)
+        _spent, committed = lifecycle.settle(session, row)
         if committed > eps_b:
             row.epsilon_budget, row.delta = old
             session.rollback()
-            raise Conflict(f"the jobs on this file already commit epsilon={committed:.4g} at "
-                           f"delta={d:g}, above the requested budget {eps_b:g}",
-                           param="epsilon_budget", code="budget_exceeded")
+            raise Conflict(
+                f"the jobs on this file already commit epsilon={committed:.4g} at "
+                f"delta={d:g}, above the requested budget {eps_b:g}",
+                param="epsilon_budget",
+                code="budget_exceeded",
+            )
         session.commit()
         return to_object(row)

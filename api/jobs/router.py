@@ -6,10 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
 
-from api.common import get_store
+from api.app_state import get_dispatcher, get_store
 from api.jobs import service
 from api.jobs.schemas import CheckpointList, EventList, Job, JobCreate, JobList, Ledger
 from api.keys.dependencies import CallerDep
+from service.lifecycle import JobStatus
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
 
@@ -23,19 +24,20 @@ def create_job(
     request: Request,
     caller: CallerDep,
     idempotency_key: Annotated[
-        str | None, Header(alias="Idempotency-Key", min_length=1, max_length=255,
-                           pattern=r"^[\x21-\x7e]+$")
+        str | None,
+        Header(alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$"),
     ] = None,
 ) -> Job:
     job = service.create_job(get_store(request), caller, body, idempotency_key)
-    if job.status == "queued":
-        request.app.state.dispatcher.submit(job.id)
+    if job.status == JobStatus.QUEUED:
+        get_dispatcher(request).submit(job.id)
     return job
 
 
 @router.get("", response_model=JobList)
-def list_jobs(request: Request, caller: CallerDep, after: After = None,
-              limit: Limit = 20) -> JobList:
+def list_jobs(
+    request: Request, caller: CallerDep, after: After = None, limit: Limit = 20
+) -> JobList:
     data, has_more = service.list_jobs(get_store(request), caller, after, limit)
     return JobList(data=data, has_more=has_more)
 
@@ -53,7 +55,7 @@ def pause_job(fine_tuning_job_id: str, request: Request, caller: CallerDep) -> J
 @router.post("/{fine_tuning_job_id}/resume", response_model=Job)
 def resume_job(fine_tuning_job_id: str, request: Request, caller: CallerDep) -> Job:
     job = service.resume(get_store(request), caller, fine_tuning_job_id)
-    request.app.state.dispatcher.submit(job.id)
+    get_dispatcher(request).submit(job.id)
     return job
 
 
@@ -63,24 +65,39 @@ def cancel_job(fine_tuning_job_id: str, request: Request, caller: CallerDep) -> 
 
 
 @router.get("/{fine_tuning_job_id}/events", response_model=EventList)
-def list_events(fine_tuning_job_id: str, request: Request, caller: CallerDep,
-                after: After = None, limit: Limit = 20) -> EventList:
+def list_events(
+    fine_tuning_job_id: str,
+    request: Request,
+    caller: CallerDep,
+    after: After = None,
+    limit: Limit = 20,
+) -> EventList:
     """Job events. Metrics in ``data`` (such as ``train_loss``) are computed on the private
     training data and are **not** covered by the differential-privacy guarantee; create the
     job with ``privacy.report_train_loss: false`` to turn them off."""
-    data, has_more = service.list_events(get_store(request), caller, fine_tuning_job_id,
-                                         after, limit)
+    data, has_more = service.list_events(
+        get_store(request), caller, fine_tuning_job_id, after, limit
+    )
     return EventList(data=data, has_more=has_more)
 
 
 @router.get("/{fine_tuning_job_id}/checkpoints", response_model=CheckpointList)
-def list_checkpoints(fine_tuning_job_id: str, request: Request, caller: CallerDep,
-                     after: After = None, limit: Limit = 10) -> CheckpointList:
-    data, has_more = service.list_checkpoints(get_store(request), caller, fine_tuning_job_id,
-                                              after, limit)
-    return CheckpointList(data=data, has_more=has_more,
-                          first_id=data[0].id if data else None,
-                          last_id=data[-1].id if data else None)
+def list_checkpoints(
+    fine_tuning_job_id: str,
+    request: Request,
+    caller: CallerDep,
+    after: After = None,
+    limit: Limit = 10,
+) -> CheckpointList:
+    data, has_more = service.list_checkpoints(
+        get_store(request), caller, fine_tuning_job_id, after, limit
+    )
+    return CheckpointList(
+        data=data,
+        has_more=has_more,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+    )
 
 
 @router.get("/{fine_tuning_job_id}/ledger", response_model=Ledger)

@@ -11,9 +11,10 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from api.common import new_id, now
-from api.errors import AuthenticationError
-from api.tables import ApiKey, Tenant
+from service.clock import now
+from service.errors import Unauthenticated
+from service.ids import new_id
+from service.tables import ApiKey, Tenant
 
 KEY_PREFIX = "dprc-"
 
@@ -74,23 +75,23 @@ def revoke_key(session: Session, key_id: str) -> bool:
 
 def list_keys(session: Session) -> list[tuple[ApiKey, str]]:
     rows = session.execute(
-        select(ApiKey, Tenant.name).join(Tenant, Tenant.id == ApiKey.tenant_id).order_by(
-            ApiKey.created_at, ApiKey.id
-        )
+        select(ApiKey, Tenant.name)
+        .join(Tenant, Tenant.id == ApiKey.tenant_id)
+        .order_by(ApiKey.created_at, ApiKey.id)
     )
     return [(k, name) for k, name in rows]
 
 
 def authenticate(session: Session, authorization: str | None) -> Caller:
-    """The caller for an ``Authorization: Bearer <key>`` header, or 401."""
+    """The caller for an ``Authorization: Bearer <key>`` header, or :class:`Unauthenticated`."""
     if not authorization:
-        raise AuthenticationError(
+        raise Unauthenticated(
             "missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key"
         )
     scheme, _, secret = authorization.partition(" ")
     secret = secret.strip()
     if scheme.lower() != "bearer" or not secret:
-        raise AuthenticationError("malformed Authorization header", code="invalid_api_key")
+        raise Unauthenticated("malformed Authorization header", code="invalid_api_key")
     digest = hash_key(secret)
     row = session.execute(
         select(ApiKey, Tenant.name)
@@ -99,8 +100,8 @@ def authenticate(session: Session, authorization: str | None) -> Caller:
     ).first()
     # compare in constant time even though the lookup is by hash (defence in depth)
     if row is None or not hmac.compare_digest(row[0].key_hash, digest):
-        raise AuthenticationError("incorrect API key provided", code="invalid_api_key")
+        raise Unauthenticated("incorrect API key provided", code="invalid_api_key")
     key, tenant_name = row
     if key.revoked_at is not None:
-        raise AuthenticationError("this API key has been revoked", code="invalid_api_key")
+        raise Unauthenticated("this API key has been revoked", code="invalid_api_key")
     return Caller(tenant_id=key.tenant_id, tenant_name=tenant_name, key_id=key.id)

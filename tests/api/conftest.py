@@ -18,10 +18,10 @@ import psycopg
 import pytest
 import uvicorn
 
-from api.app import create_app
-from api.common import Store
 from api.keys.service import create_key
-from api.settings import Settings
+from dprc.app import build_app
+from service.settings import Settings
+from service.store import Store
 
 PG_ADMIN = os.environ.get("DPRC_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -58,8 +58,9 @@ class Server:
             return create_key(session, tenant)[1]
 
     def client(self, key: str) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=key, max_retries=0,
-                             timeout=120)
+        return openai.OpenAI(
+            base_url=f"{self.base_url}/v1", api_key=key, max_retries=0, timeout=120
+        )
 
     def http(self, key: str | None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -73,10 +74,9 @@ def _free_port() -> int:
 
 
 def _serve(settings: Settings) -> Iterator[Server]:
-    app = create_app(settings)
+    app = build_app(settings)
     port = _free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                            lifespan="on")
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -94,8 +94,13 @@ def _serve(settings: Settings) -> Iterator[Server]:
 
 def _settings(tmp: Path, database_url: str | None, **kw: object) -> Settings:
     kw.setdefault("embedded_worker", False)  # API tests: jobs stay queued (no worker)
-    return Settings(data_dir=tmp, database_url=database_url, max_upload_bytes=64 * 1024,
-                    max_active_jobs_per_tenant=40, **kw)  # type: ignore[arg-type]
+    return Settings(
+        data_dir=tmp,
+        database_url=database_url,
+        max_upload_bytes=64 * 1024,
+        max_active_jobs_per_tenant=40,
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="session", params=["postgresql", "sqlite"])
@@ -127,5 +132,6 @@ def text_lines(n: int) -> bytes:
 
 
 def labelled_lines(n: int) -> bytes:
-    return jsonl([{"text": f"review {i} was {'good' if i % 2 else 'bad'}", "label": i % 2}
-                  for i in range(n)])
+    return jsonl(
+        [{"text": f"review {i} was {'good' if i % 2 else 'bad'}", "label": i % 2} for i in range(n)]
+    )

@@ -14,10 +14,10 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from api.cli import main
-from api.db import make_engine, upgrade
-from api.settings import Settings
-from api.tables import Base
+from dprc.cli import main
+from service.db import make_engine, upgrade
+from service.settings import Settings
+from service.tables import Base
 from tests.api.conftest import _free_port
 
 
@@ -45,18 +45,26 @@ def test_serve_subprocess(tmp_path):
     """``dprc serve`` over the console script, with a key from ``dprc keys create``."""
     env = {**os.environ, "DPRC_DATA_DIR": str(tmp_path)}
     env.pop("DPRC_DATABASE_URL", None)
-    dprc = [sys.executable, "-m", "api.cli"]
-    key = subprocess.run([*dprc, "keys", "create", "--tenant", "t"], env=env, check=True,
-                         capture_output=True, text=True).stdout.strip()
+    dprc = [sys.executable, "-m", "dprc.cli"]
+    key = subprocess.run(
+        [*dprc, "keys", "create", "--tenant", "t"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     port = _free_port()
-    proc = subprocess.Popen([*dprc, "serve", "--host", "127.0.0.1", "--port", str(port),
-                             "--log-level", "warning"], env=env)
+    proc = subprocess.Popen(
+        [*dprc, "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        env=env,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
             try:
-                r = httpx.get(f"http://127.0.0.1:{port}/v1/models",
-                              headers={"Authorization": f"Bearer {key}"})
+                r = httpx.get(
+                    f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {key}"}
+                )
                 break
             except httpx.TransportError:
                 assert proc.poll() is None and time.monotonic() < deadline
@@ -69,8 +77,7 @@ def test_serve_subprocess(tmp_path):
 
 @pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
 def test_migrations_match_tables(backend, pg_url, tmp_path):
-    settings = Settings(data_dir=tmp_path, database_url=pg_url if backend == "postgresql"
-                        else None)
+    settings = Settings(data_dir=tmp_path, database_url=pg_url if backend == "postgresql" else None)
     engine = make_engine(settings)
     upgrade(engine)
     upgrade(engine)  # idempotent at start-up

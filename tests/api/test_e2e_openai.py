@@ -9,9 +9,9 @@ import tarfile
 import openai
 import pytest
 
-from api.jobs import service as jobs_service
 from dprc_core.accounting import epsilon, epsilon_for_events
 from dprc_core.training.plan import default_delta
+from service import job_runs
 from tests.api.conftest import labelled_lines, text_lines
 
 
@@ -30,7 +30,8 @@ def test_happy_path(server, tmp_path):
     client = server.client(server.key("happy"))
     n = 200
     uploaded = client.files.create(
-        file=("reviews.jsonl", labelled_lines(n)), purpose="fine-tune",
+        file=("reviews.jsonl", labelled_lines(n)),
+        purpose="fine-tune",
         extra_body={"epsilon_budget": "6", "delta": "0.001"},
     )
     assert uploaded.model_extra["n_examples"] == n
@@ -46,12 +47,20 @@ def test_happy_path(server, tmp_path):
     assert models["dprc-tiny-llama"].model_extra["task"] == "causal_lm"
 
     job = client.fine_tuning.jobs.create(
-        model="minilm-l6-v2", training_file=uploaded.id,
+        model="minilm-l6-v2",
+        training_file=uploaded.id,
         hyperparameters={"n_epochs": 2, "batch_size": 16},
-        suffix="reviews", seed=7, metadata={"team": "a"},
-        extra_body={"privacy": {"target_epsilon": 2.0, "target_delta": 1e-3,
-                                "clipping": {"method": "hutch", "k": 32},
-                                "report_train_loss": False}},
+        suffix="reviews",
+        seed=7,
+        metadata={"team": "a"},
+        extra_body={
+            "privacy": {
+                "target_epsilon": 2.0,
+                "target_delta": 1e-3,
+                "clipping": {"method": "hutch", "k": 32},
+                "report_train_loss": False,
+            }
+        },
     )
     assert job.status == "queued"
     assert job.seed == 7 and job.metadata == {"team": "a"}
@@ -69,8 +78,10 @@ def test_happy_path(server, tmp_path):
     budget = client.files.retrieve(uploaded.id).model_extra["budget"]
     assert budget["spent"] == 0.0
     assert budget["committed"] == pytest.approx(
-        epsilon(privacy["noise_multiplier"], privacy["sample_rate"], privacy["steps"], 1e-3,
-                "hutch", 32))
+        epsilon(
+            privacy["noise_multiplier"], privacy["sample_rate"], privacy["steps"], 1e-3, "hutch", 32
+        )
+    )
     assert budget["remaining"] == pytest.approx(6.0 - budget["committed"])
 
     assert client.fine_tuning.jobs.retrieve(job.id).id == job.id
@@ -93,8 +104,9 @@ def test_happy_path(server, tmp_path):
         info.size = len(payload)
         tar.addfile(info, io.BytesIO(payload))
     data = archive.read_bytes()
-    jobs_service.record_checkpoint(server.store, job.id, 5, 0.5, archive,
-                                   {"train_loss": 1.0, "clipped_fraction": 0.2})
+    job_runs.record_checkpoint(
+        server.store, job.id, 5, 0.5, archive, {"train_loss": 1.0, "clipped_fraction": 0.2}
+    )
     ckpts = client.fine_tuning.jobs.checkpoints.list(job.id).data
     assert [c.step_number for c in ckpts] == [5]
     assert "train_loss" not in ckpts[0].metrics  # report_train_loss: false
@@ -116,9 +128,11 @@ def test_pagination_and_default_delta(server):
     ids, seeds = [], []
     for _ in range(3):
         job = client.fine_tuning.jobs.create(
-            model="minilm-l6-v2", training_file=f.id,
+            model="minilm-l6-v2",
+            training_file=f.id,
             hyperparameters={"n_epochs": 1, "batch_size": 10},
-            extra_body={"privacy": {"target_epsilon": 4.0, "clipping": {"method": "exact"}}})
+            extra_body={"privacy": {"target_epsilon": 4.0, "clipping": {"method": "exact"}}},
+        )
         ids.append(job.id)
         seeds.append(job.seed)
         delta = job.model_extra["privacy"]["target_delta"]
@@ -148,9 +162,11 @@ def test_causal_lm_job_builds_tiny_model(server):
     client = server.client(server.key("causal"))
     f = client.files.create(file=("t.jsonl", text_lines(50)), purpose="fine-tune")
     job = client.fine_tuning.jobs.create(
-        model="dprc-tiny-llama", training_file=f.id,
+        model="dprc-tiny-llama",
+        training_file=f.id,
         hyperparameters={"n_epochs": 1, "batch_size": 5, "lora": {"r": 4}},
-        extra_body={"privacy": {"target_epsilon": 3.0}})
+        extra_body={"privacy": {"target_epsilon": 3.0}},
+    )
     privacy = job.model_extra["privacy"]
     assert privacy["clipping"] == {"method": "auto", "k": 32}
     assert privacy["accountant"]["clipping"] == "hutch"  # auto is planned as hutch
@@ -159,26 +175,41 @@ def test_causal_lm_job_builds_tiny_model(server):
     assert model.model_extra["ready"] is True
     # a causal LM cannot train on a classification file, nor MiniLM on plain text
     with pytest.raises(openai.BadRequestError):
-        client.fine_tuning.jobs.create(model="minilm-l6-v2", training_file=f.id,
-                                       extra_body={"privacy": {"target_epsilon": 3.0}})
+        client.fine_tuning.jobs.create(
+            model="minilm-l6-v2",
+            training_file=f.id,
+            extra_body={"privacy": {"target_epsilon": 3.0}},
+        )
 
 
 def test_composition_is_not_a_sum(server):
     """Two jobs on one budgeted file: the file's committed ε is their PLD composition."""
     client = server.client(server.key("compose"))
-    f = client.files.create(file=("t.jsonl", labelled_lines(100)), purpose="fine-tune",
-                            extra_body={"epsilon_budget": "10"})
-    jobs = [client.fine_tuning.jobs.create(
-        model="minilm-l6-v2", training_file=f.id,
-        hyperparameters={"n_epochs": 1, "batch_size": 10},
-        extra_body={"privacy": {"target_epsilon": eps, "clipping": {"method": "exact"}}})
-        for eps in (1.0, 2.0)]
+    f = client.files.create(
+        file=("t.jsonl", labelled_lines(100)),
+        purpose="fine-tune",
+        extra_body={"epsilon_budget": "10"},
+    )
+    jobs = [
+        client.fine_tuning.jobs.create(
+            model="minilm-l6-v2",
+            training_file=f.id,
+            hyperparameters={"n_epochs": 1, "batch_size": 10},
+            extra_body={"privacy": {"target_epsilon": eps, "clipping": {"method": "exact"}}},
+        )
+        for eps in (1.0, 2.0)
+    ]
     from dprc_core.accounting import PrivacyEvent
 
     budget = client.files.retrieve(f.id).model_extra["budget"]
-    events = [PrivacyEvent(j.model_extra["privacy"]["noise_multiplier"],
-                           j.model_extra["privacy"]["sample_rate"],
-                           j.model_extra["privacy"]["steps"]) for j in jobs]
+    events = [
+        PrivacyEvent(
+            j.model_extra["privacy"]["noise_multiplier"],
+            j.model_extra["privacy"]["sample_rate"],
+            j.model_extra["privacy"]["steps"],
+        )
+        for j in jobs
+    ]
     composed = epsilon_for_events(events, budget["delta"])
     assert budget["committed"] == pytest.approx(composed)
     singles = [epsilon_for_events([e], budget["delta"]) for e in events]

@@ -8,25 +8,30 @@ import tarfile
 import openai
 import pytest
 
-from api.jobs import service as jobs_service
 from api.keys.service import revoke_key
-from api.tables import ApiKey
+from service import job_runs
+from service.tables import ApiKey
 from tests.api.conftest import labelled_lines
 
 
 @pytest.fixture()
 def a_resources(server, tmp_path):
     a = server.client(server.key("tenant-a"))
-    f = a.files.create(file=("a.jsonl", labelled_lines(40)), purpose="fine-tune",
-                       extra_body={"epsilon_budget": "5"})
+    f = a.files.create(
+        file=("a.jsonl", labelled_lines(40)),
+        purpose="fine-tune",
+        extra_body={"epsilon_budget": "5"},
+    )
     job = a.fine_tuning.jobs.create(
-        model="minilm-l6-v2", training_file=f.id,
+        model="minilm-l6-v2",
+        training_file=f.id,
         hyperparameters={"n_epochs": 1, "batch_size": 8},
-        extra_body={"privacy": {"target_epsilon": 1.0, "clipping": {"method": "exact"}}})
+        extra_body={"privacy": {"target_epsilon": 1.0, "clipping": {"method": "exact"}}},
+    )
     archive = tmp_path / "c.tar"
     with tarfile.open(archive, "w") as tar:
         tar.addfile(tarfile.TarInfo("empty"), io.BytesIO(b""))
-    jobs_service.record_checkpoint(server.store, job.id, 1, 0.1, archive)
+    job_runs.record_checkpoint(server.store, job.id, 1, 0.1, archive)
     ckpt = a.fine_tuning.jobs.checkpoints.list(job.id).data[0]
     return a, f, job, ckpt
 
@@ -47,8 +52,10 @@ def test_other_tenant_gets_404(server, a_resources):
         lambda: b.get(f"/fine_tuning/jobs/{job.id}/ledger", cast_to=object),
         lambda: b.fine_tuning.jobs.list(after=job.id),
         lambda: b.fine_tuning.jobs.create(
-            model="minilm-l6-v2", training_file=f.id,
-            extra_body={"privacy": {"target_epsilon": 1.0}}),
+            model="minilm-l6-v2",
+            training_file=f.id,
+            extra_body={"privacy": {"target_epsilon": 1.0}},
+        ),
     ]
     for call in calls:
         with pytest.raises(openai.NotFoundError):
@@ -67,9 +74,13 @@ def test_owner_still_sees_everything(server, a_resources):
 def test_missing_or_invalid_key_is_401(server, header):
     with server.http(None) as http:
         headers = {"Authorization": header} if header else {}
-        for method, path in [("GET", "/v1/files"), ("GET", "/v1/models"),
-                             ("GET", "/v1/fine_tuning/jobs"), ("GET", "/v1/fine_tuning/jobs/x"),
-                             ("POST", "/v1/accountant/epsilon")]:
+        for method, path in [
+            ("GET", "/v1/files"),
+            ("GET", "/v1/models"),
+            ("GET", "/v1/fine_tuning/jobs"),
+            ("GET", "/v1/fine_tuning/jobs/x"),
+            ("POST", "/v1/accountant/epsilon"),
+        ]:
             r = http.request(method, path, headers=headers)
             assert r.status_code == 401, (method, path, r.text)
             assert r.json()["error"]["type"] == "authentication_error"

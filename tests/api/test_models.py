@@ -6,21 +6,24 @@ import json
 
 import pytest
 
-from api.errors import InvalidRequest, NotFound
-from api.models import service
-from api.settings import ModelSpec, Settings
+from service import model_registry as service
+from service.errors import InvalidInput, NotFound
+from service.settings import ModelSpec, Settings
 
 
 def test_configured_models(tmp_path):
     folder = tmp_path / "m"
     folder.mkdir()
-    settings = Settings(data_dir=tmp_path, builtin_models=False,
-                        models={"my-lm": ModelSpec(path=folder, task="causal_lm")})
+    settings = Settings(
+        data_dir=tmp_path,
+        builtin_models=False,
+        models={"my-lm": ModelSpec(path=folder, task="causal_lm")},
+    )
     reg = service.registry(settings)
     assert list(reg) == ["my-lm"]
     model = service.get_model(settings, "my-lm")
     assert model.task == "causal_lm" and not model.ready
-    with pytest.raises(InvalidRequest):  # no weights there: refused, nothing downloaded
+    with pytest.raises(InvalidInput):  # no weights there: refused, nothing downloaded
         service.ensure_local(model)
     (folder / "config.json").write_text("{}")
     assert service.ensure_local(model) == folder.resolve()
@@ -36,10 +39,11 @@ def test_models_from_environment(tmp_path, monkeypatch):
     assert "minilm-l6-v2" in service.registry(settings)
 
 
-@pytest.mark.parametrize("name", ["../x", "/abs", "a/b", "a\\b", "..", "", " x", "x" * 200,
-                                  "C:\\models"])
+@pytest.mark.parametrize(
+    "name", ["../x", "/abs", "a/b", "a\\b", "..", "", " x", "x" * 200, "C:\\models"]
+)
 def test_path_like_names_are_refused(name, tmp_path):
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidInput):
         service.get_model(Settings(data_dir=tmp_path), name)
 
 
@@ -47,13 +51,21 @@ def test_chat_format_trains_causal_lm(server):
     from tests.api.conftest import jsonl
 
     client = server.client(server.key("chat"))
-    lines = [{"messages": [{"role": "user", "content": f"hi {i}"},
-                           {"role": "assistant", "content": "hello"}]} for i in range(20)]
+    lines = [
+        {
+            "messages": [
+                {"role": "user", "content": f"hi {i}"},
+                {"role": "assistant", "content": "hello"},
+            ]
+        }
+        for i in range(20)
+    ]
     f = client.files.create(file=("chat.jsonl", jsonl(lines)), purpose="fine-tune")
     assert f.model_extra["format"] == "chat"
     job = client.fine_tuning.jobs.create(
-        model="dprc-tiny-llama", training_file=f.id,
+        model="dprc-tiny-llama",
+        training_file=f.id,
         hyperparameters={"n_epochs": 1, "batch_size": 4},
-        extra_body={"privacy": {"target_epsilon": 4.0, "clipping": {"method": "hutchpp",
-                                                                    "k": 8}}})
+        extra_body={"privacy": {"target_epsilon": 4.0, "clipping": {"method": "hutchpp", "k": 8}}},
+    )
     assert job.model_extra["privacy"]["accountant"]["clipping"] == "hutchpp"

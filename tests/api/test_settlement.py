@@ -8,20 +8,30 @@ import json
 import openai
 import pytest
 
-from api.jobs import service as jobs
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger, epsilon_for_events
+from service import job_runs as jobs
 from tests.api.conftest import labelled_lines
 
 
 def test_reservation_settles_to_steps_run(server):
     client = server.client(server.key("settle"))
-    f = client.files.create(file=("d.jsonl", labelled_lines(100)), purpose="fine-tune",
-                            extra_body={"epsilon_budget": "3"})
+    f = client.files.create(
+        file=("d.jsonl", labelled_lines(100)),
+        purpose="fine-tune",
+        extra_body={"epsilon_budget": "3"},
+    )
     job = client.fine_tuning.jobs.create(
-        model="minilm-l6-v2", training_file=f.id,
+        model="minilm-l6-v2",
+        training_file=f.id,
         hyperparameters={"n_epochs": 2, "batch_size": 10},
-        extra_body={"privacy": {"target_epsilon": 2.0, "clipping": {"method": "exact"},
-                                "report_train_loss": False}})
+        extra_body={
+            "privacy": {
+                "target_epsilon": 2.0,
+                "clipping": {"method": "exact"},
+                "report_train_loss": False,
+            }
+        },
+    )
     p = job.model_extra["privacy"]
     assert p["steps"] == 20
     assert jobs.start_job(server.store, job.id, "worker-1")
@@ -52,8 +62,7 @@ def test_reservation_settles_to_steps_run(server):
     assert budget["spent"] == pytest.approx(settled)
     assert budget["committed"] == pytest.approx(settled)  # no reservation left
     ledger = client.get(f"/fine_tuning/jobs/{job.id}/ledger", cast_to=object)
-    assert PrivacyLedger.from_json(json.dumps(ledger["ledger"])).events == (
-        spent_event,)
+    assert PrivacyLedger.from_json(json.dumps(ledger["ledger"])).events == (spent_event,)
     assert ledger["epsilon_spent"] == pytest.approx(eps_done)
     assert client.fine_tuning.jobs.cancel(job.id).status == "cancelled"  # idempotent
 
@@ -62,8 +71,10 @@ def test_ended_job_cannot_be_cancelled(server):
     client = server.client(server.key("ended"))
     f = client.files.create(file=("d.jsonl", labelled_lines(100)), purpose="fine-tune")
     job = client.fine_tuning.jobs.create(
-        model="minilm-l6-v2", training_file=f.id,
-        extra_body={"privacy": {"target_epsilon": 2.0, "clipping": {"method": "exact"}}})
+        model="minilm-l6-v2",
+        training_file=f.id,
+        extra_body={"privacy": {"target_epsilon": 2.0, "clipping": {"method": "exact"}}},
+    )
     assert jobs.start_job(server.store, job.id, "w")
     jobs.record_progress(server.store, job.id, job.model_extra["steps_total"], 1.0)
     jobs.end_job(server.store, job.id, "succeeded")

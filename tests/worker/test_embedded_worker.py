@@ -13,12 +13,15 @@ from tests.worker.conftest import learnable_lines, wait_for
 
 
 def _create(client, file_id, **kw):
-    args = dict(model="dprc-tiny-llama", training_file=file_id,
-                hyperparameters={"n_epochs": 2, "batch_size": 8, "learning_rate": 0.01,
-                                 "max_seq_len": 32},
-                extra_body={"privacy": {"target_epsilon": 8.0,
-                                        "clipping": {"method": "hutch", "k": 16}},
-                            "checkpoint_every": 4})
+    args = dict(
+        model="dprc-tiny-llama",
+        training_file=file_id,
+        hyperparameters={"n_epochs": 2, "batch_size": 8, "learning_rate": 0.01, "max_seq_len": 32},
+        extra_body={
+            "privacy": {"target_epsilon": 8.0, "clipping": {"method": "hutch", "k": 16}},
+            "checkpoint_every": 4,
+        },
+    )
     args.update(kw)
     return client.fine_tuning.jobs.create(**args)
 
@@ -27,8 +30,11 @@ def test_a_job_runs_to_success_and_its_checkpoint_loads(embedded, tmp_path):
     from transformers import AutoModelForCausalLM
 
     client = embedded.client(embedded.key("e2e"))
-    f = client.files.create(file=("train.jsonl", learnable_lines(48)), purpose="fine-tune",
-                            extra_body={"epsilon_budget": 9.0})
+    f = client.files.create(
+        file=("train.jsonl", learnable_lines(48)),
+        purpose="fine-tune",
+        extra_body={"epsilon_budget": 9.0},
+    )
     job = _create(client, f.id)
     job = wait_for(client, job.id, {"succeeded", "failed", "cancelled"})
     assert job.status == "succeeded", job.model_extra.get("error") or job
@@ -43,8 +49,9 @@ def test_a_job_runs_to_success_and_its_checkpoint_loads(embedded, tmp_path):
         names = tar.getnames()
         assert not any(n.startswith("resume") for n in names)  # the noise state stays private
         tar.extractall(tmp_path / "ckpt", filter="data")
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt" / "model",
-                                                 use_safetensors=True, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "ckpt" / "model", use_safetensors=True, trust_remote_code=False
+    )
     assert model.num_parameters() > 0
     ledger = PrivacyLedger.from_json((tmp_path / "ckpt" / "ledger.json").read_text())
     delta = priv["target_delta"]
@@ -56,8 +63,11 @@ def test_a_job_runs_to_success_and_its_checkpoint_loads(embedded, tmp_path):
     assert abs(eps - want) <= 1e-9 * want
     assert abs(priv["epsilon_spent"] - eps) <= 1e-9 * eps
     events = client.fine_tuning.jobs.list_events(job.id, limit=100).data
-    losses = [e.data["train_loss"] for e in sorted(events, key=lambda e: e.created_at)
-              if e.data and "train_loss" in e.data and e.message.startswith("Step")]
+    losses = [
+        e.data["train_loss"]
+        for e in sorted(events, key=lambda e: e.created_at)
+        if e.data and "train_loss" in e.data and e.message.startswith("Step")
+    ]
     assert len(losses) >= 10 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
     # the budget settled to what ran: nothing reserved, spent = the job's ε
     budget = client.files.retrieve(f.id).model_extra["budget"]
@@ -67,13 +77,19 @@ def test_a_job_runs_to_success_and_its_checkpoint_loads(embedded, tmp_path):
 def test_cancel_mid_run_ends_cancelled_with_a_final_checkpoint(embedded):
     client = embedded.client(embedded.key("cancel"))
     f = client.files.create(file=("train.jsonl", learnable_lines(48)), purpose="fine-tune")
-    job = _create(client, f.id, hyperparameters={"n_epochs": 30, "batch_size": 8,
-                                                 "learning_rate": 0.01, "max_seq_len": 32})
+    job = _create(
+        client,
+        f.id,
+        hyperparameters={"n_epochs": 30, "batch_size": 8, "learning_rate": 0.01, "max_seq_len": 32},
+    )
     deadline = time.monotonic() + 300
     while True:
         now = client.fine_tuning.jobs.retrieve(job.id)
-        if now.model_extra["steps_done"] >= 2 or now.status != "running" and (
-                now.status != "queued"):
+        if (
+            now.model_extra["steps_done"] >= 2
+            or now.status != "running"
+            and (now.status != "queued")
+        ):
             break
         assert time.monotonic() < deadline
         time.sleep(0.2)
@@ -85,16 +101,18 @@ def test_cancel_mid_run_ends_cancelled_with_a_final_checkpoint(embedded):
     assert 2 <= done < priv["steps"]
     steps = [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id).data]
     assert max(steps) == done  # the final checkpoint is the step it stopped at
-    want = epsilon(priv["noise_multiplier"], priv["sample_rate"], done, priv["target_delta"],
-                   "hutch", 16)
+    want = epsilon(
+        priv["noise_multiplier"], priv["sample_rate"], done, priv["target_delta"], "hutch", 16
+    )
     assert abs(priv["epsilon_spent"] - want) <= 1e-9 * want
 
 
 def test_a_file_that_tokenizes_to_nothing_fails_with_a_clear_message(embedded):
     client = embedded.client(embedded.key("fail"))
     lines = "\n".join(json.dumps({"text": "x"}) for _ in range(20)).encode()
-    f = client.files.create(file=("one.jsonl", lines), purpose="fine-tune",
-                            extra_body={"epsilon_budget": 5.0})
+    f = client.files.create(
+        file=("one.jsonl", lines), purpose="fine-tune", extra_body={"epsilon_budget": 5.0}
+    )
     job = _create(client, f.id, extra_body={"privacy": {"target_epsilon": 4.0}})
     job = wait_for(client, job.id, {"failed", "succeeded", "cancelled"})
     assert job.status == "failed"
@@ -108,24 +126,33 @@ def test_a_model_removed_from_disk_fails_the_job_and_releases_the_budget(tmp_pat
     """Same task code, called directly on a store without a running worker."""
     import shutil
 
-    from api.settings import ModelSpec
     from dprc_core.training.tiny import build_tiny_llama
+    from service.settings import ModelSpec
     from tests.api.conftest import _serve, _settings
     from worker.execution import execute_job
 
     folder = build_tiny_llama(tmp_path / "my-lm", hidden=32)
-    settings = _settings(tmp_path / "data", None, builtin_models=False,
-                         models={"my-lm": ModelSpec(path=folder, task="causal_lm")})
+    settings = _settings(
+        tmp_path / "data",
+        None,
+        builtin_models=False,
+        models={"my-lm": ModelSpec(path=folder, task="causal_lm")},
+    )
     server_gen = _serve(settings)
     server = next(server_gen)
     try:
         client = server.client(server.key("gone"))
-        f = client.files.create(file=("t.jsonl", learnable_lines(24)), purpose="fine-tune",
-                                extra_body={"epsilon_budget": 6.0})
+        f = client.files.create(
+            file=("t.jsonl", learnable_lines(24)),
+            purpose="fine-tune",
+            extra_body={"epsilon_budget": 6.0},
+        )
         job = client.fine_tuning.jobs.create(
-            model="my-lm", training_file=f.id,
+            model="my-lm",
+            training_file=f.id,
             hyperparameters={"n_epochs": 1, "batch_size": 8, "max_seq_len": 16},
-            extra_body={"privacy": {"target_epsilon": 5.0}})
+            extra_body={"privacy": {"target_epsilon": 5.0}},
+        )
         assert client.files.retrieve(f.id).model_extra["budget"]["reserved"] > 0
         shutil.rmtree(folder)
         assert execute_job(server.store, job.id) == "failed"
@@ -140,10 +167,16 @@ def test_a_model_removed_from_disk_fails_the_job_and_releases_the_budget(tmp_pat
 
 def test_pause_then_resume_continues_from_the_checkpoint(embedded):
     client = embedded.client(embedded.key("pause"))
-    f = client.files.create(file=("train.jsonl", learnable_lines(48)), purpose="fine-tune",
-                            extra_body={"epsilon_budget": 9.0})
-    job = _create(client, f.id, hyperparameters={"n_epochs": 4, "batch_size": 8,
-                                                 "learning_rate": 0.01, "max_seq_len": 32})
+    f = client.files.create(
+        file=("train.jsonl", learnable_lines(48)),
+        purpose="fine-tune",
+        extra_body={"epsilon_budget": 9.0},
+    )
+    job = _create(
+        client,
+        f.id,
+        hyperparameters={"n_epochs": 4, "batch_size": 8, "learning_rate": 0.01, "max_seq_len": 32},
+    )
     deadline = time.monotonic() + 300
     while client.fine_tuning.jobs.retrieve(job.id).model_extra["steps_done"] < 2:
         assert time.monotonic() < deadline
@@ -163,11 +196,15 @@ def test_pause_then_resume_continues_from_the_checkpoint(embedded):
     done = wait_for(client, job.id, {"succeeded", "failed", "cancelled"})
     assert done.status == "succeeded"
     priv = done.model_extra["privacy"]
-    want = epsilon(priv["noise_multiplier"], priv["sample_rate"], 24, priv["target_delta"],
-                   "hutch", 16)
+    want = epsilon(
+        priv["noise_multiplier"], priv["sample_rate"], 24, priv["target_delta"], "hutch", 16
+    )
     assert abs(priv["epsilon_spent"] - want) <= 1e-9 * want  # the ledger stayed exact
-    started = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100).data
-               if e.message.startswith("Job started")]
+    started = [
+        e.message
+        for e in client.fine_tuning.jobs.list_events(job.id, limit=100).data
+        if e.message.startswith("Job started")
+    ]
     assert len(started) == 2
 
 
@@ -175,27 +212,47 @@ def test_a_nu_dpftrl_job_runs_through_the_service(embedded):
     from dprc_core.accounting import dpftrl_epsilon
 
     client = embedded.client(embedded.key("ftrl"))
-    f = client.files.create(file=("train.jsonl", learnable_lines(48)), purpose="fine-tune",
-                            extra_body={"epsilon_budget": 9.0})
+    f = client.files.create(
+        file=("train.jsonl", learnable_lines(48)),
+        purpose="fine-tune",
+        extra_body={"epsilon_budget": 9.0},
+    )
     noise = {"mechanism": "nu_dpftrl", "nu": 0.1, "bands": 4}
     import openai
     import pytest
 
     with pytest.raises(openai.BadRequestError, match="exact"):
         client.fine_tuning.jobs.create(
-            model="dprc-tiny-llama", training_file=f.id,
-            extra_body={"privacy": {"target_epsilon": 8.0, "noise": noise,
-                                    "clipping": {"method": "hutch", "k": 16}}})
+            model="dprc-tiny-llama",
+            training_file=f.id,
+            extra_body={
+                "privacy": {
+                    "target_epsilon": 8.0,
+                    "noise": noise,
+                    "clipping": {"method": "hutch", "k": 16},
+                }
+            },
+        )
     job = client.fine_tuning.jobs.create(
-        model="dprc-tiny-llama", training_file=f.id,
-        hyperparameters={"n_epochs": 2, "batch_size": 12, "learning_rate": 0.01,
-                         "max_seq_len": 32},
-        extra_body={"privacy": {"target_epsilon": 8.0, "noise": noise,
-                                "clipping": {"method": "exact"}}, "checkpoint_every": 4})
+        model="dprc-tiny-llama",
+        training_file=f.id,
+        hyperparameters={"n_epochs": 2, "batch_size": 12, "learning_rate": 0.01, "max_seq_len": 32},
+        extra_body={
+            "privacy": {"target_epsilon": 8.0, "noise": noise, "clipping": {"method": "exact"}},
+            "checkpoint_every": 4,
+        },
+    )
     priv = job.model_extra["privacy"]
     assert priv["steps"] == 8 and priv["noise"]["min_separation"] == 4  # 2 epochs × ⌈48/12⌉
-    want = dpftrl_epsilon(priv["noise_multiplier"], priv["target_delta"], 0.1, steps=8,
-                          participations=2, min_separation=4, bands=4)
+    want = dpftrl_epsilon(
+        priv["noise_multiplier"],
+        priv["target_delta"],
+        0.1,
+        steps=8,
+        participations=2,
+        min_separation=4,
+        bands=4,
+    )
     assert want <= 8.0 and abs(priv["planned_epsilon"] - want) <= 1e-9 * want
     job = wait_for(client, job.id, {"succeeded", "failed", "cancelled"})
     assert job.status == "succeeded", job.error

@@ -1,11 +1,11 @@
-"""Alembic environment: runs on the connection given by ``api.db.upgrade`` or, from the
+"""Alembic environment: runs on the connection given by ``service.db.upgrade`` or, from the
 ``alembic`` command line, on the engine for the current ``DPRC_*`` settings."""
 
 from __future__ import annotations
 
 from alembic import context
 
-from api.tables import Base
+from service.tables import Base
 
 target_metadata = Base.metadata
 
@@ -13,18 +13,18 @@ target_metadata = Base.metadata
 def run() -> None:
     connection = context.config.attributes.get("connection")
     if connection is not None:
-        context.configure(connection=connection, target_metadata=target_metadata,
-                          render_as_batch=True)
+        context.configure(
+            connection=connection, target_metadata=target_metadata, render_as_batch=True
+        )
         with context.begin_transaction():
             context.run_migrations()
         return
-    from api.db import make_engine
-    from api.settings import Settings
+    from service.db import make_engine
+    from service.settings import Settings
 
     engine = make_engine(Settings())
     with engine.begin() as conn:
-        context.configure(connection=conn, target_metadata=target_metadata,
-                          render_as_batch=True)
+        context.configure(connection=conn, target_metadata=target_metadata, render_as_batch=True)
         with context.begin_transaction():
             context.run_migrations()
 

@@ -1,14 +1,18 @@
 """The ``dprc`` console script: the library's commands (``dprc_core.cli``) plus the service's
-``serve`` and ``keys``. It lives here so that ``dprc_core`` never imports the service."""
+``serve`` and ``keys``. It lives here, in the composition root, so that ``dprc_core`` never
+imports the service and ``api`` never imports ``worker``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dprc_core import cli as core_cli
+
+if TYPE_CHECKING:
+    from service.store import Store
 
 
 def add_subparsers(sub: Any) -> None:
@@ -16,7 +20,11 @@ def add_subparsers(sub: Any) -> None:
     serve = sub.add_parser("serve", help="run the API server (uvicorn)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--log-level",
+        default=None,
+        help="log level of the server and its worker (default: DPRC_LOG_LEVEL)",
+    )
     serve.set_defaults(func=_serve)
 
     keys = sub.add_parser("keys", help="manage API keys (tenants are created on demand)")
@@ -36,9 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     return core_cli.build_parser(extra_commands=[add_subparsers])
 
 
-def _store():  # type: ignore[no-untyped-def]
-    from api.settings import Settings
-    from api.store import open_store
+def _store() -> Store:
+    from service.settings import Settings
+    from service.store import open_store
 
     return open_store(Settings())
 
@@ -46,9 +54,13 @@ def _store():  # type: ignore[no-untyped-def]
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from api.app import create_app
+    from dprc.app import build_app
+    from service.logging_setup import configure_logging
+    from service.settings import get_settings
 
-    uvicorn.run(create_app(), host=args.host, port=args.port, log_level=args.log_level)
+    level = args.log_level or get_settings().log_level
+    configure_logging(level)
+    uvicorn.run(build_app(), host=args.host, port=args.port, log_level=level.lower())
     return 0
 
 
@@ -81,8 +93,13 @@ def _keys_list(args: argparse.Namespace) -> int:
     store = _store()
     with store.sessions() as session:
         for key, tenant in list_keys(session):
-            info = KeyInfo(id=key.id, tenant=tenant, prefix=key.prefix,
-                           created_at=key.created_at, revoked_at=key.revoked_at)
+            info = KeyInfo(
+                id=key.id,
+                tenant=tenant,
+                prefix=key.prefix,
+                created_at=key.created_at,
+                revoked_at=key.revoked_at,
+            )
             if args.json:
                 print(info.model_dump_json())
                 continue

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.settings import Settings
+from service.settings import Settings
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 

@@ -1,9 +1,9 @@
-"""The store's tables (SQLAlchemy 2). Migrations live in ``api/migrations``.
+"""The store's tables (SQLAlchemy 2). Migrations live in ``service/migrations``.
 
 A job's row is the truth about the job. The lease columns (``lease_owner``,
 ``lease_expires_at``, ``heartbeat_at``) let a worker own a job; ``steps_done`` and
 ``epsilon_spent`` are written by the worker as steps run, and a job's privacy reservation is
-its planned event minus what ran (see ``api/budget.py``).
+its planned event minus what ran (see ``service/budget.py``).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class Job(Base):
     started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     finished_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     hyperparameters: Mapped[dict[str, Any]] = mapped_column(JSON)
-    privacy: Mapped[dict[str, Any]] = mapped_column(JSON)  # request + plan, see jobs/planning
+    privacy: Mapped[dict[str, Any]] = mapped_column(JSON)  # request + plan, see service/planning
     seed: Mapped[int] = mapped_column(BigInteger)
     suffix: Mapped[str | None] = mapped_column(String(64), nullable=True)
     job_metadata: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
@@ -107,9 +107,7 @@ class Job(Base):
     error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
     result_files: Mapped[list[str]] = mapped_column(JSON, default=list)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    pause_requested: Mapped[bool] = mapped_column(
-        Boolean, default=False, server_default=false()
-    )
+    pause_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # lease of the worker that runs the job
     lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
     lease_expires_at: Mapped[datetime | None] = mapped_column(

@@ -6,12 +6,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from api.errors import InvalidRequest, NotFound
-from api.models import builtin
-from api.settings import ModelSpec, Settings, Task
+from service import builtin_models as builtin
+from service.errors import InvalidInput, NotFound
+from service.settings import ModelSpec, Settings, Task
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-CREATED = 1735689600  # 2025-01-01: the allow-list has no creation time of its own
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ def _configured(name: str, spec: ModelSpec, settings: Settings) -> Model:
 
 def check_name(name: str, param: str = "model") -> str:
     if "/" in name or "\\" in name or ".." in name or not MODEL_NAME.match(name):
-        raise InvalidRequest(
+        raise InvalidInput(
             f"invalid model name {name[:80]!r}: jobs name an allow-listed model "
             "(see GET /v1/models), never a path",
             param=param,
@@ -82,5 +81,8 @@ def ensure_local(model: Model) -> Path:
         return model.path
     if model.buildable:
         return builtin.build_tiny_llama(model.path)
-    raise InvalidRequest(f"the model {model.name!r} has no weights at its configured folder",
-                         param="model", code="model_unavailable")
+    raise InvalidInput(
+        f"the model {model.name!r} has no weights at its configured folder",
+        param="model",
+        code="model_unavailable",
+    )

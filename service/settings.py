@@ -44,15 +44,27 @@ class Settings(BaseSettings):
         default=True, description="with no broker_url, run jobs in a thread of the API process"
     )
     lease_seconds: int = Field(default=60, ge=2, description="a job's lease; renewed every third")
-    sweep_seconds: int = Field(default=30, ge=1, description="how often workers look for jobs "
-                               "whose worker died (expired lease) and queued jobs to start")
+    sweep_seconds: int = Field(
+        default=30,
+        ge=1,
+        description="how often workers look for jobs "
+        "whose worker died (expired lease) and queued jobs to start",
+    )
     visibility_timeout_seconds: int = Field(
         default=7 * 24 * 3600, description="Redis redelivery timeout: longer than any job"
     )
     max_physical_batch_size: int = Field(default=16, ge=1, description="micro-batch size")
-    base_learning_rate: float = Field(default=5e-4, gt=0, description="times "
-                                      "learning_rate_multiplier when no learning_rate is given")
+    base_learning_rate: float = Field(
+        default=5e-4,
+        gt=0,
+        description="times learning_rate_multiplier when no learning_rate is given",
+    )
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")
+    log_level: str = Field(
+        default="info",
+        description="root log level of `dprc serve` and "
+        "of the Celery workers: debug | info | warning | error",
+    )
 
     @property
     def sqlalchemy_url(self) -> str:

@@ -1,0 +1,97 @@
+"""Privacy budgets of data sets: the privacy events of a job and their composition.
+
+A file with a budget (ε_B, δ_B) accepts a job only if the composition of every job's
+*committed* event stays within ε_B at δ_B. A job commits its whole planned event while it is
+active — that is its reservation — and the event of the steps that actually ran once it has
+ended (its settlement; which statuses hold a reservation is the lifecycle's rule, see
+:func:`service.lifecycle.settle`). The budget check composes all of them with the PLD
+accountant (``epsilon_for_events``) under a lock on the file row; ε's are never added.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from dprc_core.accounting import PrivacyEvent, epsilon_for_events
+from service.errors import InvalidInput
+from service.tables import File, Job
+
+
+def nu_dpftrl_event(sigma: float, steps: int, noise: dict[str, Any]) -> PrivacyEvent:
+    """The first ``steps`` steps of a ν-DP-FTRL job: rows 1..steps of its Toeplitz noise, at most
+    ⌈steps / steps_per_epoch⌉ participations per example."""
+    sep = int(noise["min_separation"])
+    return PrivacyEvent.nu_dpftrl(
+        sigma,
+        steps=steps,
+        nu=float(noise["nu"]),
+        participations=-(-steps // sep),
+        min_separation=sep,
+        bands=noise.get("bands"),
+    )
+
+
+def _event(job: Job, steps: int) -> PrivacyEvent | None:
+    if steps <= 0:
+        return None
+    noise = (job.privacy or {}).get("noise") or {}
+    if noise.get("mechanism") == "nu_dpftrl":
+        return nu_dpftrl_event(job.noise_multiplier, steps, noise)
+    return PrivacyEvent(
+        noise_multiplier=job.noise_multiplier,
+        sample_rate=job.sample_rate,
+        steps=steps,
+        clipping=job.accounting_clipping,
+        k=job.accounting_k,
+    )
+
+
+def planned_event(job: Job) -> PrivacyEvent:
+    event = _event(job, job.steps_total)
+    assert event is not None
+    return event
+
+
+def spent_event(job: Job) -> PrivacyEvent | None:
+    """The steps that ran (the worker counts a step as soon as it starts)."""
+    return _event(job, job.steps_done)
+
+
+def compose(events: list[PrivacyEvent | None], delta: float) -> float:
+    """ε of the composition; +inf (fits no budget) when the accountant cannot bound it."""
+    present = [e for e in events if e is not None]
+    if not present:
+        return 0.0
+    try:
+        return epsilon_for_events(present, delta)
+    except ValueError:
+        return math.inf
+
+
+def lock_file(session: Session, file_id: str, tenant_id: int | None = None) -> File | None:
+    """The file (of ``tenant_id`` when given, not deleted), its row locked for the rest of the
+    transaction (FOR UPDATE on PostgreSQL; on SQLite the caller's transaction began with
+    BEGIN IMMEDIATE, see :func:`service.db.locked_session`)."""
+    query = select(File).where(File.id == file_id)
+    if tenant_id is not None:
+        query = query.where(File.tenant_id == tenant_id, File.deleted.is_(False))
+    return session.scalar(query.with_for_update())
+
+
+def file_jobs(session: Session, file_id: str) -> list[Job]:
+    return list(session.scalars(select(Job).where(Job.training_file_id == file_id)))
+
+
+def check_delta_for(n: int, delta: float, param: str) -> float:
+    if not 0 < delta <= 1 / n:
+        raise InvalidInput(
+            f"{param}={delta:g} is above 1/N = {1 / n:g} for this data set of {n} examples; "
+            "such a delta would allow releasing whole examples",
+            param=param,
+            code="invalid_delta",
+        )
+    return delta

@@ -1,0 +1,188 @@
+"""Worker-side job operations: what a worker reads to run a job, and what it writes while and
+after running it (progress, checkpoints, the end). Status changes go through
+:mod:`service.lifecycle`; the job's row is the truth, the queue only carries ids."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from service import lifecycle
+from service.clock import now
+from service.db import locked_session
+from service.file_storage import store_result_file
+from service.ids import new_id
+from service.job_events import add_event
+from service.lifecycle import Actor, JobStatus
+from service.store import Store
+from service.tables import Checkpoint, File
+from service.tables import Job as JobRow
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A job as the worker runs it (copied out of the row under no lock)."""
+
+    id: str
+    tenant_id: int
+    model: str
+    file_path: Path
+    n_examples: int
+    hyperparameters: dict[str, Any]
+    privacy: dict[str, Any]
+    seed: int
+    checkpoint_every: int | None
+    noise_multiplier: float
+    sample_rate: float
+    steps_total: int
+
+
+def job_request(store: Store, job_id: str) -> JobRequest:
+    with store.sessions() as session:
+        job = session.scalar(select(JobRow).where(JobRow.id == job_id))
+        if job is None:
+            raise LookupError(f"no such job {job_id}")
+        file = session.scalar(select(File).where(File.id == job.training_file_id))
+        assert file is not None
+        return JobRequest(
+            id=job.id,
+            tenant_id=job.tenant_id,
+            model=job.model,
+            file_path=Path(file.storage_path),
+            n_examples=int(file.n_examples or 0),
+            hyperparameters=dict(job.hyperparameters),
+            privacy=dict(job.privacy),
+            seed=int(job.seed),
+            checkpoint_every=job.checkpoint_every,
+            noise_multiplier=job.noise_multiplier,
+            sample_rate=job.sample_rate,
+            steps_total=job.steps_total,
+        )
+
+
+def start_job(store: Store, job_id: str, owner: str, lease_seconds: int = 60) -> bool:
+    """Take the lease on a queued job (or one whose lease expired) and mark it running.
+    Returns False if another live worker holds it or the job is not runnable."""
+    return lifecycle.claim(store, job_id, owner, lease_seconds)
+
+
+def _without_loss(job: JobRow, metrics: dict[str, Any]) -> dict[str, Any]:
+    """Training loss is not covered by DP: dropped when the job says ``report_train_loss:
+    false``."""
+    if not job.privacy.get("report_train_loss", True):
+        return {k: v for k, v in metrics.items() if "loss" not in k}
+    return metrics
+
+
+def record_progress(
+    store: Store,
+    job_id: str,
+    steps_done: int,
+    epsilon_spent: float,
+    metrics: dict[str, Any] | None = None,
+) -> None:
+    """Steps done (counted when a step starts) and ε spent so far; a metrics event."""
+    with locked_session(store.sessions) as session:
+        job = session.scalar(select(JobRow).where(JobRow.id == job_id))
+        assert job is not None
+        if not 0 <= steps_done <= job.steps_total:
+            raise ValueError(f"steps_done={steps_done} outside [0, {job.steps_total}]")
+        job.steps_done = steps_done
+        job.epsilon_spent = epsilon_spent
+        metrics = _without_loss(job, dict(metrics or {}))
+        add_event(
+            session,
+            job.id,
+            f"Step {steps_done}/{job.steps_total}",
+            type_="metrics",
+            data={"step": steps_done, "epsilon_spent": epsilon_spent, **metrics},
+        )
+        session.commit()
+
+
+def record_checkpoint(
+    store: Store,
+    job_id: str,
+    step: int,
+    epsilon_at_step: float,
+    archive: Path,
+    metrics: dict[str, Any] | None = None,
+) -> str:
+    """Register a checkpoint archive as a file of the job's tenant."""
+    with locked_session(store.sessions) as session:
+        job = session.scalar(select(JobRow).where(JobRow.id == job_id))
+        assert job is not None
+        if metrics:
+            metrics = _without_loss(job, metrics)
+        row = store_result_file(session, store, job.tenant_id, archive, f"{job.id}-step-{step}.tar")
+        ckpt = Checkpoint(
+            id=new_id("ftckpt"),
+            job_id=job.id,
+            created_at=now(),
+            step=step,
+            epsilon=epsilon_at_step,
+            file_id=row.id,
+            metrics=metrics,
+        )
+        session.add(ckpt)
+        job.result_files = [*list(job.result_files or []), row.id]
+        add_event(
+            session,
+            job.id,
+            f"Checkpoint at step {step}",
+            type_="metrics",
+            data={"step": step, "epsilon_spent": epsilon_at_step, **(metrics or {})},
+        )
+        session.commit()
+        return ckpt.id
+
+
+def mark_paused(store: Store, job_id: str, owner: str) -> bool:
+    """The run stopped at a checkpoint because a pause was requested: the job is paused and
+    its lease released. False unless it is running under ``owner``."""
+    try:
+        row = lifecycle.move(
+            store,
+            job_id,
+            JobStatus.PAUSED,
+            by=Actor.WORKER,
+            guard=lambda job: job.lease_owner == owner,
+            message="Job paused at step {job.steps_done}",
+            pause_requested=False,
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+    except lifecycle.TransitionRefused:
+        return False
+    return row is not None
+
+
+def end_job(
+    store: Store,
+    job_id: str,
+    status: str,
+    *,
+    error_code: str | None = None,
+    error_message: str | None = None,
+) -> None:
+    """The final status of a running job and the settlement of its reservation to the steps
+    that ran (``steps_done``), under the file's lock. Raises
+    :class:`~service.lifecycle.TransitionRefused` when the job has already ended."""
+    target = JobStatus(status)
+    if target not in lifecycle.TERMINAL:
+        raise ValueError(f"not a terminal status: {status}")
+    lifecycle.move(
+        store,
+        job_id,
+        target,
+        by=Actor.WORKER,
+        message="Job {job.status}",
+        level="error" if target == JobStatus.FAILED else "info",
+        finished_at=now(),
+        error_code=error_code,
+        error_message=error_message,
+        lease_owner=None,
+    )

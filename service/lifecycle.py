@@ -1,0 +1,327 @@
+"""A job's lifecycle: its statuses, the moves between them and who makes each, the one
+function that moves a job (:func:`move`), leases, and the budget settlement a move triggers.
+
+The HTTP side (create, cancel, pause, resume) and the workers (start, end, pause at a
+checkpoint, lease renewal) both go through this module; neither knows the other.
+
+Locks: :func:`move` and :func:`renew_lease` run in one transaction that holds the database
+write lock from its start on SQLite (BEGIN IMMEDIATE) and, on PostgreSQL, locks the job's row
+with SELECT ... FOR UPDATE — after its file's row when the move settles the budget, in the
+order job creation uses (tenant, file, then the job).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from dprc_core.accounting import PrivacyEvent
+from service import budget
+from service.clock import aware, now, utc_now
+from service.db import locked_session
+from service.errors import Conflict, NotFound
+from service.job_events import add_event
+from service.store import Store
+from service.tables import File
+from service.tables import Job as JobRow
+
+
+class JobStatus(StrEnum):
+    """The statuses the API returns (OpenAI's fine-tuning job statuses plus ``paused``)."""
+
+    VALIDATING_FILES = "validating_files"  # never assigned: creation validates synchronously
+    QUEUED = "queued"
+    RUNNING = "running"
+    PAUSED = "paused"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+ACTIVE = frozenset(
+    {JobStatus.VALIDATING_FILES, JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.PAUSED}
+)  # hold a budget reservation (their whole plan)
+TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+INITIAL = JobStatus.QUEUED  # what job creation inserts
+
+
+class Actor(StrEnum):
+    CLIENT = "client"  # the HTTP API, on a tenant's request
+    WORKER = "worker"  # the worker that holds (or takes) the job's lease
+
+
+class WorkerOutcome(StrEnum):
+    """What one worker attempt at a job ended with (:func:`worker.execution.execute_job`)."""
+
+    SKIPPED = "skipped"  # not runnable, or a live lease elsewhere
+    SUCCEEDED = "succeeded"
+    CANCELLED = "cancelled"
+    PAUSED = "paused"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"  # shutdown: left running, its lease will expire
+    LEASE_LOST = "lease_lost"  # another worker took the job over
+
+
+S = JobStatus
+# The allowed moves, (from, to) -> who makes them. RUNNING -> RUNNING is a worker taking over
+# a job whose lease expired. Nothing enters VALIDATING_FILES (creation validates the file and
+# reserves the budget before it answers); the status stays in the API's vocabulary.
+TRANSITIONS: dict[tuple[JobStatus, JobStatus], Actor] = {
+    (S.VALIDATING_FILES, S.CANCELLED): Actor.CLIENT,
+    (S.QUEUED, S.RUNNING): Actor.WORKER,
+    (S.QUEUED, S.PAUSED): Actor.CLIENT,
+    (S.QUEUED, S.CANCELLED): Actor.CLIENT,
+    (S.PAUSED, S.QUEUED): Actor.CLIENT,
+    (S.PAUSED, S.CANCELLED): Actor.CLIENT,
+    (S.RUNNING, S.RUNNING): Actor.WORKER,
+    (S.RUNNING, S.PAUSED): Actor.WORKER,
+    (S.RUNNING, S.SUCCEEDED): Actor.WORKER,
+    (S.RUNNING, S.FAILED): Actor.WORKER,
+    (S.RUNNING, S.CANCELLED): Actor.WORKER,
+}
+
+
+@dataclass(frozen=True)
+class Deferral:
+    """A client's move that the job's worker makes: the client records a request (``flag``)
+    and the worker stops after the current step and moves the job."""
+
+    flag: str
+    message: str
+    refused_if: str | None = None  # another pending request that rules this one out
+
+
+DEFERRED: dict[tuple[JobStatus, JobStatus], Deferral] = {
+    (S.RUNNING, S.CANCELLED): Deferral(
+        "cancel_requested", "Cancellation requested; the worker stops after the current step"
+    ),
+    (S.RUNNING, S.PAUSED): Deferral(
+        "pause_requested",
+        "Pause requested; the worker stops after the current step and writes a checkpoint",
+        refused_if="cancel_requested",
+    ),
+}
+
+# Moves a client may ask for again: the job comes back as it is.
+REPEATABLE = frozenset({S.CANCELLED, S.PAUSED})
+
+# Why a client's move is refused, by its target: (code, message given the job).
+REFUSALS: dict[JobStatus, tuple[str, str]] = {
+    S.CANCELLED: ("job_not_cancellable", "fine-tuning job {id} has already {status}"),
+    S.PAUSED: ("job_not_pausable", "fine-tuning job {id} is {status} and cannot be paused"),
+    S.QUEUED: ("job_not_paused", "fine-tuning job {id} is {status}, not paused"),
+}
+del S
+
+
+class TransitionRefused(Conflict):
+    """The job's status does not allow the move."""
+
+    def __init__(self, job: JobRow, target: JobStatus):
+        code, template = REFUSALS.get(
+            target,
+            (
+                "invalid_transition",
+                f"fine-tuning job {{id}} is {{status}}: cannot move to {target.value}",
+            ),
+        )
+        super().__init__(
+            template.format(id=job.id, status=job.status), param="fine_tuning_job_id", code=code
+        )
+        self.status = JobStatus(job.status)
+        self.target = target
+
+
+def settles(source: JobStatus, target: JobStatus) -> bool:
+    """Whether the move changes the job's share of its file's budget (reservation vs what
+    ran), so the file's totals must be recomputed."""
+    return (source in ACTIVE) != (target in ACTIVE)
+
+
+def committed_event(job: JobRow) -> PrivacyEvent | None:
+    """A job's share of its file's budget: its whole plan while active, what ran once ended."""
+    if JobStatus(job.status) in ACTIVE:
+        return budget.planned_event(job)
+    return budget.spent_event(job)
+
+
+def settle(session: Session, file: File, extra: PrivacyEvent | None = None) -> tuple[float, float]:
+    """Recompute (spent, committed) ε of a budgeted file at its δ, with ``extra`` (a job about
+    to be created) counted as committed; stores them on the row. Call under the file's lock."""
+    if file.delta is None:
+        return 0.0, 0.0
+    jobs = budget.file_jobs(session, file.id)
+    spent = budget.compose([budget.spent_event(j) for j in jobs], file.delta)
+    committed = budget.compose([committed_event(j) for j in jobs] + [extra], file.delta)
+    file.epsilon_spent = spent
+    file.epsilon_committed = committed
+    return spent, committed
+
+
+def _lock(
+    session: Session, job_id: str, tenant_id: int | None, with_file: bool
+) -> tuple[JobRow, File | None]:
+    """The job (of ``tenant_id`` when given) with its row locked, after its file's row when
+    ``with_file``. A job's file never changes, so reading it before the locks is safe."""
+    query = select(JobRow.training_file_id).where(JobRow.id == job_id)
+    if tenant_id is not None:
+        query = query.where(JobRow.tenant_id == tenant_id)
+    file_id = session.scalar(query)
+    if file_id is None:
+        raise NotFound(
+            f"no such fine-tuning job: {job_id[:64]!r}",
+            param="fine_tuning_job_id",
+            code="job_not_found",
+        )
+    file = budget.lock_file(session, file_id) if with_file else None
+    job = session.scalar(select(JobRow).where(JobRow.id == job_id).with_for_update())
+    assert job is not None
+    return job, file
+
+
+def move(
+    store: Store,
+    job_id: str,
+    target: JobStatus,
+    *,
+    by: Actor,
+    message: str,
+    tenant_id: int | None = None,
+    level: str = "info",
+    guard: Callable[[JobRow], bool] | None = None,
+    **changes: Any,
+) -> JobRow | None:
+    """Move ``job_id`` to ``target`` on behalf of ``by``, in one locked transaction: check the
+    move is allowed, set the status and ``changes`` (column values, or functions of the locked
+    row giving them), log ``message`` (a format string over ``job``) as a job event and settle
+    the file's budget when the move requires it (:func:`settles`).
+
+    * Already in ``target`` (a client's repeated cancel or pause): nothing changes.
+    * A client's move that the worker makes (:data:`DEFERRED`): the request is recorded.
+    * ``guard`` (worker-side conditions such as the lease) false: nothing changes, None.
+
+    Returns the job's row as committed. Raises :class:`NotFound` (no such job of the tenant)
+    and :class:`TransitionRefused`.
+    """
+    with locked_session(store.sessions) as session:
+        job, file = _lock(session, job_id, tenant_id, with_file=target in TERMINAL)
+        source = JobStatus(job.status)
+        if guard is not None and not guard(job):
+            return None
+        if by is Actor.CLIENT and source == target and target in REPEATABLE:
+            return job
+        deferral = DEFERRED.get((source, target)) if by is Actor.CLIENT else None
+        if deferral is not None:
+            if deferral.refused_if and getattr(job, deferral.refused_if):
+                raise TransitionRefused(job, target)
+            if not getattr(job, deferral.flag):
+                setattr(job, deferral.flag, True)
+                add_event(session, job.id, deferral.message)
+                session.commit()
+            return job
+        if TRANSITIONS.get((source, target)) is not by:
+            raise TransitionRefused(job, target)
+        job.status = target.value
+        for column, value in changes.items():
+            setattr(job, column, value(job) if callable(value) else value)
+        add_event(session, job.id, message.format(job=job), level=level)
+        if settles(source, target):
+            assert file is not None
+            settle(session, file)
+        session.commit()
+        return job
+
+
+# -- leases -----------------------------------------------------------------------------------
+
+
+def claim(store: Store, job_id: str, owner: str, lease_seconds: int) -> bool:
+    """Take the lease on a queued job, or on a running one whose lease expired (its worker
+    died), and mark it running. False if another live worker holds it, a cancellation is
+    pending or the job is not runnable."""
+    moment = utc_now()
+
+    def claimable(job: JobRow) -> bool:
+        if job.status not in (JobStatus.QUEUED, JobStatus.RUNNING) or job.cancel_requested:
+            return False
+        held_elsewhere = job.lease_owner not in (None, owner)
+        return not (
+            job.status == JobStatus.RUNNING
+            and held_elsewhere
+            and not lease_expired(job.lease_expires_at, moment)
+        )
+
+    try:
+        row = move(
+            store,
+            job_id,
+            JobStatus.RUNNING,
+            by=Actor.WORKER,
+            guard=claimable,
+            message="Job started (attempt {job.attempts})",
+            lease_owner=owner,
+            heartbeat_at=moment,
+            lease_expires_at=moment + timedelta(seconds=lease_seconds),
+            started_at=lambda job: job.started_at or now(),
+            attempts=lambda job: job.attempts + 1,
+        )
+    except NotFound:
+        return False
+    return row is not None
+
+
+def renew_lease(store: Store, job_id: str, owner: str, lease_seconds: int) -> bool:
+    """Extend ``owner``'s lease; False when the job is no longer running under that owner
+    (another worker took it over, or it ended)."""
+    with locked_session(store.sessions) as session:
+        try:
+            job, _ = _lock(session, job_id, None, with_file=False)
+        except NotFound:
+            return False
+        if job.status != JobStatus.RUNNING or job.lease_owner != owner:
+            return False
+        moment = utc_now()
+        job.heartbeat_at = moment
+        job.lease_expires_at = moment + timedelta(seconds=lease_seconds)
+        session.commit()
+        return True
+
+
+def lease_expired(expires_at: datetime | None, moment: datetime) -> bool:
+    expires = aware(expires_at)
+    return expires is None or expires <= moment
+
+
+def runnable_job_ids(store: Store, queued_older_than: int = 0) -> list[str]:
+    """Jobs a worker should (re)start: queued ones (created at least ``queued_older_than``
+    seconds ago) and running ones whose lease expired (their worker died)."""
+    moment = utc_now()
+    with store.sessions() as session:
+        rows = session.execute(
+            select(JobRow.id, JobRow.status, JobRow.lease_expires_at, JobRow.created_at)
+            .where(or_(JobRow.status == JobStatus.QUEUED, JobRow.status == JobStatus.RUNNING))
+            .order_by(JobRow.seq)
+        ).all()
+    out = []
+    for job_id, status, expires, created in rows:
+        if status == JobStatus.QUEUED and now() - created >= queued_older_than:
+            out.append(job_id)
+        elif status == JobStatus.RUNNING and lease_expired(expires, moment):
+            out.append(job_id)
+    return out
+
+
+def stop_requested(store: Store, job_id: str) -> tuple[bool, bool]:
+    """(cancel requested, pause requested): the client's deferred moves, read by the worker
+    between steps. A job that is gone reads as cancelled."""
+    with store.sessions() as session:
+        row = session.execute(
+            select(JobRow.cancel_requested, JobRow.pause_requested).where(JobRow.id == job_id)
+        ).one_or_none()
+        return (bool(row[0]), bool(row[1])) if row else (True, False)

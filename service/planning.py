@@ -1,0 +1,282 @@
+"""The privacy plan of a job, from the library's planner
+(:func:`dprc_core.training.plan.plan_privacy`), so that the service charges exactly what the
+runner computes:
+
+- q = batch_size / N (Poisson sampling with expected batch size B).
+- steps = ⌈n_epochs · N / B⌉, computed exactly. Rounding up makes the expected number of
+  examples seen, steps·B, at least n_epochs·N; the runner executes exactly ``steps`` noisy
+  steps and the ledger records every one of them, so the accounted steps are never fewer than
+  the steps run (the runner refuses a plan whose steps differ).
+- δ defaults to 1/N^1.1 rounded down to two significant digits (never above 1/N); a δ above
+  1/N is refused.
+- σ = ``dprc_core.accounting.noise_multiplier`` with the dimension-free envelope (rank=None).
+  ``auto`` clipping is planned as ``hutch`` (conservative: an all-exact auto run would be
+  accounted as exact, which has a smaller ε for the same σ).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from typing import Any, Literal
+
+from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent
+from dprc_core.training.plan import PrivacyPlan, default_delta, plan_privacy, planned_steps
+from service.budget import check_delta_for, nu_dpftrl_event
+from service.errors import InvalidInput
+
+MAX_STEPS = 200_000
+DEFAULT_EPOCHS = 3
+DEFAULT_BATCH = 32
+
+
+@dataclass(frozen=True)
+class Plan:
+    n_examples: int
+    n_epochs: int
+    batch_size: int
+    sample_rate: float
+    steps: int
+    target_epsilon: float
+    target_delta: float
+    method: str
+    k: int | None
+    accounting_clipping: str
+    accounting_k: int | None
+    noise_multiplier: float
+    planned_epsilon: float
+    mechanism: str = "gaussian"
+    nu: float | None = None
+    bands: int | None = None
+    min_separation: int | None = None  # nu_dpftrl: steps per epoch
+
+    def event(self) -> PrivacyEvent:
+        if self.mechanism == "nu_dpftrl":
+            return nu_dpftrl_event(self.noise_multiplier, self.steps, self.noise())
+        return PrivacyEvent(
+            self.noise_multiplier,
+            self.sample_rate,
+            self.steps,
+            self.accounting_clipping,
+            self.accounting_k,
+        )
+
+    def noise(self) -> dict[str, Any]:
+        """What the job row stores as ``privacy.noise`` (read back by budgets and workers)."""
+        if self.mechanism == "nu_dpftrl":
+            return {
+                "mechanism": "nu_dpftrl",
+                "nu": self.nu,
+                "bands": self.bands,
+                "min_separation": self.min_separation,
+            }
+        return {"mechanism": "gaussian"}
+
+    def accountant(self) -> dict[str, Any]:
+        if self.mechanism == "nu_dpftrl":
+            return {
+                "mechanism": "nu-dp-ftrl",
+                "adjacency": "zero-out (implied by add/remove), no amplification",
+                "sampling": "fixed order: shuffle once, cyclic epochs",
+                "clipping": "exact",
+                "nu": self.nu,
+                "bands": self.bands,
+                "participations": self.n_epochs,
+                "min_separation": self.min_separation,
+                "steps_rule": "n_epochs * ceil(N / batch_size)",
+                "sensitivity": "matrix mechanism, as implemented (docs/accounting.md §9)",
+            }
+        return {
+            "mechanism": "dp-sgd",
+            "adjacency": "add/remove (epsilon is the larger of the two directions)",
+            "sampling": "poisson",
+            "clipping": self.accounting_clipping,
+            "k": self.accounting_k,
+            "envelope": "dimension-free" if self.accounting_k is not None else None,
+            "rank": None,
+            "steps_rule": "ceil(n_epochs * N / batch_size)",
+            "settings": asdict(DEFAULT_SETTINGS),
+        }
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a job asks of the planner (the API's ``JobCreate`` gives it)."""
+
+    target_epsilon: float
+    target_delta: float | None = None
+    n_epochs: int | Literal["auto"] = "auto"
+    batch_size: int | Literal["auto"] = "auto"
+    method: str = "auto"  # exact | hutch | hutchpp | auto
+    k: int | None = None
+    mechanism: str = "gaussian"  # gaussian | nu_dpftrl
+    nu: float | None = None
+    bands: int | None = None
+
+
+@lru_cache(maxsize=512)
+def library_plan(
+    n: int,
+    batch: int,
+    n_epochs: int,
+    clipping: str,
+    k: int | None,
+    target_epsilon: float,
+    delta: float,
+    mechanism: str,
+    nu: float | None,
+    bands: int | None,
+) -> PrivacyPlan:
+    """The library's plan (σ calibrated for the target); cached, as retried and repeated
+    jobs ask for the same plan."""
+    return plan_privacy(
+        dataset_size=n,
+        batch_size=batch,
+        epochs=n_epochs,
+        clipping=clipping,
+        k=k,
+        target_epsilon=target_epsilon,
+        delta=delta,
+        mechanism=mechanism,
+        nu=nu,
+        bands=bands,
+    )
+
+
+def _calibrated(
+    n: int,
+    batch: int,
+    n_epochs: int,
+    clipping: str,
+    k: int | None,
+    target_epsilon: float,
+    delta: float,
+    mechanism: str = "gaussian",
+    nu: float | None = None,
+    bands: int | None = None,
+    param: str = "privacy.target_epsilon",
+) -> PrivacyPlan:
+    try:
+        plan = library_plan(
+            n, batch, n_epochs, clipping, k, target_epsilon, delta, mechanism, nu, bands
+        )
+    except (ValueError, RuntimeError) as exc:
+        raise InvalidInput(
+            f"cannot calibrate the noise: {exc}", param=param, code="calibration_failed"
+        ) from exc
+    if not math.isfinite(plan.planned_epsilon) or plan.planned_epsilon > target_epsilon:
+        raise InvalidInput(  # pragma: no cover - the calibration guarantees it
+            "calibration did not reach the target epsilon", param=param, code="calibration_failed"
+        )
+    return plan
+
+
+def make_plan(req: PlanRequest, n: int, default_k: int) -> Plan:
+    n_epochs = DEFAULT_EPOCHS if req.n_epochs == "auto" else req.n_epochs
+    batch = min(DEFAULT_BATCH, n) if req.batch_size == "auto" else req.batch_size
+    if batch > n:
+        raise InvalidInput(
+            f"batch_size={batch} is larger than the data set (N={n}); the expected Poisson "
+            "batch size must be at most N",
+            param="hyperparameters.batch_size",
+            code="invalid_value",
+        )
+    if req.mechanism == "nu_dpftrl":
+        return _nu_dpftrl_plan(req, n, n_epochs, batch)
+    steps = planned_steps(n, batch, n_epochs)
+    delta = _steps_and_delta(steps, n, req.target_delta)
+    method = req.method
+    if method == "exact":
+        if req.k is not None:
+            raise InvalidInput(
+                "k is only meaningful for hutch, hutchpp and auto clipping",
+                param="privacy.clipping.k",
+                code="invalid_value",
+            )
+        k, acc_clip, acc_k = None, "exact", None
+    else:
+        k = req.k if req.k is not None else default_k
+        if k < 2:
+            raise InvalidInput(
+                "k must be >= 2 for randomized clipping (the envelope needs chi2(k) log-concave)",
+                param="privacy.clipping.k",
+                code="invalid_value",
+            )
+        acc_clip, acc_k = ("hutch" if method == "auto" else method), k
+    lib = _calibrated(n, batch, n_epochs, acc_clip, acc_k, req.target_epsilon, delta)
+    assert lib.steps == steps and lib.delta == delta
+    return Plan(
+        n,
+        n_epochs,
+        batch,
+        lib.sample_rate,
+        lib.steps,
+        req.target_epsilon,
+        lib.delta,
+        method,
+        k,
+        acc_clip,
+        acc_k,
+        lib.noise_multiplier,
+        lib.planned_epsilon,
+    )
+
+
+def _steps_and_delta(steps: int, n: int, target_delta: float | None) -> float:
+    """Refuse too many steps; δ: the request's (at most 1/N) or 1/N^1.1 rounded down."""
+    if steps > MAX_STEPS:
+        raise InvalidInput(
+            f"this job would run {steps} steps (at most {MAX_STEPS})",
+            param="hyperparameters.n_epochs",
+            code="invalid_value",
+        )
+    if target_delta is None:
+        return default_delta(n)
+    return check_delta_for(n, target_delta, "privacy.target_delta")
+
+
+def _nu_dpftrl_plan(req: PlanRequest, n: int, n_epochs: int, batch: int) -> Plan:
+    if req.method != "exact" or req.k is not None:
+        raise InvalidInput(
+            "correlated noise (nu_dpftrl) needs privacy.clipping.method = 'exact' (and no k): "
+            "randomized clipping with correlated noise has no privacy analysis",
+            param="privacy.clipping.method",
+            code="invalid_value",
+        )
+    steps = planned_steps(n, batch, n_epochs, "nu_dpftrl")
+    delta = _steps_and_delta(steps, n, req.target_delta)
+    nu, bands = float(req.nu or 0.0), req.bands
+    lib = _calibrated(
+        n,
+        batch,
+        n_epochs,
+        "exact",
+        None,
+        req.target_epsilon,
+        delta,
+        "nu_dpftrl",
+        nu,
+        bands,
+        param="privacy.noise",
+    )
+    assert lib.steps == steps and lib.min_separation is not None
+    return Plan(
+        n,
+        n_epochs,
+        batch,
+        lib.sample_rate,
+        lib.steps,
+        req.target_epsilon,
+        lib.delta,
+        "exact",
+        None,
+        "exact",
+        None,
+        lib.noise_multiplier,
+        lib.planned_epsilon,
+        "nu_dpftrl",
+        nu,
+        bands,
+        lib.min_separation,
+    )
