@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install bench-install test test-api services serve schemathesis lint demo demo-library bench bench-evidence clean
+.PHONY: install bench-install test test-fast test-api services serve schemathesis lint demo demo-library bench bench-evidence clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,15 +22,20 @@ bench-install: install
 
 install: $(STAMP)
 
+# ruff (lint and format) on everything
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 services:
 	./scripts/services.sh
 
-test: install services
-	$(VENV)/bin/ruff check .
+test: lint services
 	$(PY) -m pytest -q tests
+
+# The suite without the tests marked slow (for the edit-test loop; CI runs `make test`).
+test-fast: lint services
+	$(PY) -m pytest -q -m "not slow" tests
 
 test-api: install services
 	$(PY) -m pytest -q tests/api

@@ -88,8 +88,14 @@ class NoisePerMicroBatch(PrivacyEngine):
 
 def factory(kind: str, sigma: float, method: str = "exact"):
     def make(model, opt, expected_batch_size, seed):
-        kw = dict(max_grad_norm=C, noise_multiplier=sigma,
-                  expected_batch_size=expected_batch_size, norm_method=method, k=32, seed=seed)
+        kw = dict(
+            max_grad_norm=C,
+            noise_multiplier=sigma,
+            expected_batch_size=expected_batch_size,
+            norm_method=method,
+            k=32,
+            seed=seed,
+        )
         if kind == "real":
             return PrivacyEngine(model, opt, **kw)
         if kind == "quarter_noise":
@@ -99,6 +105,7 @@ def factory(kind: str, sigma: float, method: str = "exact"):
         if kind == "noise_per_microbatch":
             return NoisePerMicroBatch(model, opt, micro_batch_size=MICRO, **kw)
         raise ValueError(kind)
+
     return make
 
 
@@ -132,9 +139,16 @@ def main() -> None:
             lr_b, sum_b, detail = [], [], []
             for seed in seeds:
                 run = run_gradient_canary_audit(
-                    factory(kind, sigma, method), canaries=M, sample_rate=Q, steps=T,
-                    noise_multiplier=sigma, delta=DELTA, max_grad_norm=C,
-                    micro_batch_size=MICRO, seed=seed)
+                    factory(kind, sigma, method),
+                    canaries=M,
+                    sample_rate=Q,
+                    steps=T,
+                    noise_multiplier=sigma,
+                    delta=DELTA,
+                    max_grad_norm=C,
+                    micro_batch_size=MICRO,
+                    seed=seed,
+                )
                 s_sum = scores_from_updates(run.updates, "sum", Q, sigma, C)
                 res_sum = audit_scores(s_sum, run.included, DELTA)
                 lr_b.append(run.result.epsilon_lower)
@@ -143,9 +157,12 @@ def main() -> None:
                 if kind == "real" and run.result.epsilon_lower > accounted:
                     violations.append((label, eps, seed, run.result))
             rows.append((label, kind, eps, sigma, accounted, lr_b, sum_b, detail))
-            print(f"[{time.perf_counter() - t0:6.1f}s] eps={eps:g} {label}: sigma={sigma:.3f} "
-                  f"accounted={accounted:.3f} LB(llr)={[round(x, 3) for x in lr_b]} "
-                  f"LB(sum)={[round(x, 3) for x in sum_b]} guesses={detail}", flush=True)
+            print(
+                f"[{time.perf_counter() - t0:6.1f}s] eps={eps:g} {label}: sigma={sigma:.3f} "
+                f"accounted={accounted:.3f} LB(llr)={[round(x, 3) for x in lr_b]} "
+                f"LB(sum)={[round(x, 3) for x in sum_b]} guesses={detail}",
+                flush=True,
+            )
     wall = time.perf_counter() - t0
     batch = Q * (500 + M / 2)
     ceiling = epsilon_lower_bound(M, M, M, DELTA, 1 - 0.05 / 4)
@@ -182,13 +199,14 @@ def main() -> None:
         lines.append(
             f"| {label} | {eps:g} | {sigma:.3f} | {accounted:.3f} | "
             f"{', '.join(f'{x:.2f}' for x in lr_b)} | {', '.join(f'{x:.2f}' for x in sum_b)} "
-            f"| {', '.join(detail)} | {verdict} |")
+            f"| {', '.join(detail)} | {verdict} |"
+        )
     lines += [
         "",
         "The real engine's lower bounds stay below the accounted ε in every run (a violation "
         "would be printed here and is a bug in the library, not in the audit)."
-        if not violations else
-        f"**VIOLATION**: {violations} — the audit refutes the accounted ε of the real engine.",
+        if not violations
+        else f"**VIOLATION**: {violations} — the audit refutes the accounted ε of the real engine.",
         "",
         f"What this shows and does not: with m = {M} canaries a one-run audit cannot "
         f"certify more than ε ≈ {ceiling:.2f} (all {M} guesses right, at the Bonferroni "

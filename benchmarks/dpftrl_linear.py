@@ -87,8 +87,9 @@ def _gather(x, y, batches: list[torch.Tensor]):
     return xb, yb, mask
 
 
-def run(method: str, sigma: float, nu: float, bands, lrs, problem, n: int, batch: int,
-        epochs: int) -> np.ndarray:
+def run(
+    method: str, sigma: float, nu: float, bands, lrs, problem, n: int, batch: int, epochs: int
+) -> np.ndarray:
     """Excess risk of the last iterate, shape (seeds, lrs); vectorised over seeds and lrs."""
     lam, x, y, theta_star = problem
     seeds, _, d = x.shape
@@ -367,12 +368,16 @@ def analytic_section(alphas, d, batch, epochs, epsilons, horizons, nus, quick) -
         betas = {("dpsgd", 0.0): np.array([1.0])}
         for nu in nus:
             betas[("ftrl", nu)] = nu_dpftrl_coefficients(nu, steps)
-        parts = {(a, m): noise_and_bias(lam_cache[a], b, etas, steps)
-                 for a in alphas for m, b in betas.items()}
+        parts = {
+            (a, m): noise_and_bias(lam_cache[a], b, etas, steps)
+            for a in alphas
+            for m, b in betas.items()
+        }
         for eps in epsilons:
             sig = {
-                "dpsgd": accounting.dpftrl_noise_multiplier(eps, DELTA, 0.0, steps, epochs, spe,
-                                                            bands=1),
+                "dpsgd": accounting.dpftrl_noise_multiplier(
+                    eps, DELTA, 0.0, steps, epochs, spe, bands=1
+                ),
                 "dpsgd-poisson": accounting.noise_multiplier(eps, DELTA, 1 / spe, steps),
             }
             for nu in nus:
@@ -380,7 +385,8 @@ def analytic_section(alphas, d, batch, epochs, epsilons, horizons, nus, quick) -
             out += [
                 f"T = {steps}, ε = {eps:g} (σ: no-amp {sig['dpsgd']:.3f}, Poisson "
                 f"{sig['dpsgd-poisson']:.3f}, ν-DP-FTRL "
-                + ", ".join(f"ν={nu:g} {sig[nu]:.3f}" for nu in nus) + "):",
+                + ", ".join(f"ν={nu:g} {sig[nu]:.3f}" for nu in nus)
+                + "):",
                 "",
                 "| α | d_eff | DP-SGD (no amp.) | DP-SGD (Poisson σ) | ν-DP-FTRL (best ν) | "
                 "ratio no-amp / FTRL | ratio Poisson / FTRL |",

@@ -100,17 +100,23 @@ def make_data(n_train: int, n_test: int) -> tuple[list[str], list[str], dict]:
     rng = random.Random(0)
     train = rng.sample(train_pool, n_train)
     test = rng.sample(held_pool, n_test)
-    info = dict(topics=len(names), held_topics=len(held_topics), train_pool=len(train_pool),
-                held_pool=len(held_pool),
-                train_chars=sum(map(len, train)) / n_train, test_chars=sum(map(len, test)) / n_test)
+    info = dict(
+        topics=len(names),
+        held_topics=len(held_topics),
+        train_pool=len(train_pool),
+        held_pool=len(held_pool),
+        train_chars=sum(map(len, train)) / n_train,
+        test_chars=sum(map(len, test)) / n_test,
+    )
     return train, test, info
 
 
 # ------------------------------------------------------------------------------------ runs
 
 
-def nonprivate_run(model_dir: Path, train, test_data, lr: float, seed: int, batch: int,
-                   epochs: int) -> float:
+def nonprivate_run(
+    model_dir: Path, train, test_data, lr: float, seed: int, batch: int, epochs: int
+) -> float:
     """Plain Adam on the same fixed-order batches (shuffle once, cycle), no clipping/noise."""
     model = load_model(model_dir, "causal_lm").train()
     opt = torch.optim.Adam(model.parameters(), lr=lr)
@@ -124,18 +130,43 @@ def nonprivate_run(model_dir: Path, train, test_data, lr: float, seed: int, batc
     return evaluate(model, test_data, "causal_lm")
 
 
-def private_run(model_dir: Path, train_file: Path, workdir: Path, test_data, method: dict,
-                sigma: float, lr: float, seed: int, batch: int, epochs: int,
-                max_seq_len: int) -> tuple[float, float]:
+def private_run(
+    model_dir: Path,
+    train_file: Path,
+    workdir: Path,
+    test_data,
+    method: dict,
+    sigma: float,
+    lr: float,
+    seed: int,
+    batch: int,
+    epochs: int,
+    max_seq_len: int,
+) -> tuple[float, float]:
     """One runner job; returns (held-out loss of the final checkpoint, ε the runner reports)."""
     out = workdir / f"job-{os.getpid()}-{time.monotonic_ns()}"
     spec = JobSpec(
-        model=str(model_dir), task="causal_lm", train_file=str(train_file), output_dir=str(out),
-        epochs=epochs, batch_size=batch, learning_rate=lr, optimizer="adam",
-        max_seq_len=max_seq_len, target_epsilon=None, noise_multiplier=sigma,
-        max_grad_norm=1.0, clipping="exact", seed=seed, max_physical_batch_size=batch,
-        device="cpu", report_train_loss=False, epsilon_every=10**6,
-        noise_mechanism=method["mechanism"], nu=method.get("nu"), bands=method.get("bands"),
+        model=str(model_dir),
+        task="causal_lm",
+        train_file=str(train_file),
+        output_dir=str(out),
+        epochs=epochs,
+        batch_size=batch,
+        learning_rate=lr,
+        optimizer="adam",
+        max_seq_len=max_seq_len,
+        target_epsilon=None,
+        noise_multiplier=sigma,
+        max_grad_norm=1.0,
+        clipping="exact",
+        seed=seed,
+        max_physical_batch_size=batch,
+        device="cpu",
+        report_train_loss=False,
+        epsilon_every=10**6,
+        noise_mechanism=method["mechanism"],
+        nu=method.get("nu"),
+        bands=method.get("bands"),
     )
     try:
         result = run_job(spec, resume=False)
@@ -148,11 +179,24 @@ def private_run(model_dir: Path, train_file: Path, workdir: Path, test_data, met
 def methods_for(nus: list[float], bands: int | None) -> list[dict]:
     out = [
         {"key": "dpsgd-poisson", "name": "DP-SGD (Poisson)", "mechanism": "gaussian"},
-        {"key": "dpsgd-fixed", "name": "DP-SGD (no amp.)", "mechanism": "nu_dpftrl",
-         "nu": 0.0, "bands": 1},
+        {
+            "key": "dpsgd-fixed",
+            "name": "DP-SGD (no amp.)",
+            "mechanism": "nu_dpftrl",
+            "nu": 0.0,
+            "bands": 1,
+        },
     ]
-    out += [{"key": f"ftrl-{nu:g}", "name": f"ν-DP-FTRL ν={nu:g}", "mechanism": "nu_dpftrl",
-             "nu": nu, "bands": bands} for nu in nus]
+    out += [
+        {
+            "key": f"ftrl-{nu:g}",
+            "name": f"ν-DP-FTRL ν={nu:g}",
+            "mechanism": "nu_dpftrl",
+            "nu": nu,
+            "bands": bands,
+        }
+        for nu in nus
+    ]
     return out
 
 
@@ -163,10 +207,20 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--nu", type=float, nargs="+", default=[0.05, 0.2])
     ap.add_argument("--bands", type=int, default=0, help="ν-DP-FTRL bands (0: un-banded)")
-    ap.add_argument("--lr", type=float, nargs="+", default=[3e-3, 1e-2, 3e-2, 1e-1],
-                    help="learning-rate grid of the private methods")
-    ap.add_argument("--np-lr", type=float, nargs="+", default=[1e-3, 3e-3, 1e-2],
-                    help="learning-rate grid of the non-private reference")
+    ap.add_argument(
+        "--lr",
+        type=float,
+        nargs="+",
+        default=[3e-3, 1e-2, 3e-2, 1e-1],
+        help="learning-rate grid of the private methods",
+    )
+    ap.add_argument(
+        "--np-lr",
+        type=float,
+        nargs="+",
+        default=[1e-3, 3e-3, 1e-2],
+        help="learning-rate grid of the non-private reference",
+    )
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
@@ -183,8 +237,9 @@ def main() -> None:
     train_lines, test_lines, info = make_data(n_train, n_test)
     workdir = Path(tempfile.mkdtemp(prefix="dpftrl_lm_"))
     try:
-        model_dir = build_tiny_llama(workdir / "tiny", hidden=64, layers=2, max_positions=128,
-                                     seed=0)
+        model_dir = build_tiny_llama(
+            workdir / "tiny", hidden=64, layers=2, max_positions=128, seed=0
+        )
         train_file = workdir / "train.jsonl"
         train_file.write_text("".join(json.dumps({"text": t}) + "\n" for t in train_lines))
         tok = load_tokenizer(model_dir)
@@ -196,16 +251,28 @@ def main() -> None:
         for eps in epsilons:
             for m in methods:
                 plans[(eps, m["key"])] = plan_privacy(
-                    dataset_size=n_train, batch_size=batch, epochs=epochs, clipping="exact",
-                    k=None, target_epsilon=eps, mechanism=m["mechanism"], nu=m.get("nu"),
+                    dataset_size=n_train,
+                    batch_size=batch,
+                    epochs=epochs,
+                    clipping="exact",
+                    k=None,
+                    target_epsilon=eps,
+                    mechanism=m["mechanism"],
+                    nu=m.get("nu"),
                     bands=m.get("bands"),
                 )
         results: dict = {}
         walls: dict = {}
         t = time.perf_counter()
-        results["nonprivate"] = np.array([[nonprivate_run(model_dir, train_data, test_data, lr,
-                                                          s, batch, epochs) for lr in np_lrs]
-                                          for s in range(seeds)])
+        results["nonprivate"] = np.array(
+            [
+                [
+                    nonprivate_run(model_dir, train_data, test_data, lr, s, batch, epochs)
+                    for lr in np_lrs
+                ]
+                for s in range(seeds)
+            ]
+        )
         walls["nonprivate"] = (time.perf_counter() - t) / (seeds * len(np_lrs))
         print(f"non-private done at {time.perf_counter() - t0:.0f}s", flush=True)
         spent: dict = {}
@@ -218,21 +285,43 @@ def main() -> None:
                 for s in range(seeds):
                     for j, lr in enumerate(lrs):
                         cell[s, j], e = private_run(
-                            model_dir, train_file, workdir, test_data, m,
-                            plan.noise_multiplier, lr, s, batch, epochs, max_seq_len)
+                            model_dir,
+                            train_file,
+                            workdir,
+                            test_data,
+                            m,
+                            plan.noise_multiplier,
+                            lr,
+                            s,
+                            batch,
+                            epochs,
+                            max_seq_len,
+                        )
                         eps_seen.append(e)
                 results[(eps, m["key"])] = cell
                 spent[(eps, m["key"])] = max(eps_seen)
                 walls[(eps, m["key"])] = (time.perf_counter() - t) / (seeds * len(lrs))
-                print(f"eps={eps:g} {m['name']}: {cell.mean(0).round(4).tolist()} "
-                      f"at {time.perf_counter() - t0:.0f}s", flush=True)
+                print(
+                    f"eps={eps:g} {m['name']}: {cell.mean(0).round(4).tolist()} "
+                    f"at {time.perf_counter() - t0:.0f}s",
+                    flush=True,
+                )
         wall = time.perf_counter() - t0
-        config = dict(n_train=n_train, n_test=n_test, batch=batch, epochs=epochs, seeds=seeds,
-                      lrs=lrs, np_lrs=np_lrs, bands=bands,
-                      steps=plans[(epsilons[0], methods[0]["key"])].steps,
-                      delta=plans[(epsilons[0], methods[0]["key"])].delta,
-                      params=sum(p.numel() for p in load_model(model_dir, "causal_lm")
-                                 .parameters()), init_loss=init_loss, **info)
+        config = dict(
+            n_train=n_train,
+            n_test=n_test,
+            batch=batch,
+            epochs=epochs,
+            seeds=seeds,
+            lrs=lrs,
+            np_lrs=np_lrs,
+            bands=bands,
+            steps=plans[(epsilons[0], methods[0]["key"])].steps,
+            delta=plans[(epsilons[0], methods[0]["key"])].delta,
+            params=sum(p.numel() for p in load_model(model_dir, "causal_lm").parameters()),
+            init_loss=init_loss,
+            **info,
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report = render(results, plans, spent, walls, methods, epsilons, config, wall, args.quick)
@@ -287,29 +376,50 @@ def render(results, plans, spent, walls, methods, epsilons, c, wall, quick) -> s
         "the mean over the reported seeds (oracle tuning on the reported held-out set, the same "
         f"for every method). {c['seeds']} seeds (batch order / sampling and noise; same "
         "initial weights). Cells: held-out loss of the final checkpoint, "
-        "`evaluate(model, heldout, \"causal_lm\")` = mean over held-out lines of the per-token "
+        '`evaluate(model, heldout, "causal_lm")` = mean over held-out lines of the per-token '
         "cross-entropy (nats/character), mean ± std over seeds.",
         "",
     ]
     for eps in epsilons:
-        lines += [f"### ε = {eps:g}", "",
-                  "| method | σ | ε planned (runner) | best lr | held-out loss | loss at lr "
-                  f"{' / '.join(f'{x:g}' for x in lrs)} "
-                  "| s / run |",
-                  "|---|---:|---:|---:|---:|---|---:|"]
-        rows = [("non-private (reference)", results["nonprivate"], "—", "—", walls["nonprivate"],
-                 c["np_lrs"])]
+        lines += [
+            f"### ε = {eps:g}",
+            "",
+            "| method | σ | ε planned (runner) | best lr | held-out loss | loss at lr "
+            f"{' / '.join(f'{x:g}' for x in lrs)} "
+            "| s / run |",
+            "|---|---:|---:|---:|---:|---|---:|",
+        ]
+        rows = [
+            (
+                "non-private (reference)",
+                results["nonprivate"],
+                "—",
+                "—",
+                walls["nonprivate"],
+                c["np_lrs"],
+            )
+        ]
         for m in methods:
             k = (eps, m["key"])
-            rows.append((m["name"], results[k], f"{plans[k].noise_multiplier:.3f}",
-                         f"{plans[k].planned_epsilon:.3f} ({spent[k]:.3f})", walls[k], lrs))
+            rows.append(
+                (
+                    m["name"],
+                    results[k],
+                    f"{plans[k].noise_multiplier:.3f}",
+                    f"{plans[k].planned_epsilon:.3f} ({spent[k]:.3f})",
+                    walls[k],
+                    lrs,
+                )
+            )
         for name, cell, sig, pe, w, grid in rows:
             mean, std, i = best(cell)
             each = " / ".join(f"{x:.3f}" for x in cell.mean(0))
             if name.startswith("non-private"):
                 each += f" (lr {' / '.join(f'{x:g}' for x in grid)})"
-            lines.append(f"| {name} | {sig} | {pe} | {grid[i]:g} | {mean:.3f} ± {std:.3f} | "
-                         f"{each} | {w:.1f} |")
+            lines.append(
+                f"| {name} | {sig} | {pe} | {grid[i]:g} | {mean:.3f} ± {std:.3f} | "
+                f"{each} | {w:.1f} |"
+            )
         lines.append("")
     lines += verdict(results, methods, epsilons)
     if not quick:
@@ -324,12 +434,17 @@ def verdict(results, methods, epsilons) -> list[str]:
         f = min(ftrl, key=lambda m: best(results[(eps, m["key"])])[0])
         fm, fs, _ = best(results[(eps, f["key"])])
         parts = []
-        for key, name in (("dpsgd-poisson", "DP-SGD (Poisson)"),
-                          ("dpsgd-fixed", "DP-SGD (no amp.)")):
+        for key, name in (
+            ("dpsgd-poisson", "DP-SGD (Poisson)"),
+            ("dpsgd-fixed", "DP-SGD (no amp.)"),
+        ):
             dm, ds, _ = best(results[(eps, key)])
             parts.append(f"{name} {dm:.3f} ± {ds:.3f} (difference {dm - fm:+.3f})")
-        out.append(f"* ε = {eps:g}: best ν-DP-FTRL ({f['name']}) {fm:.3f} ± {fs:.3f}; "
-                   + "; ".join(parts) + ". Positive difference: ν-DP-FTRL is lower (better).")
+        out.append(
+            f"* ε = {eps:g}: best ν-DP-FTRL ({f['name']}) {fm:.3f} ± {fs:.3f}; "
+            + "; ".join(parts)
+            + ". Positive difference: ν-DP-FTRL is lower (better)."
+        )
     return out
 
 
@@ -347,18 +462,27 @@ def plot(results, methods, epsilons, c) -> None:
     x = np.arange(len(epsilons))
     for j, m in enumerate(methods):
         vals = [best(results[(eps, m["key"])]) for eps in epsilons]
-        ax.bar(x + (j - (len(methods) - 1) / 2) * width, [v[0] for v in vals], width,
-               yerr=[v[1] for v in vals], capsize=3, label=m["name"])
+        ax.bar(
+            x + (j - (len(methods) - 1) / 2) * width,
+            [v[0] for v in vals],
+            width,
+            yerr=[v[1] for v in vals],
+            capsize=3,
+            label=m["name"],
+        )
     npm = best(results["nonprivate"])[0]
     ax.axhline(npm, color="k", ls="--", lw=1, label=f"non-private ({npm:.2f})")
-    ax.axhline(c["init_loss"], color="grey", ls=":", lw=1,
-               label=f"initial model ({c['init_loss']:.2f})")
+    ax.axhline(
+        c["init_loss"], color="grey", ls=":", lw=1, label=f"initial model ({c['init_loss']:.2f})"
+    )
     ax.set_xticks(x, [f"ε = {eps:g}" for eps in epsilons])
     ax.set_ylabel("held-out loss (nats/char), best lr")
     lo = min(npm, *(best(results[(e, m["key"])])[0] for e in epsilons for m in methods))
     ax.set_ylim(lo - 0.3, c["init_loss"] + 0.1)
-    ax.set_title(f"tiny Llama, N = {c['n_train']}, {c['epochs']} epochs, δ = {c['delta']:g}, "
-                 f"{c['seeds']} seeds")
+    ax.set_title(
+        f"tiny Llama, N = {c['n_train']}, {c['epochs']} epochs, δ = {c['delta']:g}, "
+        f"{c['seeds']} seeds"
+    )
     ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     fig.savefig(DOCS / "benchmarks_dpftrl_lm.png", dpi=110)

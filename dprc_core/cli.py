@@ -46,9 +46,7 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(
-    argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None
-) -> int:
+def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
     parser = parser or build_parser()
     args = parser.parse_args(argv)
     try:

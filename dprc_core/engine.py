@@ -312,8 +312,9 @@ class PrivacyEngine:
             keep &= _finite_samples(result.contributions, keep)
         return keep
 
-    def _rerun_kept(self, loss_fn: LossFn, batch: Any, size: int | None, norms: torch.Tensor,
-                    keep: torch.Tensor) -> None:
+    def _rerun_kept(
+        self, loss_fn: LossFn, batch: Any, size: int | None, norms: torch.Tensor, keep: torch.Tensor
+    ) -> None:
         """two_pass with non-finite samples: the retained graph holds their activations, and a
         backward through it would give 0 · NaN = NaN, so run the kept samples again on their
         own (a fresh forward, norm pass and clipped backward for exactly those samples)."""
@@ -323,16 +324,18 @@ class PrivacyEngine:
         if kept.numel():
             self.accumulate(loss_fn, select_samples(batch, kept, size))
 
-    def _add_clipped_sum(self, losses: torch.Tensor, result: Any, clip: torch.Tensor,
-                         keep: torch.Tensor) -> None:
+    def _add_clipped_sum(
+        self, losses: torch.Tensor, result: Any, clip: torch.Tensor, keep: torch.Tensor
+    ) -> None:
         if self.clipping_mode == "two_pass":
             weighted = (losses * clip.to(losses.dtype).detach()).sum()
             torch.autograd.backward(weighted, inputs=self.params)
         else:
             self._bookkeeping_sum(result.contributions, clip, keep)
 
-    def _record(self, norms: torch.Tensor, result: Any, clip: torch.Tensor,
-                keep: torch.Tensor) -> None:
+    def _record(
+        self, norms: torch.Tensor, result: Any, clip: torch.Tensor, keep: torch.Tensor
+    ) -> None:
         self._norms.append(norms.detach())
         self._losses.append(result.losses.detach()[keep.to(result.losses.device)])
         self._clipped += int(((clip < 1) & keep).sum())

@@ -204,18 +204,25 @@ class PerSampleHooks:
                 args = tuple(_expand_batch(a, b) for a in args)
                 layout = "shared"
                 state.shared.append(hooked.name)
-            elif (self.verified_layouts and b and output.dim() >= 2 and output.shape[0] != b
-                  and output.shape[0] % b == 0):
+            elif (
+                self.verified_layouts
+                and b
+                and output.dim() >= 2
+                and output.shape[0] != b
+                and output.shape[0] % b == 0
+            ):
                 # A batch-major flattened layout (B·T, d), as OPT's MLP uses: view the inputs
                 # as (B, T, ...). Any other layout read this way (sequence-major, no batch
                 # dimension at all) is refused by the independence check.
                 args = tuple(_unflatten_batch(a, b, output.shape[0]) for a in args)
                 layout = "flattened"
             if state.layouts is not None:
-                per_sample = output.shape[1:] if layout != "flattened" else (
-                    output.shape[0] // b, *output.shape[1:])  # type: ignore[operator]
-                state.layouts.append((hooked.name, layout, tuple(output.shape),
-                                      tuple(per_sample)))
+                per_sample = (
+                    output.shape[1:]
+                    if layout != "flattened"
+                    else (output.shape[0] // b, *output.shape[1:])
+                )  # type: ignore[operator]
+                state.layouts.append((hooked.name, layout, tuple(output.shape), tuple(per_sample)))
             if hooked.handler.capture_kwargs:
                 saved = hooked.handler.capture(module, args, output, kwargs)  # type: ignore
             else:

@@ -128,18 +128,29 @@ class _Pass:
 
     def __init__(self, hooks: PerSampleHooks, loss_fn: Callable, batch: Any, method: str, k: int):
         _, result = hooks.norm_pass(
-            loss_fn, batch, method=method, k=k, generator_for=_fixed_generator,
-            retain_graph=False, keep_contributions=False, record_layouts=True,
+            loss_fn,
+            batch,
+            method=method,
+            k=k,
+            generator_for=_fixed_generator,
+            retain_graph=False,
+            keep_contributions=False,
+            record_layouts=True,
         )
         self.loss = result.losses.double()
         self.norm = result.sq_norms.clamp(min=0).sqrt().double()
-        self.per_parameter = {n: v.clamp(min=0).sqrt().double()
-                              for n, v in result.per_parameter.items()}
+        self.per_parameter = {
+            n: v.clamp(min=0).sqrt().double() for n, v in result.per_parameter.items()
+        }
         self.layouts = result.layouts
 
 
-def _close(a: torch.Tensor, b: torch.Tensor, rtol: float, scale: torch.Tensor | None = None,
-           ) -> bool:
+def _close(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    rtol: float,
+    scale: torch.Tensor | None = None,
+) -> bool:
     scale = torch.maximum(a.abs(), b.abs()) if scale is None else scale
     ok = ((a - b).abs() <= rtol * scale + 1e-30) | (a == b)
     same_nonfinite = ~torch.isfinite(a) & ~torch.isfinite(b)
@@ -151,20 +162,22 @@ def _layout_mismatch(pair: _Pass, alone: list[_Pass]) -> str | None:
     not: the same modules in the same order, each with the same per-sample shape."""
     for single in alone:
         if [c[0] for c in pair.layouts] != [c[0] for c in single.layouts]:
-            return ("the hooked modules ran in a different order or number for two samples "
-                    "than for one sample alone")
-        for (name, layout, shape, per), (_, _, shape1, per1) in zip(pair.layouts,
-                                                                     single.layouts):
+            return (
+                "the hooked modules ran in a different order or number for two samples "
+                "than for one sample alone"
+            )
+        for (name, layout, shape, per), (_, _, shape1, per1) in zip(pair.layouts, single.layouts):
             if per != per1:
-                return (f"module '{name}' returned shape {shape} for a batch of 2 and {shape1} "
-                        f"for one sample alone: its leading dimension is not the batch (read "
-                        f"as {layout}, a sample's rows would be {per} instead of {per1}); the "
-                        "output has no batch dimension or is laid out sequence-first")
+                return (
+                    f"module '{name}' returned shape {shape} for a batch of 2 and {shape1} "
+                    f"for one sample alone: its leading dimension is not the batch (read "
+                    f"as {layout}, a sample's rows would be {per} instead of {per1}); the "
+                    "output has no batch dimension or is laid out sequence-first"
+                )
     return None
 
 
-def _parameter_mismatch(pair: _Pass, single_norm: torch.Tensor,
-                        alone: list[_Pass]) -> str | None:
+def _parameter_mismatch(pair: _Pass, single_norm: torch.Tensor, alone: list[_Pass]) -> str | None:
     """The parameters whose per-sample gradient norm differs between the pair and alone,
     measured against the sample's whole gradient norm."""
     bad = []
@@ -208,12 +221,20 @@ def check_sample_independence(
             parts = _parameter_mismatch(pair, single_norm, alone)
             if whole and parts is None:
                 return
-            why = "; ".join(w for w in (
-                None if whole else (
-                    f"per-sample losses / gradient norms of two samples computed together "
-                    f"({_fmt(pair.loss)} / {_fmt(pair.norm)}) differ from each computed "
-                    f"alone ({_fmt(single_loss)} / {_fmt(single_norm)})"),
-                parts) if w)
+            why = "; ".join(
+                w
+                for w in (
+                    None
+                    if whole
+                    else (
+                        f"per-sample losses / gradient norms of two samples computed together "
+                        f"({_fmt(pair.loss)} / {_fmt(pair.norm)}) differ from each computed "
+                        f"alone ({_fmt(single_loss)} / {_fmt(single_norm)})"
+                    ),
+                    parts,
+                )
+                if w
+            )
             again = run(select_samples(batch, torch.arange(2)))
             if not (_close(pair.loss, again.loss, RTOL) and _close(pair.norm, again.norm, RTOL)):
                 raise SampleMixingError(

@@ -65,8 +65,14 @@ def tiny_gpt2_path(model_dir) -> Path:
 
     torch.manual_seed(1)
     cfg = GPT2Config(
-        vocab_size=48, n_embd=16, n_layer=2, n_head=2, n_positions=32,
-        bos_token_id=0, eos_token_id=0, tie_word_embeddings=True,
+        vocab_size=48,
+        n_embd=16,
+        n_layer=2,
+        n_head=2,
+        n_positions=32,
+        bos_token_id=0,
+        eos_token_id=0,
+        tie_word_embeddings=True,
     )
     path = model_dir / "gpt2"
     GPT2LMHeadModel(cfg).save_pretrained(path, safe_serialization=True)

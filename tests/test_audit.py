@@ -26,8 +26,7 @@ from dprc_core.noise import GaussianNoise
 
 
 def _binom_sf_exact(v: int, r: int, p: Fraction) -> Fraction:
-    return sum((math.comb(r, j) * p**j * (1 - p) ** (r - j) for j in range(v, r + 1)),
-               Fraction(0))
+    return sum((math.comb(r, j) * p**j * (1 - p) ** (r - j) for j in range(v, r + 1)), Fraction(0))
 
 
 @pytest.mark.parametrize("r,v", [(10, 7), (50, 40), (100, 100), (30, 0)])
@@ -91,9 +90,17 @@ M, Q, T, DELTA, EPS = 1000, 0.05, 100, 1e-5, 1.0
 
 def _real_engine(sigma, method):
     def factory(model, opt, expected_batch_size, seed):
-        return PrivacyEngine(model, opt, max_grad_norm=1.0, noise_multiplier=sigma,
-                             expected_batch_size=expected_batch_size, norm_method=method, k=32,
-                             seed=seed)
+        return PrivacyEngine(
+            model,
+            opt,
+            max_grad_norm=1.0,
+            noise_multiplier=sigma,
+            expected_batch_size=expected_batch_size,
+            norm_method=method,
+            k=32,
+            seed=seed,
+        )
+
     return factory
 
 
@@ -105,18 +112,27 @@ class _QuarterNoiseEngine(PrivacyEngine):
         self.noise = GaussianNoise(self.noise_multiplier * self.max_grad_norm / 4)
 
 
-@pytest.mark.parametrize("method,clipping", [("exact", "exact"), ("hutch", "hutch"),
-                                            ("hutchpp", "hutchpp")])
+@pytest.mark.parametrize(
+    "method,clipping", [("exact", "exact"), ("hutch", "hutch"), ("hutchpp", "hutchpp")]
+)
 def test_audit_of_the_real_engine_stays_below_the_accounted_epsilon(method, clipping):
     k = 32 if clipping != "exact" else None
     sigma = accounting.noise_multiplier(EPS, DELTA, Q, T, clipping, k)
     accounted = accounting.epsilon(sigma, Q, T, DELTA, clipping=clipping, k=k)
     assert accounted <= EPS
-    run = run_gradient_canary_audit(_real_engine(sigma, method), canaries=M, sample_rate=Q,
-                                    steps=T, noise_multiplier=sigma, delta=DELTA, seed=0)
+    run = run_gradient_canary_audit(
+        _real_engine(sigma, method),
+        canaries=M,
+        sample_rate=Q,
+        steps=T,
+        noise_multiplier=sigma,
+        delta=DELTA,
+        seed=0,
+    )
     assert run.result.epsilon_lower <= accounted, (
         f"PRIVACY BUG? audited lower bound {run.result.epsilon_lower:.3f} > accounted "
-        f"epsilon {accounted:.3f} ({method}, sigma={sigma}, seed=0)")
+        f"epsilon {accounted:.3f} ({method}, sigma={sigma}, seed=0)"
+    )
 
 
 def test_audit_catches_noise_scaled_down_four_times():
@@ -130,12 +146,19 @@ def test_audit_catches_noise_scaled_down_four_times():
     assert epsilon_lower_bound(M, 100, 85, DELTA, 1 - 0.05 / 4) > EPS  # the arithmetic above
 
     def factory(model, opt, expected_batch_size, seed):
-        return _QuarterNoiseEngine(model, opt, max_grad_norm=1.0, noise_multiplier=sigma,
-                                   expected_batch_size=expected_batch_size, norm_method="exact",
-                                   seed=seed)
+        return _QuarterNoiseEngine(
+            model,
+            opt,
+            max_grad_norm=1.0,
+            noise_multiplier=sigma,
+            expected_batch_size=expected_batch_size,
+            norm_method="exact",
+            seed=seed,
+        )
 
-    run = run_gradient_canary_audit(factory, canaries=M, sample_rate=Q, steps=T,
-                                    noise_multiplier=sigma, delta=DELTA, seed=0)
+    run = run_gradient_canary_audit(
+        factory, canaries=M, sample_rate=Q, steps=T, noise_multiplier=sigma, delta=DELTA, seed=0
+    )
     assert run.result.epsilon_lower > EPS
 
 
@@ -147,9 +170,16 @@ def test_canary_updates_carry_the_clipped_contribution():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run = run_gradient_canary_audit(_real_engine(0.0, "exact"), canaries=20, sample_rate=0.3,
-                                        steps=10, noise_multiplier=1.0, delta=DELTA, seed=3,
-                                        score="sum")
+        run = run_gradient_canary_audit(
+            _real_engine(0.0, "exact"),
+            canaries=20,
+            sample_rate=0.3,
+            steps=10,
+            noise_multiplier=1.0,
+            delta=DELTA,
+            seed=3,
+            score="sum",
+        )
     u = run.updates
     assert np.all(u[:, ~run.included] == 0)
     assert np.allclose(u[u != 0], 1.0 * run.scale / run.expected_batch_size)
@@ -170,8 +200,15 @@ def test_benchmark_broken_engines_still_run():
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     for _label, kind, method in bench.CASES:
-        run = run_gradient_canary_audit(bench.factory(kind, 1.0, method), canaries=20,
-                                        sample_rate=0.5, steps=2, noise_multiplier=1.0,
-                                        delta=DELTA, real_examples=10, micro_batch_size=4,
-                                        seed=0)
+        run = run_gradient_canary_audit(
+            bench.factory(kind, 1.0, method),
+            canaries=20,
+            sample_rate=0.5,
+            steps=2,
+            noise_multiplier=1.0,
+            delta=DELTA,
+            real_examples=10,
+            micro_batch_size=4,
+            seed=0,
+        )
         assert run.updates.shape == (2, 20) and np.isfinite(run.updates).all(), kind

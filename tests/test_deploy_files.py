@@ -21,8 +21,18 @@ WORKER_DOCKERFILE = ROOT / "docker" / "Dockerfile.worker"
 DEPLOY_DOC = ROOT / "docs" / "deploy.md"
 
 WORKER_COMMAND = [
-    "celery", "-A", "worker.celery_app", "worker", "-Q", "gpu",
-    "--concurrency", "1", "--prefetch-multiplier", "1", "-l", "info",
+    "celery",
+    "-A",
+    "worker.celery_app",
+    "worker",
+    "-Q",
+    "gpu",
+    "--concurrency",
+    "1",
+    "--prefetch-multiplier",
+    "1",
+    "-l",
+    "info",
 ]
 API_COMMAND = ["dprc", "serve", "--host", "0.0.0.0", "--port", "8000"]
 
@@ -211,8 +221,15 @@ def test_deploy_doc_snippets_parse_and_cover_topics():
     text = DEPLOY_DOC.read_text()
     for block in re.findall(r"```yaml\n(.*?)```", text, re.S):
         assert isinstance(yaml.safe_load(block), dict)
-    for topic in ("resume/", "NFS", "## Backups", "## Upgrades", "dprc keys create",
-                  "torch==2.13.0", "Docker daemon"):
+    for topic in (
+        "resume/",
+        "NFS",
+        "## Backups",
+        "## Upgrades",
+        "dprc keys create",
+        "torch==2.13.0",
+        "Docker daemon",
+    ):
         assert topic in text, topic
 
 
@@ -220,8 +237,9 @@ def _compose_command() -> list[str] | None:
     if shutil.which("docker-compose"):
         return ["docker-compose"]
     if shutil.which("docker"):
-        probe = subprocess.run(["docker", "compose", "version"], capture_output=True,
-                               text=True, timeout=30)
+        probe = subprocess.run(
+            ["docker", "compose", "version"], capture_output=True, text=True, timeout=30
+        )
         if probe.returncode == 0:
             return ["docker", "compose"]
     return None
@@ -232,6 +250,12 @@ def test_compose_config_validates():
     if cmd is None:
         pytest.skip("no docker-compose binary and no `docker compose` plugin on PATH")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DPRC_", "POSTGRES_"))}
-    result = subprocess.run([*cmd, "-f", str(COMPOSE_FILE), "config", "-q"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60, env=env)
+    result = subprocess.run(
+        [*cmd, "-f", str(COMPOSE_FILE), "config", "-q"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr

@@ -240,8 +240,16 @@ def test_hutch_projections_are_fresh_every_step():
     x, y = data()
     m = TinyNet().double()
     opt = torch.optim.SGD(m.parameters(), lr=0.0)
-    e = dprc_core.PrivacyEngine(m, opt, max_grad_norm=1.0, noise_multiplier=0.0,
-                                expected_batch_size=8, norm_method="hutch", k=2, seed=5)
+    e = dprc_core.PrivacyEngine(
+        m,
+        opt,
+        max_grad_norm=1.0,
+        noise_multiplier=0.0,
+        expected_batch_size=8,
+        norm_method="hutch",
+        k=2,
+        seed=5,
+    )
     a = e.step(mse_per_sample, (x, y)).per_sample_norms
     b = e.step(mse_per_sample, (x, y)).per_sample_norms
     assert not torch.allclose(a, b)

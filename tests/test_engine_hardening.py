@@ -17,8 +17,9 @@ from dprc_core.accounting import noise_multiplier
 
 def _engine(model, **kw):
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
-    args = dict(max_grad_norm=1.0, noise_multiplier=0.0, expected_batch_size=1,
-                norm_method="exact", seed=0)
+    args = dict(
+        max_grad_norm=1.0, noise_multiplier=0.0, expected_batch_size=1, norm_method="exact", seed=0
+    )
     args.update(kw)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dprc_core.PrivacyWarning)
@@ -53,8 +54,11 @@ def test_subclass_overriding_forward_is_refused_naming_module_and_class():
     with pytest.raises(UnsupportedModuleError, match=r"'0' of type Scaled .*overrides forward"):
         _engine(net, clipping_mode="two_pass")
     with pytest.raises(UnsupportedModuleError, match="Scaled"):
-        dprc_core.per_sample_grad_norms(net, lambda m, b: m(b).pow(2).flatten(1).sum(1),
-                                        torch.randn(2, 5, 8, dtype=torch.float64))
+        dprc_core.per_sample_grad_norms(
+            net,
+            lambda m, b: m(b).pow(2).flatten(1).sum(1),
+            torch.randn(2, 5, 8, dtype=torch.float64),
+        )
 
 
 def test_subclass_without_own_forward_uses_the_base_math():
@@ -75,8 +79,9 @@ def test_update_of_one_sample_never_exceeds_the_clip_norm():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8)).double()
     before = torch.cat([p.detach().flatten().clone() for p in net.parameters()])
-    _engine(net).step(lambda m, b: 30 * m(b).pow(2).flatten(1).sum(1),
-                      torch.randn(1, 5, 8, dtype=torch.float64))
+    _engine(net).step(
+        lambda m, b: 30 * m(b).pow(2).flatten(1).sum(1), torch.randn(1, 5, 8, dtype=torch.float64)
+    )
     after = torch.cat([p.detach().flatten() for p in net.parameters()])
     assert float((before - after).norm()) <= 1.0 + 1e-9
 
@@ -219,8 +224,9 @@ def test_the_check_uses_its_own_projections_not_the_training_ones():
     b.load_state_dict(a.state_dict())
     loss = lambda m, t: m(t).pow(2).sum((1, 2))  # noqa: E731
     sa = _engine(a, norm_method="hutch", k=3, noise_multiplier=1.0, seed=9).step(loss, x)
-    sb = _engine(b, norm_method="hutch", k=3, noise_multiplier=1.0, seed=9,
-                 check_independence=False).step(loss, x)
+    sb = _engine(
+        b, norm_method="hutch", k=3, noise_multiplier=1.0, seed=9, check_independence=False
+    ).step(loss, x)
     torch.testing.assert_close(sa.per_sample_norms, sb.per_sample_norms, rtol=0, atol=0)
     for pa, pb in zip(a.parameters(), b.parameters()):
         torch.testing.assert_close(pa, pb, rtol=0, atol=0)
@@ -267,8 +273,15 @@ def test_k1_is_fine_for_exact_norms_and_noise_zero_warns():
     net = Net()
     opt = torch.optim.SGD(net.parameters(), lr=1.0)
     with pytest.warns(dprc_core.PrivacyWarning, match="NOT differentially private"):
-        dprc_core.PrivacyEngine(net, opt, max_grad_norm=1.0, noise_multiplier=0.0,
-                                expected_batch_size=2, norm_method="exact", k=1)
+        dprc_core.PrivacyEngine(
+            net,
+            opt,
+            max_grad_norm=1.0,
+            noise_multiplier=0.0,
+            expected_batch_size=2,
+            norm_method="exact",
+            k=1,
+        )
 
 
 @pytest.mark.parametrize("rel_tol", [0, -1, float("nan"), float("inf"), True, 2.0])
@@ -342,11 +355,14 @@ def test_the_documented_handler_registration_gives_true_norms():
         dprc_core.per_sample_grad_norms(net, loss, x)
     dprc_core.register(DocScaledLinear)(LayerHandler(capture, contributions))
     params = list(net.parameters())
-    ref = torch.stack([
-        torch.sqrt(sum(g.pow(2).sum() for g in torch.autograd.grad(loss(net, x[i:i + 1])[0],
-                                                                    params)))
-        for i in range(3)
-    ])
+    ref = torch.stack(
+        [
+            torch.sqrt(
+                sum(g.pow(2).sum() for g in torch.autograd.grad(loss(net, x[i : i + 1])[0], params))
+            )
+            for i in range(3)
+        ]
+    )
     for method in ("fgc", "ghost"):
         got = dprc_core.per_sample_grad_norms(net, loss, x, method=method)
         torch.testing.assert_close(got, ref, rtol=1e-10, atol=0)
@@ -356,8 +372,15 @@ def test_the_documented_handler_registration_gives_true_norms():
 @pytest.mark.parametrize("method", ["hutch", "hutchpp", "auto"])
 def test_nu_dpftrl_refuses_randomized_clipping(method):
     with pytest.raises(ValueError, match="correlated noise"):
-        _engine(Net().double(), noise_mechanism="nu_dpftrl", nu=0.1, norm_method=method,
-                k=4, max_seq_len=4, noise_multiplier=1.0)
+        _engine(
+            Net().double(),
+            noise_mechanism="nu_dpftrl",
+            nu=0.1,
+            norm_method=method,
+            k=4,
+            max_seq_len=4,
+            noise_multiplier=1.0,
+        )
 
 
 def test_noise_mechanism_arguments_are_validated():
@@ -377,8 +400,9 @@ def test_nu_dpftrl_noise_only_steps_are_correlated_like_its_toeplitz_matrix():
     from dprc_core.accounting.dpftrl import nu_dpftrl_coefficients
 
     lin = nn.Linear(400, 300, dtype=torch.float64)
-    engine = _engine(lin, noise_mechanism="nu_dpftrl", nu=0.2, noise_multiplier=1.0,
-                     expected_batch_size=1)
+    engine = _engine(
+        lin, noise_mechanism="nu_dpftrl", nu=0.2, noise_multiplier=1.0, expected_batch_size=1
+    )
     empty = torch.zeros(0, 400, dtype=torch.float64)
     loss = lambda m, b: m(b).sum(-1)  # noqa: E731
     ups = []

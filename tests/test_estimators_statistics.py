@@ -137,7 +137,11 @@ class HutchTheory:
 
 
 def draws(
-    contribs: list[MatrixContribution], method: str, n: int, seed: int, dtype: torch.dtype,
+    contribs: list[MatrixContribution],
+    method: str,
+    n: int,
+    seed: int,
+    dtype: torch.dtype,
     k: int = K,
 ) -> torch.Tensor:
     """n independent estimates (n, B) in float64: one generator, a fresh sketch per call."""
@@ -389,8 +393,10 @@ def test_hutch_relative_error_does_not_grow_with_T_or_width(family: str) -> None
             assert ((mse - th.kappa2).abs() <= Z * th.sd_mse(N_GRID)).all(), (t, w)
             assert (th.kappa2 <= 2 / K * (1 + 1e-12)).all()
             rho[i, j] = th.rho[0]
-            rows.append(f"T={t:5d} w={w:5d} predicted={th.rho[0]:.4f} rms={mse[0].sqrt():.4f} "
-                        f"mean|e|={e.abs().mean():.4f}")
+            rows.append(
+                f"T={t:5d} w={w:5d} predicted={th.rho[0]:.4f} rms={mse[0].sqrt():.4f} "
+                f"mean|e|={e.abs().mean():.4f}"
+            )
             if family == "mean_dominated":
                 # Rank-1 dominated: e = w1(W1/k − 1) + rest with E rest² = 2 Σ_{i≥2} w_i² / k, so
                 # by the triangle and Jensen inequalities |E|e| − w1·MAD| ≤ sqrt(E rest²), where

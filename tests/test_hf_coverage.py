@@ -94,8 +94,9 @@ def float32_internal_parameters(model) -> set[str]:
         weight = getattr(module, "weight", None)
         if not isinstance(weight, torch.Tensor) or weight.dim() != 1:
             continue
-        x = torch.randn(2, 3, weight.shape[0], dtype=torch.float64,
-                        generator=torch.Generator().manual_seed(0))
+        x = torch.randn(
+            2, 3, weight.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(0)
+        )
         try:
             with torch.no_grad():
                 y = module(x)

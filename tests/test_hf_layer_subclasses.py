@@ -37,9 +37,17 @@ def gemma(tmp_path):
     from transformers import GemmaConfig, GemmaForCausalLM
 
     torch.manual_seed(0)
-    cfg = GemmaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                      max_position_embeddings=64, pad_token_id=1)
+    cfg = GemmaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        pad_token_id=1,
+    )
     model = _load(GemmaForCausalLM(cfg), GemmaForCausalLM, tmp_path / "gemma")
     with torch.no_grad():  # GemmaRMSNorm weights start at 0 (scale 1 + w): make them matter
         for n, p in model.named_parameters():
@@ -52,9 +60,16 @@ def opt(tmp_path):
     from transformers import OPTConfig, OPTForCausalLM
 
     torch.manual_seed(1)
-    cfg = OPTConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, ffn_dim=32,
-                    num_attention_heads=2, max_position_embeddings=32, word_embed_proj_dim=16,
-                    pad_token_id=1)
+    cfg = OPTConfig(
+        vocab_size=64,
+        hidden_size=16,
+        num_hidden_layers=1,
+        ffn_dim=32,
+        num_attention_heads=2,
+        max_position_embeddings=32,
+        word_embed_proj_dim=16,
+        pad_token_id=1,
+    )
     model = _load(OPTForCausalLM(cfg), OPTForCausalLM, tmp_path / "opt")
     return model, causal_lm_per_sample_loss, _lm_batch(64, left_pad=True)  # mask-based positions
 
@@ -63,16 +78,26 @@ def biogpt(tmp_path):
     from transformers import BioGptConfig, BioGptForCausalLM
 
     torch.manual_seed(2)
-    cfg = BioGptConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1,
-                       num_attention_heads=2, intermediate_size=32, max_position_embeddings=32,
-                       scale_embedding=True, pad_token_id=1)
+    cfg = BioGptConfig(
+        vocab_size=64,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+        scale_embedding=True,
+        pad_token_id=1,
+    )
     model = _load(BioGptForCausalLM(cfg), BioGptForCausalLM, tmp_path / "biogpt")
     return model, causal_lm_per_sample_loss, _lm_batch(64, left_pad=True)
 
 
 def _seq2seq_loss(model, batch):
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                decoder_input_ids=batch["decoder_input_ids"])
+    out = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        decoder_input_ids=batch["decoder_input_ids"],
+    )
     logp = out.logits.log_softmax(-1)
     return -logp.gather(-1, batch["labels"][..., None])[..., 0].sum(-1)
 
@@ -81,12 +106,22 @@ def bart(tmp_path):
     from transformers import BartConfig, BartForConditionalGeneration
 
     torch.manual_seed(3)
-    cfg = BartConfig(vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1,
-                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-                     decoder_ffn_dim=32, max_position_embeddings=32, scale_embedding=True,
-                     pad_token_id=1)
-    model = _load(BartForConditionalGeneration(cfg), BartForConditionalGeneration,
-                  tmp_path / "bart")
+    cfg = BartConfig(
+        vocab_size=64,
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=32,
+        scale_embedding=True,
+        pad_token_id=1,
+    )
+    model = _load(
+        BartForConditionalGeneration(cfg), BartForConditionalGeneration, tmp_path / "bart"
+    )
     batch = _lm_batch(64)
     g = torch.Generator().manual_seed(4)
     batch["decoder_input_ids"] = torch.randint(3, 64, (3, 5), generator=g)
@@ -120,8 +155,9 @@ def test_exact_norms_match_torch_func(hf_case, method):
     name, model, loss_fn, batch = hf_case
     ref = grad_norms(torch_func_per_sample_grads(model, loss_fn, batch))
     # OPT's MLP runs on a flattened (B·T, d) view: accepted once independence is checked
-    got = dprc_core.per_sample_grad_norms(model, loss_fn, batch, method=method,
-                                          check_independence=True)
+    got = dprc_core.per_sample_grad_norms(
+        model, loss_fn, batch, method=method, check_independence=True
+    )
     # Gemma's RMSNorm computes in float32 even in a float64 model
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=0)
 
@@ -135,8 +171,14 @@ def test_sigma0_step_equals_reference_clipped_update(hf_case):
     before = {n: p.detach().clone() for n, p in params.items()}
     opt = torch.optim.SGD(list(params.values()), lr=1.0)
     with pytest.warns(dprc_core.PrivacyWarning):
-        engine = dprc_core.PrivacyEngine(model, opt, max_grad_norm=clip, noise_multiplier=0.0,
-                                         expected_batch_size=3.0, norm_method="exact")
+        engine = dprc_core.PrivacyEngine(
+            model,
+            opt,
+            max_grad_norm=clip,
+            noise_multiplier=0.0,
+            expected_batch_size=3.0,
+            norm_method="exact",
+        )
     engine.step(loss_fn, batch)
     factors = (clip / norms).clamp(max=1.0)
     scale = max(float(g.abs().max()) for g in per_sample.values()) / 3.0
@@ -155,13 +197,19 @@ class _Shifted(nn.Embedding):
 def test_flattened_layout_is_refused_without_the_independence_check(tmp_path):
     model, loss_fn, batch = opt(tmp_path)
     with pytest.raises(ValueError, match="flattened"):
-        dprc_core.per_sample_grad_norms(model, loss_fn, batch, method="exact",
-                                        check_independence=False)
+        dprc_core.per_sample_grad_norms(
+            model, loss_fn, batch, method="exact", check_independence=False
+        )
     with pytest.raises(ValueError, match="flattened"):
         opt_ = torch.optim.SGD(model.parameters(), lr=0.1)
-        dprc_core.PrivacyEngine(model, opt_, max_grad_norm=1.0, noise_multiplier=1.0,
-                                expected_batch_size=3, check_independence=False).step(
-                                    loss_fn, batch)
+        dprc_core.PrivacyEngine(
+            model,
+            opt_,
+            max_grad_norm=1.0,
+            noise_multiplier=1.0,
+            expected_batch_size=3,
+            check_independence=False,
+        ).step(loss_fn, batch)
 
 
 def test_registered_subclass_whose_forward_does_not_fit_is_refused_at_the_step():

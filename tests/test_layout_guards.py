@@ -20,8 +20,9 @@ def _seq_loss(model, x):
 
 def _engine(model, **kw):
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
-    args = dict(max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=4.0,
-                norm_method="exact")
+    args = dict(
+        max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=4.0, norm_method="exact"
+    )
     args.update(kw)
     return dprc_core.PrivacyEngine(model, opt, **args)
 
@@ -133,8 +134,9 @@ def test_a_shared_output_that_broadcasts_is_exact():
     model = BroadcastsShared().double()
     x = torch.randn(4, 5, 6, dtype=torch.float64)
     ref = _autograd_norms(model, x)
-    torch.testing.assert_close(dprc_core.per_sample_grad_norms(model, _seq_loss, x), ref,
-                               rtol=1e-10, atol=0)
+    torch.testing.assert_close(
+        dprc_core.per_sample_grad_norms(model, _seq_loss, x), ref, rtol=1e-10, atol=0
+    )
 
 
 class RepeatsShared(nn.Module):

@@ -94,8 +94,13 @@ def test_sigma0_step_equals_reference_clipped_update(case, clipping_mode):
     before = {n: p.detach().clone() for n, p in params.items()}
     opt = torch.optim.SGD(list(params.values()), lr=1.0)
     engine = dprc_core.PrivacyEngine(
-        model, opt, max_grad_norm=clip_norm, noise_multiplier=0.0,
-        expected_batch_size=expected_b, norm_method="exact", clipping_mode=clipping_mode,
+        model,
+        opt,
+        max_grad_norm=clip_norm,
+        noise_multiplier=0.0,
+        expected_batch_size=expected_b,
+        norm_method="exact",
+        clipping_mode=clipping_mode,
     )
     take = lambda s: {k: v[s] for k, v in batch.items()}  # noqa: E731
     engine.accumulate(loss_fn, take(slice(0, 1)))
@@ -133,8 +138,15 @@ def test_auto_reports_a_method_per_layer(tiny_gpt2):
     params = trainable_named(tiny_gpt2)
     opt = torch.optim.SGD(list(params.values()), lr=0.1)
     engine = dprc_core.PrivacyEngine(
-        tiny_gpt2, opt, max_grad_norm=1.0, noise_multiplier=0.0, expected_batch_size=4,
-        norm_method="auto", k=4, seed=0, max_seq_len=batch["input_ids"].shape[1],
+        tiny_gpt2,
+        opt,
+        max_grad_norm=1.0,
+        noise_multiplier=0.0,
+        expected_batch_size=4,
+        norm_method="auto",
+        k=4,
+        seed=0,
+        max_seq_len=batch["input_ids"].shape[1],
     )
     stats = engine.step(causal_lm_per_sample_loss, batch)
     assert set(stats.methods) == set(params)
@@ -159,12 +171,15 @@ def test_tied_sketch_is_unbiased_for_the_summed_gradient(tiny_gpt2, method):
     per_sample = torch_func_per_sample_grads(model, causal_lm_per_sample_loss, batch)
     exact_sq = grad_norms(per_sample) ** 2
     gen = torch.Generator().manual_seed(1234)
-    draws = torch.stack([
-        dprc_core.per_sample_grad_norms(
-            model, causal_lm_per_sample_loss, batch, method=method, k=4, generator=gen
-        ) ** 2
-        for _ in range(300)
-    ])
+    draws = torch.stack(
+        [
+            dprc_core.per_sample_grad_norms(
+                model, causal_lm_per_sample_loss, batch, method=method, k=4, generator=gen
+            )
+            ** 2
+            for _ in range(300)
+        ]
+    )
     n = draws.shape[0]
     mean, sd = draws.mean(0), draws.std(0)
     # CLT bound, z = 5 (two-sided false-failure probability ≈ 6e-7 per sample)
@@ -179,14 +194,16 @@ def test_gradient_checkpointing_is_refused_at_construction(tiny_llama):
         dprc_core.per_sample_grad_norms(tiny_llama, causal_lm_per_sample_loss, batch)
     opt = torch.optim.SGD(tiny_llama.parameters(), lr=0.1)
     with pytest.raises(dprc_core.UnsupportedModuleError, match="gradient checkpointing"):
-        dprc_core.PrivacyEngine(tiny_llama, opt, max_grad_norm=1.0, noise_multiplier=1.0,
-                                expected_batch_size=4)
+        dprc_core.PrivacyEngine(
+            tiny_llama, opt, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=4
+        )
 
 
 def test_gradient_checkpointing_switched_on_later_is_refused_at_the_step(tiny_llama):
     opt = torch.optim.SGD(tiny_llama.parameters(), lr=0.1)
-    engine = dprc_core.PrivacyEngine(tiny_llama, opt, max_grad_norm=1.0, noise_multiplier=1.0,
-                                     expected_batch_size=4)
+    engine = dprc_core.PrivacyEngine(
+        tiny_llama, opt, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=4
+    )
     tiny_llama.gradient_checkpointing_enable()
     tiny_llama.train()
     with pytest.raises(dprc_core.UnsupportedModuleError, match="gradient checkpointing"):

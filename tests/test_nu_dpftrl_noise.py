@@ -101,8 +101,11 @@ def test_state_must_match_the_mechanism():
     noise = NuDPFTRLNoise(1.0, 0.05, 3)
     run(noise, [(2,)], 3, torch.Generator().manual_seed(0))
     state = noise.state_dict()
-    for other in (NuDPFTRLNoise(1.0, 0.06, 3), NuDPFTRLNoise(1.0, 0.05, None),
-                  NuDPFTRLNoise(1.1, 0.05, 3)):
+    for other in (
+        NuDPFTRLNoise(1.0, 0.06, 3),
+        NuDPFTRLNoise(1.0, 0.05, None),
+        NuDPFTRLNoise(1.1, 0.05, 3),
+    ):
         with pytest.raises(ValueError, match="state is for"):
             other.load_state_dict(state)
     broken = dict(state)
@@ -163,9 +166,16 @@ def test_the_mechanism_object_and_the_deprecated_spelling_add_the_same_noise():
             lin.weight.zero_()
             lin.bias.zero_()
         opt = torch.optim.SGD(lin.parameters(), lr=1.0)
-        engine = dprc_core.PrivacyEngine(lin, opt, max_grad_norm=1.0, noise_multiplier=1.0,
-                                         expected_batch_size=1, norm_method="exact", seed=3,
-                                         **kw)
+        engine = dprc_core.PrivacyEngine(
+            lin,
+            opt,
+            max_grad_norm=1.0,
+            noise_multiplier=1.0,
+            expected_batch_size=1,
+            norm_method="exact",
+            seed=3,
+            **kw,
+        )
         empty = torch.zeros(0, 5, dtype=torch.float64)
         for _ in range(3):
             engine.step(lambda m, b: m(b).sum(-1), empty)

@@ -27,9 +27,16 @@ def _noise_only_update(seed: int) -> torch.Tensor:
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        engine = PrivacyEngine(model, opt, max_grad_norm=1.0, noise_multiplier=1.0,
-                               expected_batch_size=1.0, norm_method="exact", seed=seed,
-                               check_independence=False)
+        engine = PrivacyEngine(
+            model,
+            opt,
+            max_grad_norm=1.0,
+            noise_multiplier=1.0,
+            expected_batch_size=1.0,
+            norm_method="exact",
+            seed=seed,
+            check_independence=False,
+        )
     x = torch.zeros(2, D)
     engine.accumulate(lambda m, b: (m(b) * 0.0).sum(dim=1), x)
     engine.step()
@@ -51,8 +58,7 @@ def test_noise_is_not_the_stream_that_initialised_the_model(seed):
         init = draw(D)
         assert abs(_corr(noise, init)) < bound, draw
     # nor the stream of a generator seeded with the same integer
-    assert abs(_corr(noise, torch.randn(D, generator=torch.Generator().manual_seed(seed)))) \
-        < bound
+    assert abs(_corr(noise, torch.randn(D, generator=torch.Generator().manual_seed(seed)))) < bound
 
 
 def test_fixed_seed_is_reproducible_and_seeds_differ():

@@ -54,6 +54,9 @@ class BudgetRequest(BaseModel):
 
     epsilon_budget: float = Field(gt=0, le=100, allow_inf_nan=False)
     delta: float | None = Field(
-        default=None, gt=0, lt=1, allow_inf_nan=False,
+        default=None,
+        gt=0,
+        lt=1,
+        allow_inf_nan=False,
         description="default: 1/N^1.1 rounded down (never above 1/N)",
     )

@@ -41,7 +41,9 @@ class Hyperparameters(Strict):
     max_seq_len: int = Field(default=128, ge=8, le=8192)
     lora: Lora | None = None
     train_only: list[str] | None = Field(
-        default=None, min_length=1, max_length=64,
+        default=None,
+        min_length=1,
+        max_length=64,
         description="train only parameters whose names contain one of these parts (e.g. "
         "['classifier'] for a DP linear probe); the rest stays frozen",
     )
@@ -84,8 +86,9 @@ class Hyperparameters(Strict):
 
 class Clipping(Strict):
     method: Literal["exact", "hutch", "hutchpp", "auto"] = "auto"
-    k: int | None = Field(default=None, ge=1, le=4096,
-                          description="projection dimension (hutch, hutchpp, auto)")
+    k: int | None = Field(
+        default=None, ge=1, le=4096, description="projection dimension (hutch, hutchpp, auto)"
+    )
 
 
 class Noise(Strict):
@@ -95,10 +98,12 @@ class Noise(Strict):
         "correlated noise (ν-DP-FTRL), fixed-order batches, no amplification, exact "
         "clipping only",
     )
-    nu: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False,
-                             description="nu_dpftrl damping ν in [0, 1]")
-    bands: int | None = Field(default=None, ge=1, le=100_000,
-                              description="nu_dpftrl banding (null: un-banded)")
+    nu: float | None = Field(
+        default=None, ge=0, le=1, allow_inf_nan=False, description="nu_dpftrl damping ν in [0, 1]"
+    )
+    bands: int | None = Field(
+        default=None, ge=1, le=100_000, description="nu_dpftrl banding (null: un-banded)"
+    )
 
     @model_validator(mode="after")
     def _fields(self) -> Noise:
@@ -169,8 +174,9 @@ class Job(BaseModel):
     organization_id: str
     result_files: list[str]
     seed: int
-    status: Literal["validating_files", "queued", "running", "paused", "succeeded", "failed",
-                    "cancelled"]
+    status: Literal[
+        "validating_files", "queued", "running", "paused", "succeeded", "failed", "cancelled"
+    ]
     trained_tokens: int | None
     training_file: str
     validation_file: str | None = None

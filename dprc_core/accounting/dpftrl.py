@@ -204,8 +204,9 @@ def toeplitz_sensitivity(
     if np.all(c >= 0) and np.all(np.diff(c) <= 0):
         return SensitivityResult(earliest * margin, True, "monotone: earliest pattern", earliest)
     if k == 1:  # column j is c[: n − j]: the first column has the largest norm, whatever c is
-        return SensitivityResult(earliest * margin, True, "one participation: first column",
-                                 earliest)
+        return SensitivityResult(
+            earliest * margin, True, "one participation: first column", earliest
+        )
     if n <= MAX_EXHAUSTIVE_STEPS and (
         _count_patterns(n, k, b, MAX_EXHAUSTIVE_PATTERNS) <= MAX_EXHAUSTIVE_PATTERNS
     ):

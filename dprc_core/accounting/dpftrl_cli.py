@@ -73,8 +73,10 @@ def _job(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError("--mechanism nu-dpftrl needs --nu")
     by_size = any(v is not None for v in (args.dataset_size, args.batch_size, args.epochs))
     if by_size:
-        if args.steps is not None or args.participations is not None or (
-            args.min_separation is not None
+        if (
+            args.steps is not None
+            or args.participations is not None
+            or (args.min_separation is not None)
         ):
             raise ValueError(
                 "give either --dataset-size/--batch-size/--epochs or "

@@ -10,8 +10,9 @@ import math
 from fractions import Fraction
 
 
-def planned_steps(dataset_size: int, batch_size: float, epochs: float,
-                  mechanism: str = "gaussian") -> int:
+def planned_steps(
+    dataset_size: int, batch_size: float, epochs: float, mechanism: str = "gaussian"
+) -> int:
     """Steps a job runs: ⌈epochs·N/B⌉ (Poisson sampling), or epochs·⌈N/B⌉ for fixed-order
     ν-DP-FTRL epochs. Computed in exact rational arithmetic on the numbers as written (the
     shortest decimal of a float: 0.1 epochs of 30 examples at B = 1 is 3 steps, where float

@@ -55,8 +55,15 @@ def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
     return min(tail + 2.0 * m * delta * alpha, 1.0)
 
 
-def epsilon_lower_bound(m: int, r: int, v: int, delta: float, confidence: float = 0.95,
-                        eps_max: float = 100.0, iterations: int = 60) -> float:
+def epsilon_lower_bound(
+    m: int,
+    r: int,
+    v: int,
+    delta: float,
+    confidence: float = 0.95,
+    eps_max: float = 100.0,
+    iterations: int = 60,
+) -> float:
     """Largest ε (to bisection precision, rounded down) that ``v`` correct guesses out of ``r``
     refute at ``confidence``: ``p_value(m, r, v, ε, δ) < 1 − confidence``. 0 if none."""
     level = 1.0 - confidence
@@ -90,9 +97,13 @@ class AuditResult:
     candidates: tuple[int, ...]  # the guess counts tried (Bonferroni over them)
 
 
-def audit_scores(scores: Sequence[float] | np.ndarray, included: Sequence[bool] | np.ndarray,
-                 delta: float, confidence: float = 0.95,
-                 guess_counts: Sequence[int] | None = None) -> AuditResult:
+def audit_scores(
+    scores: Sequence[float] | np.ndarray,
+    included: Sequence[bool] | np.ndarray,
+    delta: float,
+    confidence: float = 0.95,
+    guess_counts: Sequence[int] | None = None,
+) -> AuditResult:
     """The one-run audit from per-canary scores (higher = "looks included").
 
     For each guess count r in ``guess_counts`` (fixed **before** looking at the scores) the
@@ -120,7 +131,7 @@ def audit_scores(scores: Sequence[float] | np.ndarray, included: Sequence[bool] 
     best = (0.0, counts[0], 0)
     for r in counts:
         half = r // 2
-        correct = int((~inc[order[:half]]).sum() + inc[order[m - half:]].sum())
+        correct = int((~inc[order[:half]]).sum() + inc[order[m - half :]].sum())
         eps = epsilon_lower_bound(m, r, correct, delta, adj_conf)
         if eps > best[0] or (eps == best[0] and best[2] == 0):
             best = (eps, r, correct)

@@ -53,8 +53,13 @@ def linear_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
     return model(batch).squeeze(-1)
 
 
-def scores_from_updates(updates: np.ndarray, score: str, sample_rate: float,
-                        noise_multiplier: float, max_grad_norm: float) -> np.ndarray:
+def scores_from_updates(
+    updates: np.ndarray,
+    score: str,
+    sample_rate: float,
+    noise_multiplier: float,
+    max_grad_norm: float,
+) -> np.ndarray:
     """Per-canary scores from the (steps, m) canary coordinates of the released updates."""
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")

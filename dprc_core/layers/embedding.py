@@ -14,11 +14,15 @@ from dprc_core.layers.base import LayerHandler, register
 
 def _check(module: nn.Embedding) -> None:
     if module.max_norm is not None:
-        raise ValueError("nn.Embedding with max_norm renormalises weights in the forward; "
-                         "per-sample gradients are not supported for it")
+        raise ValueError(
+            "nn.Embedding with max_norm renormalises weights in the forward; "
+            "per-sample gradients are not supported for it"
+        )
     if module.sparse or module.scale_grad_by_freq:
-        raise ValueError("nn.Embedding with sparse=True or scale_grad_by_freq=True is not "
-                         "supported (the latter mixes samples through token frequencies)")
+        raise ValueError(
+            "nn.Embedding with sparse=True or scale_grad_by_freq=True is not "
+            "supported (the latter mixes samples through token frequencies)"
+        )
 
 
 def _capture(module, inputs, output):
@@ -37,7 +41,10 @@ def _contributions(module: nn.Embedding, ids, g):
 
 register(nn.Embedding)(
     LayerHandler(
-        capture=_capture, contributions=_contributions, check=_check, params=("weight",),
+        capture=_capture,
+        contributions=_contributions,
+        check=_check,
+        params=("weight",),
         one_hot=True,
     )
 )

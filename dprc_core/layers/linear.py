@@ -68,8 +68,11 @@ _VERIFIED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # real output checked
 
 
 def _overrides_linear_forward(module: nn.Module) -> bool:
-    return (isinstance(module, nn.Linear) and is_leaf(module)
-            and type(module).forward is not nn.Linear.forward)
+    return (
+        isinstance(module, nn.Linear)
+        and is_leaf(module)
+        and type(module).forward is not nn.Linear.forward
+    )
 
 
 def _refuse(why: str) -> UnsupportedModuleError:
@@ -92,8 +95,11 @@ def _check_linear_subclass(module: nn.Module) -> None:
     g = torch.Generator(device="cpu").manual_seed(2)
     wr = torch.randn(w.shape, generator=g, dtype=torch.float64).to(w.device)
     b = module._parameters.get("bias")
-    br = torch.randn(w.shape[0], generator=g, dtype=torch.float64).to(w.device) if (
-        b is not None) else None
+    br = (
+        torch.randn(w.shape[0], generator=g, dtype=torch.float64).to(w.device)
+        if (b is not None)
+        else None
+    )
     x = probe_input((2, 3, w.shape[1]), torch.float64, w.device)
     tensors = {"weight": wr} if b is None else {"weight": wr, "bias": br}
     try:
@@ -109,8 +115,9 @@ def _capture_linear_subclass(module, inputs, output):
     if module not in _VERIFIED:
         w, b = module.weight.detach(), module.bias
         b = b.detach() if b is not None else None
-        if not reproduces(output, F.linear(a, w, b), _linear_scale(a, w, b),
-                          rounding(output.dtype)):
+        if not reproduces(
+            output, F.linear(a, w, b), _linear_scale(a, w, b), rounding(output.dtype)
+        ):
             raise UnsupportedModuleError(
                 f"{type(module).__name__}: its output on this input is not F.linear(x, weight, "
                 "bias); register a handler for it with dprc_core.register"
@@ -120,6 +127,9 @@ def _capture_linear_subclass(module, inputs, output):
 
 
 register_fallback(_overrides_linear_forward)(
-    LayerHandler(capture=_capture_linear_subclass, contributions=_linear_contributions,
-                 check=_check_linear_subclass)
+    LayerHandler(
+        capture=_capture_linear_subclass,
+        contributions=_linear_contributions,
+        check=_check_linear_subclass,
+    )
 )

@@ -56,8 +56,7 @@ def _affine(module, xhat, g, weight_name="weight"):
 def _layer_norm_contributions(module: nn.LayerNorm, x, g):
     shape = tuple(module.normalized_shape)
     xhat = torch.nn.functional.layer_norm(x, shape, None, None, module.eps)
-    return _affine(module, as_sequence(xhat.reshape(*x.shape[: x.dim() - len(shape)], -1)),
-                   g)
+    return _affine(module, as_sequence(xhat.reshape(*x.shape[: x.dim() - len(shape)], -1)), g)
 
 
 def _check_layer_norm(module: nn.LayerNorm) -> None:
@@ -82,9 +81,11 @@ def _gemma_rms_norm_contributions(module, x, g):
     # GemmaRMSNorm: (x̂ · (1 + w)) computed in float32, cast back; per-sample grad Σ_t G ⊙ x̂.
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + module.eps)
-    return {"weight": (g.to(torch.float32) * as_sequence(h)).sum(1)} if (
-        module.weight.requires_grad
-    ) else {}
+    return (
+        {"weight": (g.to(torch.float32) * as_sequence(h)).sum(1)}
+        if (module.weight.requires_grad)
+        else {}
+    )
 
 
 def _check_rms(module) -> None:
@@ -150,8 +151,10 @@ def _probe_form(module: nn.Module, dtype: torch.dtype) -> bool:
     w = module.weight
     d = w.shape[0]
     x = probe_input((2, 3, d), dtype, w.device)
-    zeros, ones = (torch.zeros(d, dtype=dtype, device=w.device),
-                   torch.ones(d, dtype=dtype, device=w.device))
+    zeros, ones = (
+        torch.zeros(d, dtype=dtype, device=w.device),
+        torch.ones(d, dtype=dtype, device=w.device),
+    )
     y0 = _run(module, x, zeros, None)
     if not isinstance(y0, torch.Tensor) or y0.shape != x.shape:
         raise _refuse(module, "its output is not a tensor of its input's shape")
@@ -159,8 +162,7 @@ def _probe_form(module: nn.Module, dtype: torch.dtype) -> bool:
     xhat = y0 if offset else _run(module, x, ones, None)
     tol = rounding(y0.dtype)
     g = torch.Generator(device="cpu").manual_seed(1)
-    wr = (torch.randn(d, generator=g, dtype=torch.float64) + 0.5).to(dtype=dtype,
-                                                                       device=w.device)
+    wr = (torch.randn(d, generator=g, dtype=torch.float64) + 0.5).to(dtype=dtype, device=w.device)
     s = (1 + wr) if offset else wr
     if not reproduces(_run(module, x, wr, None), xhat * s, (xhat * s).abs(), tol):
         raise _refuse(module, "its output is not linear in the weight")

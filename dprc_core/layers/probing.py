@@ -43,12 +43,14 @@ def is_leaf(module: nn.Module) -> bool:
     return next(module.children(), None) is None
 
 
-def probe_input(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-                seed: int = 0) -> torch.Tensor:
+def probe_input(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int = 0
+) -> torch.Tensor:
     """A fixed, generic input (mean 0.5, sd 2): no symmetry a formula could hide behind."""
     g = torch.Generator(device="cpu").manual_seed(seed)
-    return (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 0.5).to(dtype=dtype,
-                                                                            device=device)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 0.5).to(
+        dtype=dtype, device=device
+    )
 
 
 def rounding(dtype: torch.dtype) -> float:

@@ -26,7 +26,14 @@ from __future__ import annotations
 from torch import nn
 
 _RELATIVE_BIAS_FAMILIES = (
-    "t5", "mt5", "umt5", "longt5", "switch_transformers", "pop2piano", "udop", "pix2struct",
+    "t5",
+    "mt5",
+    "umt5",
+    "longt5",
+    "switch_transformers",
+    "pop2piano",
+    "udop",
+    "pix2struct",
     "mpnet",
 )
 _SHARED = (
@@ -34,12 +41,18 @@ _SHARED = (
     "broadcasts or repeats itself"
 )
 _SEQUENCE_FIRST = "runs sequence-first (T, B, d) inside this model family"
-_ROUTER = ("routes tokens to experts and returns a tuple (logits, weights, indices), which has "
-           "no per-sample gradient handler")
-_EXPERTS = ("holds fused mixture-of-experts weights (3-D, one slice per expert) applied to a "
-            "data-dependent subset of tokens each, which has no per-sample gradient handler")
-_PARAM_WRAPPER = ("is a peft target_parameters adapter (ParamWrapper), which adds its low-rank "
-                  "delta to the wrapped parameter functionally")
+_ROUTER = (
+    "routes tokens to experts and returns a tuple (logits, weights, indices), which has "
+    "no per-sample gradient handler"
+)
+_EXPERTS = (
+    "holds fused mixture-of-experts weights (3-D, one slice per expert) applied to a "
+    "data-dependent subset of tokens each, which has no per-sample gradient handler"
+)
+_PARAM_WRAPPER = (
+    "is a peft target_parameters adapter (ParamWrapper), which adds its low-rank "
+    "delta to the wrapped parameter functionally"
+)
 
 
 def _family(module: nn.Module) -> str:

@@ -44,8 +44,9 @@ NoiseMechanism = Gaussian | NuDPFTRL
 NOISE_MECHANISMS = (Gaussian.name, NuDPFTRL.name)
 
 
-def as_noise_mechanism(value: Any, nu: float | None = None,
-                       bands: int | None = None) -> NoiseMechanism:
+def as_noise_mechanism(
+    value: Any, nu: float | None = None, bands: int | None = None
+) -> NoiseMechanism:
     """A mechanism object from an object or a name; ``nu`` / ``bands`` beside the name
     ``"nu_dpftrl"`` are the deprecated spelling of ``NuDPFTRL(nu, bands)``."""
     if isinstance(value, (Gaussian, NuDPFTRL)):
@@ -66,5 +67,7 @@ def as_noise_mechanism(value: Any, nu: float | None = None,
             stacklevel=3,
         )
         return NuDPFTRL(nu, bands)
-    raise ValueError(f"noise_mechanism must be one of {NOISE_MECHANISMS} (or a Gaussian / "
-                     f"NuDPFTRL object), got {value!r}")
+    raise ValueError(
+        f"noise_mechanism must be one of {NOISE_MECHANISMS} (or a Gaussian / "
+        f"NuDPFTRL object), got {value!r}"
+    )

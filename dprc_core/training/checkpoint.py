@@ -39,8 +39,10 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     if not root.is_dir():
         return []
     done = [
-        p for p in root.iterdir()
-        if p.name.startswith("step-") and not p.name.endswith(".tmp")
+        p
+        for p in root.iterdir()
+        if p.name.startswith("step-")
+        and not p.name.endswith(".tmp")
         and (p / "metadata.json").exists()
     ]
     return sorted(done, key=lambda p: int(p.name.split("-")[1]))
@@ -129,7 +131,8 @@ def load_resume(ckpt: str | Path) -> tuple[dict[str, Any], dict, dict[str, torch
     """(state, optimizer state dict, rng tensors, ledger JSON) of a checkpoint."""
     ckpt = Path(ckpt)
     state = json.loads((ckpt / "resume" / "state.json").read_text())
-    opt = _unflatten_optimizer(load_file(str(ckpt / "resume" / "optimizer.safetensors")),
-                               state.pop("optimizer"))
+    opt = _unflatten_optimizer(
+        load_file(str(ckpt / "resume" / "optimizer.safetensors")), state.pop("optimizer")
+    )
     rng = load_file(str(ckpt / "resume" / "rng.safetensors"))
     return state, opt, rng, (ckpt / "ledger.json").read_text()

@@ -17,8 +17,11 @@ from typing import Any
 def add_subparser(sub: Any) -> None:
     train = sub.add_parser("train", help="run a DP fine-tuning job from a YAML spec (library)")
     train.add_argument("spec", help="job spec (YAML or JSON)")
-    train.add_argument("--no-resume", action="store_true",
-                       help="never resume; refuse an output_dir that already has checkpoints")
+    train.add_argument(
+        "--no-resume",
+        action="store_true",
+        help="never resume; refuse an output_dir that already has checkpoints",
+    )
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(func=_train)
 
@@ -67,11 +70,21 @@ def _train(args: argparse.Namespace) -> int:
     result = run_job(spec, on_progress=progress, resume=not args.no_resume)
     if bar is not None:
         bar.close()
-    print(json.dumps({
-        "status": result.status, "steps_done": result.steps_done, "steps": result.steps,
-        "epsilon": result.epsilon, "delta": result.delta,
-        "noise_multiplier": result.plan.noise_multiplier, "clipping": result.plan.clipping,
-        "checkpoint": result.checkpoint, "resumed_from": result.resumed_from,
-        "seconds": round(result.seconds, 1),
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "status": result.status,
+                "steps_done": result.steps_done,
+                "steps": result.steps,
+                "epsilon": result.epsilon,
+                "delta": result.delta,
+                "noise_multiplier": result.plan.noise_multiplier,
+                "clipping": result.plan.clipping,
+                "checkpoint": result.checkpoint,
+                "resumed_from": result.resumed_from,
+                "seconds": round(result.seconds, 1),
+            },
+            indent=2,
+        )
+    )
     return 0

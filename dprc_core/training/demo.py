@@ -35,42 +35,72 @@ def build_model(path: Path):
 
     if not (path / "model.safetensors").exists():
         torch.manual_seed(0)
-        cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                          max_position_embeddings=SEQ, pad_token_id=0)
+        cfg = LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=SEQ,
+            pad_token_id=0,
+        )
         LlamaForCausalLM(cfg).save_pretrained(path, safe_serialization=True)
     return LlamaForCausalLM.from_pretrained(path, use_safetensors=True, trust_remote_code=False)
 
 
-def run(out_dir: Path = Path("runs/demo"), epsilon: float = 8.0, delta: float = 1e-5,
-        batch_size: int = 32, epochs: int = 2, k: int = 32) -> dict:
+def run(
+    out_dir: Path = Path("runs/demo"),
+    epsilon: float = 8.0,
+    delta: float = 1e-5,
+    batch_size: int = 32,
+    epochs: int = 2,
+    k: int = 32,
+) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     data = synthetic_corpus(N)
     q = batch_size / N
     steps = epochs * math.ceil(N / batch_size)
     sigma = noise_multiplier(epsilon, delta, q, steps, clipping="hutch", k=k)
-    print(f"calibrated noise multiplier σ={sigma:.4f} for ε={epsilon}, δ={delta}, q={q:.4f}, "
-          f"{steps} steps, Hutchinson k={k} (dimension-free envelope)")
+    print(
+        f"calibrated noise multiplier σ={sigma:.4f} for ε={epsilon}, δ={delta}, q={q:.4f}, "
+        f"{steps} steps, Hutchinson k={k} (dimension-free envelope)"
+    )
     model = build_model(out_dir / "base-model").train()
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=3e-3)
-    engine = PrivacyEngine(model, opt, max_grad_norm=1.0, noise_multiplier=sigma,
-                           expected_batch_size=q * N, norm_method="hutch", k=k)
+    engine = PrivacyEngine(
+        model,
+        opt,
+        max_grad_norm=1.0,
+        noise_multiplier=sigma,
+        expected_batch_size=q * N,
+        norm_method="hutch",
+        k=k,
+    )
     # Charge the whole planned run before the first step: a crash never leaves steps unrecorded.
     ledger = PrivacyLedger()
-    ledger.record(noise_multiplier=sigma, sample_rate=q, steps=steps,
-                  clipping=engine.accounting_clipping, k=k)
+    ledger.record(
+        noise_multiplier=sigma, sample_rate=q, steps=steps, clipping=engine.accounting_clipping, k=k
+    )
     (out_dir / "privacy_ledger.json").write_text(ledger.to_json())
     t0 = time.perf_counter()
     for idx in PoissonSampler(N, q, steps):
         stats = engine.step(causal_lm_per_sample_loss, {"input_ids": data[idx]})
         if stats.step % 8 == 0 or stats.step == 1:
-            print(f"step {stats.step:3d}  batch {stats.batch_size:3d}  loss {stats.mean_loss:.3f}"
-                  f"  clipped {stats.clipped_fraction:.2f}")
+            print(
+                f"step {stats.step:3d}  batch {stats.batch_size:3d}  loss {stats.mean_loss:.3f}"
+                f"  clipped {stats.clipped_fraction:.2f}"
+            )
     spent = ledger.epsilon(delta)
     engine.detach()
     model.save_pretrained(out_dir / "checkpoint", safe_serialization=True)
-    summary = {"epsilon_spent": spent, "delta": delta, "noise_multiplier": sigma,
-               "steps": steps, "seconds": round(time.perf_counter() - t0, 1),
-               "checkpoint": str(out_dir / "checkpoint")}
+    summary = {
+        "epsilon_spent": spent,
+        "delta": delta,
+        "noise_multiplier": sigma,
+        "steps": steps,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "checkpoint": str(out_dir / "checkpoint"),
+    }
     print(json.dumps(summary, indent=2))
     return summary

@@ -16,8 +16,12 @@ from torch import nn
 
 from dprc_core.training.data import TASKS
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-           "float64": torch.float64}
+_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
 
 
 class ModelLoadError(ValueError):
@@ -33,8 +37,10 @@ class LoraSpec:
     def __post_init__(self) -> None:
         if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r < 1:
             raise ValueError(f"lora.r must be a positive integer, got {self.r!r}")
-        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or (
-            self.alpha <= 0
+        if (
+            isinstance(self.alpha, bool)
+            or not isinstance(self.alpha, (int, float))
+            or (self.alpha <= 0)
         ):
             raise ValueError(f"lora.alpha must be a positive number, got {self.alpha!r}")
         if not self.target_modules or not all(isinstance(m, str) for m in self.target_modules):
@@ -47,8 +53,7 @@ def check_model_dir(path: str | Path) -> Path:
         raise ModelLoadError(f"model directory {path} has no config.json")
     if not any(path.glob("*.safetensors")):
         raise ModelLoadError(
-            f"model directory {path} has no .safetensors weights (pickled .bin weights are "
-            "refused)"
+            f"model directory {path} has no .safetensors weights (pickled .bin weights are refused)"
         )
     return path
 
@@ -85,7 +90,9 @@ def load_model(
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     path = check_model_dir(path)
     kwargs: dict[str, Any] = dict(
-        use_safetensors=True, trust_remote_code=False, local_files_only=True,
+        use_safetensors=True,
+        trust_remote_code=False,
+        local_files_only=True,
         dtype=_DTYPES[dtype],
     )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -110,7 +117,9 @@ def load_model(
         else:
             assert lora is not None
             cfg = LoraConfig(
-                r=lora.r, lora_alpha=lora.alpha, target_modules=list(lora.target_modules),
+                r=lora.r,
+                lora_alpha=lora.alpha,
+                target_modules=list(lora.target_modules),
                 lora_dropout=0.0,
                 modules_to_save=["classifier", "score"] if task == "classification" else None,
             )

@@ -39,7 +39,7 @@ def default_delta(n: int) -> float:
     """1/N^1.1 rounded down to two significant digits."""
     if not isinstance(n, int) or n < 2:
         raise ValueError(f"the data set needs at least 2 examples, got {n!r}")
-    exact = n ** -1.1
+    exact = n**-1.1
     exponent = math.floor(math.log10(exact))
     mantissa = math.floor(exact / 10**exponent * 10) / 10
     value = float(f"{mantissa:.1f}e{exponent}")
@@ -75,12 +75,14 @@ class PrivacyPlan:
         if self.mechanism == "nu_dpftrl":
             assert self.nu is not None and self.min_separation is not None
             return PrivacyEvent.nu_dpftrl(
-                self.noise_multiplier, steps=steps, nu=self.nu,
+                self.noise_multiplier,
+                steps=steps,
+                nu=self.nu,
                 participations=-(-steps // self.min_separation),
-                min_separation=self.min_separation, bands=self.bands,
+                min_separation=self.min_separation,
+                bands=self.bands,
             )
-        return PrivacyEvent(self.noise_multiplier, self.sample_rate, steps, self.clipping,
-                            self.k)
+        return PrivacyEvent(self.noise_multiplier, self.sample_rate, steps, self.clipping, self.k)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,8 +110,17 @@ def plan_privacy(
     if mechanism not in NOISE_MECHANISMS:
         raise ValueError(f"noise mechanism must be one of {NOISE_MECHANISMS}, got {mechanism!r}")
     if mechanism == "nu_dpftrl":
-        return _plan_nu_dpftrl(dataset_size, batch_size, epochs, clipping, target_epsilon, delta,
-                               noise_multiplier_value, nu, bands)
+        return _plan_nu_dpftrl(
+            dataset_size,
+            batch_size,
+            epochs,
+            clipping,
+            target_epsilon,
+            delta,
+            noise_multiplier_value,
+            nu,
+            bands,
+        )
     if nu is not None or bands is not None:
         raise ValueError("nu and bands apply to the nu_dpftrl mechanism only")
     n = dataset_size
@@ -134,12 +145,24 @@ def plan_privacy(
         sigma = float(noise_multiplier_value)
         target = None
     planned = epsilon_for_events([PrivacyEvent(sigma, q, steps, clipping, k_acc)], delta)
-    return PrivacyPlan(n, float(batch_size), float(epochs), q, steps, delta, sigma, clipping,
-                       k_acc, target, planned)
+    return PrivacyPlan(
+        n,
+        float(batch_size),
+        float(epochs),
+        q,
+        steps,
+        delta,
+        sigma,
+        clipping,
+        k_acc,
+        target,
+        planned,
+    )
 
 
-def _plan_nu_dpftrl(n, batch_size, epochs, clipping, target_epsilon, delta, sigma_given, nu,
-                    bands) -> PrivacyPlan:
+def _plan_nu_dpftrl(
+    n, batch_size, epochs, clipping, target_epsilon, delta, sigma_given, nu, bands
+) -> PrivacyPlan:
     if clipping != "exact":
         raise ValueError(
             f"clipping {clipping!r} with nu_dpftrl is refused: randomized clipping with "
@@ -157,14 +180,31 @@ def _plan_nu_dpftrl(n, batch_size, epochs, clipping, target_epsilon, delta, sigm
         raise ValueError("give exactly one of target_epsilon and noise_multiplier")
     delta = default_delta(n) if delta is None else check_delta_for_size(delta, n)
     sep = -(-n // batch_size)
-    pattern = {"steps": planned_steps(n, batch_size, epochs, "nu_dpftrl"),
-               "participations": epochs, "min_separation": sep}
+    pattern = {
+        "steps": planned_steps(n, batch_size, epochs, "nu_dpftrl"),
+        "participations": epochs,
+        "min_separation": sep,
+    }
     if sigma_given is None:
         target = check_epsilon(target_epsilon)
         sigma = dpftrl_noise_multiplier(target, delta, nu, bands=bands, **pattern)
     else:
         sigma, target = float(sigma_given), None
     planned = dpftrl_epsilon(sigma, delta, nu, bands=bands, **pattern)
-    return PrivacyPlan(n, float(batch_size), float(epochs), batch_size / n, pattern["steps"],
-                       delta, sigma, "exact", None, target, planned, "nu_dpftrl", float(nu),
-                       bands, sep)
+    return PrivacyPlan(
+        n,
+        float(batch_size),
+        float(epochs),
+        batch_size / n,
+        pattern["steps"],
+        delta,
+        sigma,
+        "exact",
+        None,
+        target,
+        planned,
+        "nu_dpftrl",
+        float(nu),
+        bands,
+        sep,
+    )

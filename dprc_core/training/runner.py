@@ -92,14 +92,17 @@ class JobSpec:
         if ce is not None and (isinstance(ce, bool) or not isinstance(ce, int) or ce < 1):
             raise ValueError(f"checkpoint_every must be a positive integer, got {ce!r}")
         lr = self.learning_rate
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (
-            math.isfinite(lr) and lr > 0
+        if (
+            isinstance(lr, bool)
+            or not isinstance(lr, (int, float))
+            or not (math.isfinite(lr) and lr > 0)
         ):
             raise ValueError(f"learning_rate must be a finite number > 0, got {lr!r}")
         if isinstance(self.lora, dict):
             self.lora = LoraSpec(**self.lora)
         if self.train_only is not None and (
-            not isinstance(self.train_only, list) or not self.train_only
+            not isinstance(self.train_only, list)
+            or not self.train_only
             or not all(isinstance(x, str) and x for x in self.train_only)
         ):
             raise ValueError("train_only must be a non-empty list of parameter-name parts")
@@ -115,8 +118,11 @@ class JobSpec:
         if unknown:
             raise ValueError(f"unknown job fields: {sorted(unknown)}")
         missing_value = dataclasses.MISSING
-        required = {f.name for f in dataclasses.fields(cls)
-                    if f.default is missing_value and f.default_factory is missing_value}
+        required = {
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is missing_value and f.default_factory is missing_value
+        }
         missing = required - set(data)
         if missing:
             raise ValueError(f"missing job fields: {sorted(missing)}")
@@ -197,15 +203,26 @@ def run_job(
     if latest is not None:
         state, opt_state, rng, ledger_json = ckpt_io.load_resume(latest)
         if lora is not None:
-            model = load_model(spec.model, spec.task, num_labels=len(classes or []) or None,
-                               dtype=spec.dtype, adapter_path=latest / "model")
+            model = load_model(
+                spec.model,
+                spec.task,
+                num_labels=len(classes or []) or None,
+                dtype=spec.dtype,
+                adapter_path=latest / "model",
+            )
         else:
-            model = load_model(latest / "model", spec.task, num_labels=len(classes or []) or None,
-                               dtype=spec.dtype)
+            model = load_model(
+                latest / "model", spec.task, num_labels=len(classes or []) or None, dtype=spec.dtype
+            )
     else:
         state, opt_state, rng, ledger_json = None, None, None, None
-        model = load_model(spec.model, spec.task, num_labels=len(classes or []) or None,
-                           lora=lora, dtype=spec.dtype)
+        model = load_model(
+            spec.model,
+            spec.task,
+            num_labels=len(classes or []) or None,
+            lora=lora,
+            dtype=spec.dtype,
+        )
         if classes is not None:
             model.config.id2label = dict(enumerate(classes))
             model.config.label2id = {c: i for i, c in enumerate(classes)}
@@ -224,10 +241,17 @@ def run_job(
     plan_methods = norm_plan(model, spec.clipping, spec.k, spec.max_seq_len)
     clipping = accounting_clipping_for(plan_methods)
     plan = plan_privacy(
-        dataset_size=n, batch_size=spec.batch_size, epochs=spec.epochs, clipping=clipping,
-        k=spec.k, target_epsilon=None if spec.noise_multiplier is not None else spec.target_epsilon,
-        delta=spec.target_delta, noise_multiplier_value=spec.noise_multiplier,
-        mechanism=spec.noise_mechanism, nu=spec.nu, bands=spec.bands,
+        dataset_size=n,
+        batch_size=spec.batch_size,
+        epochs=spec.epochs,
+        clipping=clipping,
+        k=spec.k,
+        target_epsilon=None if spec.noise_multiplier is not None else spec.target_epsilon,
+        delta=spec.target_delta,
+        noise_multiplier_value=spec.noise_multiplier,
+        mechanism=spec.noise_mechanism,
+        nu=spec.nu,
+        bands=spec.bands,
     )
     if state is not None and state["plan"] != plan.to_dict():
         raise ValueError(
@@ -242,11 +266,19 @@ def run_job(
         opt = torch.optim.SGD(params, lr=spec.learning_rate)
     seed = spec.seed if spec.seed is not None else fresh_seed()
     engine = PrivacyEngine(
-        model, opt, max_grad_norm=spec.max_grad_norm, noise_multiplier=plan.noise_multiplier,
-        expected_batch_size=plan.batch_size, norm_method=spec.clipping, k=spec.k,
-        seed=seed, max_seq_len=spec.max_seq_len if spec.clipping == "auto" else None,
-        noise_mechanism=NuDPFTRL(spec.nu, spec.bands) if (  # type: ignore[arg-type]
-            spec.noise_mechanism == NuDPFTRL.name) else Gaussian(),
+        model,
+        opt,
+        max_grad_norm=spec.max_grad_norm,
+        noise_multiplier=plan.noise_multiplier,
+        expected_batch_size=plan.batch_size,
+        norm_method=spec.clipping,
+        k=spec.k,
+        seed=seed,
+        max_seq_len=spec.max_seq_len if spec.clipping == "auto" else None,
+        noise_mechanism=NuDPFTRL(spec.nu, spec.bands)
+        # type: ignore[arg-type]
+        if (spec.noise_mechanism == NuDPFTRL.name)
+        else Gaussian(),
     )
     assert engine.accounting_clipping == clipping
     fixed = spec.noise_mechanism == "nu_dpftrl"
@@ -261,12 +293,16 @@ def run_job(
     if state is not None:
         assert opt_state is not None and rng is not None and ledger_json is not None
         opt.load_state_dict(opt_state)
-        engine.load_state_dict({
-            "steps": state["engine"]["steps"], "seed": state["engine"]["seed"],
-            "generators": {k[len("engine:"):]: v for k, v in rng.items()
-                           if k.startswith("engine:")},
-            "noise": {k[len("noise:"):]: v for k, v in rng.items() if k.startswith("noise:")},
-        })
+        engine.load_state_dict(
+            {
+                "steps": state["engine"]["steps"],
+                "seed": state["engine"]["seed"],
+                "generators": {
+                    k[len("engine:") :]: v for k, v in rng.items() if k.startswith("engine:")
+                },
+                "noise": {k[len("noise:") :]: v for k, v in rng.items() if k.startswith("noise:")},
+            }
+        )
         if isinstance(sampler, FixedOrderSampler):
             sampler = FixedOrderSampler.from_state_dict(state["sampler"])
         else:
@@ -274,8 +310,11 @@ def run_job(
         prior = list(PrivacyLedger.from_json(ledger_json).events)
         done = int(state["steps_done"])
     resumed_from = done
-    loss_fn = (causal_lm_per_sample_loss if spec.task == "causal_lm"
-               else sequence_classification_per_sample_loss)
+    loss_fn = (
+        causal_lm_per_sample_loss
+        if spec.task == "causal_lm"
+        else sequence_classification_per_sample_loss
+    )
     losses: list[float] = []
 
     def ledger_at(steps: int) -> PrivacyLedger:
@@ -313,17 +352,35 @@ def run_job(
         if isinstance(sampler, PoissonSampler):
             rng_out["sampler"] = sampler.generator.get_state()
         return ckpt_io.save_checkpoint(
-            out, step=done, model=model, tokenizer=tokenizer, ledger_json=ledger.to_json(),
-            metadata={"step": done, "steps": plan.steps, "epsilon": eps, "delta": plan.delta,
-                      "task": spec.task, "classes": classes, "lora": lora is not None,
-                      "noise_multiplier": plan.noise_multiplier, "clipping": clipping,
-                      "k": plan.k, "sample_rate": plan.sample_rate,
-                      "noise_mechanism": plan.mechanism, "nu": plan.nu, "bands": plan.bands},
-            optimizer=opt, rng=rng_out,
-            state={"steps_done": done, "plan": plan.to_dict(),
-                   "engine": {"steps": est["steps"], "seed": est["seed"]},
-                   "sampler": sampler.state_dict() if isinstance(sampler, FixedOrderSampler)
-                   else None},
+            out,
+            step=done,
+            model=model,
+            tokenizer=tokenizer,
+            ledger_json=ledger.to_json(),
+            metadata={
+                "step": done,
+                "steps": plan.steps,
+                "epsilon": eps,
+                "delta": plan.delta,
+                "task": spec.task,
+                "classes": classes,
+                "lora": lora is not None,
+                "noise_multiplier": plan.noise_multiplier,
+                "clipping": clipping,
+                "k": plan.k,
+                "sample_rate": plan.sample_rate,
+                "noise_mechanism": plan.mechanism,
+                "nu": plan.nu,
+                "bands": plan.bands,
+            },
+            optimizer=opt,
+            rng=rng_out,
+            state={
+                "steps_done": done,
+                "plan": plan.to_dict(),
+                "engine": {"steps": est["steps"], "seed": est["seed"]},
+                "sampler": sampler.state_dict() if isinstance(sampler, FixedOrderSampler) else None,
+            },
         )
 
     last_ckpt = latest
@@ -339,7 +396,7 @@ def run_job(
             done += 1
             if stats.batch_size - stats.dropped > 0 and math.isfinite(stats.mean_loss):
                 losses.append(stats.mean_loss)
-            due = (spec.checkpoint_every is not None and done % spec.checkpoint_every == 0)
+            due = spec.checkpoint_every is not None and done % spec.checkpoint_every == 0
             stop = should_stop is not None and should_stop()
             saved = None
             if due or done == plan.steps or stop:
@@ -347,12 +404,18 @@ def run_job(
                 saved = str(last_ckpt)
             epsilon_now = epsilon_at_done() if saved else epsilon_bound()
             if on_progress is not None:
-                on_progress(Progress(
-                    step=done, steps=plan.steps, batch_size=stats.batch_size,
-                    loss=stats.mean_loss if spec.report_train_loss else None,
-                    clipped_fraction=stats.clipped_fraction if spec.report_train_loss else None,
-                    dropped=stats.dropped, epsilon=epsilon_now, checkpoint=saved,
-                ))
+                on_progress(
+                    Progress(
+                        step=done,
+                        steps=plan.steps,
+                        batch_size=stats.batch_size,
+                        loss=stats.mean_loss if spec.report_train_loss else None,
+                        clipped_fraction=stats.clipped_fraction if spec.report_train_loss else None,
+                        dropped=stats.dropped,
+                        epsilon=epsilon_now,
+                        checkpoint=saved,
+                    )
+                )
             if stop and done < plan.steps:
                 status = "stopped"
                 break
@@ -361,16 +424,21 @@ def run_job(
     if last_ckpt is None:  # zero steps planned cannot happen (steps >= 1); keep mypy calm
         last_ckpt = save()
     return JobResult(
-        status=status, steps_done=done, steps=plan.steps,
-        epsilon=epsilon_at_done(), delta=plan.delta, plan=plan,
-        checkpoint=str(last_ckpt), seconds=time.perf_counter() - t0, resumed_from=resumed_from,
+        status=status,
+        steps_done=done,
+        steps=plan.steps,
+        epsilon=epsilon_at_done(),
+        delta=plan.delta,
+        plan=plan,
+        checkpoint=str(last_ckpt),
+        seconds=time.perf_counter() - t0,
+        resumed_from=resumed_from,
         losses=losses if spec.report_train_loss else [],
     )
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: TokenizedData, task: str,
-             batch_size: int = 32) -> float:
+def evaluate(model: torch.nn.Module, data: TokenizedData, task: str, batch_size: int = 32) -> float:
     """Held-out accuracy (classification) or mean per-example loss (causal LM)."""
     model.eval()
     device = next(model.parameters()).device
@@ -379,8 +447,9 @@ def evaluate(model: torch.nn.Module, data: TokenizedData, task: str,
         idx = list(range(start, min(start + batch_size, len(data))))
         batch = {k: v.to(device) for k, v in data.batch(idx).items()}
         if task == "classification":
-            logits = model(input_ids=batch["input_ids"],
-                           attention_mask=batch["attention_mask"]).logits
+            logits = model(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+            ).logits
             total += float((logits.argmax(-1) == batch["labels"]).sum())
         else:
             total += float(causal_lm_per_sample_loss(model, batch).sum())

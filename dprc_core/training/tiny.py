@@ -22,7 +22,10 @@ def char_tokenizer():
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]",
+        tokenizer_object=tok,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        bos_token="[BOS]",
         eos_token="[EOS]",
     )
 
@@ -45,8 +48,15 @@ def byte_tokenizer():
 TOKENIZERS = {"char": char_tokenizer, "byte": byte_tokenizer}
 
 
-def build_tiny_llama(path: str | Path, *, hidden: int = 64, layers: int = 2,
-                     max_positions: int = 256, seed: int = 0, tokenizer: str = "char") -> Path:
+def build_tiny_llama(
+    path: str | Path,
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    max_positions: int = 256,
+    seed: int = 0,
+    tokenizer: str = "char",
+) -> Path:
     """Write a tiny random Llama + tokenizer (``char`` or ``byte``) to ``path`` (once; kept if
     present). Written into a temporary folder first, so a crash leaves no half-built model."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -57,10 +67,16 @@ def build_tiny_llama(path: str | Path, *, hidden: int = 64, layers: int = 2,
     tok = TOKENIZERS[tokenizer]()
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=max_positions, pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
     )
     tmp = path.with_name(path.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)

@@ -77,8 +77,11 @@ BASE = "accountant epsilon --mechanism nu-dpftrl --sigma 1 --delta 1e-5 "
 @pytest.mark.parametrize(
     "argv,match",
     [
-        (BASE + "--nu 0.1 --steps 10 --participations 1 --min-separation 10 --clipping hutch "
-         "--k 8", "randomized clipping"),
+        (
+            BASE + "--nu 0.1 --steps 10 --participations 1 --min-separation 10 --clipping hutch "
+            "--k 8",
+            "randomized clipping",
+        ),
         (BASE + "--nu 0.1 --steps 10 -q 0.1", "--sample-rate does not apply"),
         (BASE + "--steps 10 --participations 1 --min-separation 10", "needs --nu"),
         (BASE + "--nu 0.1 --steps 10", "--participations and --min-separation"),
@@ -86,12 +89,15 @@ BASE = "accountant epsilon --mechanism nu-dpftrl --sigma 1 --delta 1e-5 "
         (BASE + "--nu 0.1 --dataset-size 10 --batch-size 2", "go together"),
         (BASE + "--nu 0.1 --dataset-size 10 --batch-size 20 --epochs 1", "batch-size"),
         (BASE + "--nu 1.5 --steps 10 --participations 1 --min-separation 10", "nu must be"),
-        (BASE + "--nu 0.1 --bands 0 --steps 10 --participations 1 --min-separation 10",
-         "bands"),
-        ("accountant epsilon --sigma 1 --delta 1e-5 -q 0.01 --steps 10 --nu 0.1",
-         "only for --mechanism nu-dpftrl"),
-        ("accountant sigma --epsilon 1 --delta 1e-5 -q 0.01 --steps 10 --bands 4",
-         "only for --mechanism nu-dpftrl"),
+        (BASE + "--nu 0.1 --bands 0 --steps 10 --participations 1 --min-separation 10", "bands"),
+        (
+            "accountant epsilon --sigma 1 --delta 1e-5 -q 0.01 --steps 10 --nu 0.1",
+            "only for --mechanism nu-dpftrl",
+        ),
+        (
+            "accountant sigma --epsilon 1 --delta 1e-5 -q 0.01 --steps 10 --bands 4",
+            "only for --mechanism nu-dpftrl",
+        ),
     ],
 )
 def test_errors_are_one_clear_line(capsys, argv, match):

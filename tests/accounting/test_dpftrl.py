@@ -222,8 +222,15 @@ def test_noise_multiplier_for_target_is_the_smallest():
 
 def test_inputs_are_validated_and_randomized_clipping_refused():
     for kwargs in (
-        dict(nu=-0.1), dict(nu=1.5), dict(nu=math.nan), dict(steps=0), dict(steps=2.5),
-        dict(participations=0), dict(min_separation=0), dict(bands=0), dict(bands=2.0),
+        dict(nu=-0.1),
+        dict(nu=1.5),
+        dict(nu=math.nan),
+        dict(steps=0),
+        dict(steps=2.5),
+        dict(participations=0),
+        dict(min_separation=0),
+        dict(bands=0),
+        dict(bands=2.0),
         dict(nu=True),
     ):
         args = dict(nu=0.1, steps=10, participations=1, min_separation=1) | kwargs

@@ -59,8 +59,14 @@ def test_composition_with_dp_sgd_matches_dp_accounting():
     delta = 1e-6
     ledger = PrivacyLedger()
     ledger.record(noise_multiplier=1.0, sample_rate=0.01, steps=1000)
-    ledger.record(noise_multiplier=2.0, steps=400, mechanism="nu-dp-ftrl", nu=0.02,
-                  participations=4, min_separation=100)
+    ledger.record(
+        noise_multiplier=2.0,
+        steps=400,
+        mechanism="nu-dp-ftrl",
+        nu=0.02,
+        participations=4,
+        min_separation=100,
+    )
     sens = dense_sensitivity_first_columns(0.02, 400, 4, 100)
     ref_pld = (
         dpl.from_gaussian_mechanism(1.0, sampling_prob=0.01, value_discretization_interval=1e-4)
@@ -96,7 +102,13 @@ def test_json_round_trip_and_v1_dp_sgd_ledgers_unchanged():
     # a DP-SGD-only ledger is written exactly as before: no ν-DP-FTRL keys
     for event in json.loads(text_v1)["events"]:
         assert set(event) == {
-            "noise_multiplier", "sample_rate", "steps", "clipping", "k", "rank", "mechanism"
+            "noise_multiplier",
+            "sample_rate",
+            "steps",
+            "clipping",
+            "k",
+            "rank",
+            "mechanism",
         }
     ledger.record(PrivacyEvent.nu_dpftrl(1.5, 300, **FTRL))
     back = PrivacyLedger.from_json(ledger.to_json())
@@ -136,8 +148,17 @@ def test_stored_sensitivity_can_only_raise_the_recomputed_one():
     ],
 )
 def test_invalid_nu_dpftrl_events_are_refused(kwargs, match):
-    args = dict(noise_multiplier=1.0, steps=100, mechanism="nu-dp-ftrl", nu=0.1,
-                participations=2, min_separation=50) | kwargs
+    args = (
+        dict(
+            noise_multiplier=1.0,
+            steps=100,
+            mechanism="nu-dp-ftrl",
+            nu=0.1,
+            participations=2,
+            min_separation=50,
+        )
+        | kwargs
+    )
     ledger = PrivacyLedger()
     with pytest.raises(ValueError, match=match):
         ledger.record(**args)

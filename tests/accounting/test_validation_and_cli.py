@@ -140,13 +140,36 @@ def test_cli_sigma_plans_exactly_the_steps_the_job_runs(capsys):
     planner the runner executes) agree on the step count and hence on sigma."""
     from dprc_core.training.plan import plan_privacy
 
-    argv = ["accountant", "sigma", "--epsilon", "2", "--delta", "1e-5", "--dataset-size",
-            "1800", "--batch-size", "32", "--epochs", "3", "--clipping", "hutch", "--k", "32",
-            "--json"]
+    argv = [
+        "accountant",
+        "sigma",
+        "--epsilon",
+        "2",
+        "--delta",
+        "1e-5",
+        "--dataset-size",
+        "1800",
+        "--batch-size",
+        "32",
+        "--epochs",
+        "3",
+        "--clipping",
+        "hutch",
+        "--k",
+        "32",
+        "--json",
+    ]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
-    plan = plan_privacy(dataset_size=1800, batch_size=32, epochs=3, clipping="hutch", k=32,
-                        target_epsilon=2.0, delta=1e-5)
+    plan = plan_privacy(
+        dataset_size=1800,
+        batch_size=32,
+        epochs=3,
+        clipping="hutch",
+        k=32,
+        target_epsilon=2.0,
+        delta=1e-5,
+    )
     assert result["steps"] == plan.steps
     assert result["noise_multiplier"] == pytest.approx(plan.noise_multiplier, rel=1e-12)
 

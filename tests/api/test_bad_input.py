@@ -31,8 +31,7 @@ def test_upload_errors_store_nothing(server):
     assert exc.value.status_code == 413
     huge = b'{"text": "y"}\n' * ((cap + (2 << 20)) // 14)  # refused from Content-Length
     with server.http(key) as http:
-        r = http.post("/v1/files", files={"file": ("h.jsonl", huge)},
-                      data={"purpose": "fine-tune"})
+        r = http.post("/v1/files", files={"file": ("h.jsonl", huge)}, data={"purpose": "fine-tune"})
         _error(r, 413)
         cases = [
             (b'{"text": "a"}\n{"text": "b"}\n{"text": oops}\n', "line 3"),
@@ -46,20 +45,34 @@ def test_upload_errors_store_nothing(server):
             (b'{"text": "only one"}\n', "at least 2"),
         ]
         for body, words in cases:
-            r = http.post("/v1/files", files={"file": ("b.jsonl", body)},
-                          data={"purpose": "fine-tune"})
+            r = http.post(
+                "/v1/files", files={"file": ("b.jsonl", body)}, data={"purpose": "fine-tune"}
+            )
             err = _error(r, 400)
             assert words in err["message"] and err["param"] == "file", (body, err)
-        r = http.post("/v1/files", files={"file": ("b.jsonl", labelled_lines(5))},
-                      data={"purpose": "assistants"})
+        r = http.post(
+            "/v1/files",
+            files={"file": ("b.jsonl", labelled_lines(5))},
+            data={"purpose": "assistants"},
+        )
         assert _error(r, 400)["param"] == "purpose"
-        for form in ({"epsilon_budget": "-1"}, {"epsilon_budget": "nan"},
-                     {"epsilon_budget": "1e9"}, {"delta": "2"}):
-            r = http.post("/v1/files", files={"file": ("b.jsonl", labelled_lines(5))},
-                          data={"purpose": "fine-tune", **form})
+        for form in (
+            {"epsilon_budget": "-1"},
+            {"epsilon_budget": "nan"},
+            {"epsilon_budget": "1e9"},
+            {"delta": "2"},
+        ):
+            r = http.post(
+                "/v1/files",
+                files={"file": ("b.jsonl", labelled_lines(5))},
+                data={"purpose": "fine-tune", **form},
+            )
             assert r.status_code in (400, 422), (form, r.text)
-        r = http.post("/v1/files", files={"file": ("b.jsonl", labelled_lines(10))},
-                      data={"purpose": "fine-tune", "epsilon_budget": "1", "delta": "0.5"})
+        r = http.post(
+            "/v1/files",
+            files={"file": ("b.jsonl", labelled_lines(10))},
+            data={"purpose": "fine-tune", "epsilon_budget": "1", "delta": "0.5"},
+        )
         assert _error(r, 400)["code"] == "invalid_delta"  # δ above 1/N
     assert client.files.list().data == []
     assert _stored_files(server) == before
@@ -76,16 +89,31 @@ BAD_JOBS = [
     ({"privacy": {"target_epsilon": 1e6}}, 422, "privacy.target_epsilon"),
     ({"privacy": {"target_epsilon": 1, "target_delta": -1e-5}}, 422, "privacy.target_delta"),
     ({"privacy": {"target_epsilon": 1, "target_delta": 0.5}}, 400, "privacy.target_delta"),
-    ({"privacy": {"target_epsilon": 1, "clipping": {"method": "hutch", "k": 0}}}, 422,
-     "privacy.clipping.k"),
-    ({"privacy": {"target_epsilon": 1, "clipping": {"method": "hutch", "k": 1}}}, 400,
-     "privacy.clipping.k"),
-    ({"privacy": {"target_epsilon": 1, "clipping": {"method": "exact", "k": 8}}}, 400,
-     "privacy.clipping.k"),
-    ({"privacy": {"target_epsilon": 1, "clipping": {"method": "ghost"}}}, 422,
-     "privacy.clipping.method"),
-    ({"privacy": {"target_epsilon": 1, "noise": {"mechanism": "laplace"}}}, 422,
-     "privacy.noise.mechanism"),
+    (
+        {"privacy": {"target_epsilon": 1, "clipping": {"method": "hutch", "k": 0}}},
+        422,
+        "privacy.clipping.k",
+    ),
+    (
+        {"privacy": {"target_epsilon": 1, "clipping": {"method": "hutch", "k": 1}}},
+        400,
+        "privacy.clipping.k",
+    ),
+    (
+        {"privacy": {"target_epsilon": 1, "clipping": {"method": "exact", "k": 8}}},
+        400,
+        "privacy.clipping.k",
+    ),
+    (
+        {"privacy": {"target_epsilon": 1, "clipping": {"method": "ghost"}}},
+        422,
+        "privacy.clipping.method",
+    ),
+    (
+        {"privacy": {"target_epsilon": 1, "noise": {"mechanism": "laplace"}}},
+        422,
+        "privacy.noise.mechanism",
+    ),
     ({"privacy": {"target_epsilon": 1, "max_grad_norm": -2}}, 422, "privacy.max_grad_norm"),
     ({"privacy": {"target_epsilon": 1, "sigma": 3}}, 422, "privacy.sigma"),
     ({"hyperparameters": {"batch_size": 0}}, 422, "hyperparameters.batch_size"),
@@ -105,11 +133,17 @@ BAD_JOBS = [
 def test_bad_job_requests_write_nothing(server):
     key = server.key("bad-jobs")
     client = server.client(key)
-    f = client.files.create(file=("d.jsonl", labelled_lines(400)), purpose="fine-tune",
-                            extra_body={"epsilon_budget": "4"})
-    good = {"model": "minilm-l6-v2", "training_file": f.id,
-            "hyperparameters": {"n_epochs": 1, "batch_size": 20},
-            "privacy": {"target_epsilon": 1.0, "clipping": {"method": "exact"}}}
+    f = client.files.create(
+        file=("d.jsonl", labelled_lines(400)),
+        purpose="fine-tune",
+        extra_body={"epsilon_budget": "4"},
+    )
+    good = {
+        "model": "minilm-l6-v2",
+        "training_file": f.id,
+        "hyperparameters": {"n_epochs": 1, "batch_size": 20},
+        "privacy": {"target_epsilon": 1.0, "clipping": {"method": "exact"}},
+    }
     with server.http(key) as http:
         for patch, status, param in BAD_JOBS:
             body = {**good, **patch}
@@ -118,21 +152,27 @@ def test_bad_job_requests_write_nothing(server):
             r = http.post("/v1/fine_tuning/jobs", json=body)
             err = _error(r, status)
             assert err["param"] == param, (patch, err)
-        r = http.post("/v1/fine_tuning/jobs", content=b"{not json",
-                      headers={"Content-Type": "application/json"})
+        r = http.post(
+            "/v1/fine_tuning/jobs",
+            content=b"{not json",
+            headers={"Content-Type": "application/json"},
+        )
         _error(r, 422)
     assert client.fine_tuning.jobs.list().data == []
     assert client.files.retrieve(f.id).model_extra["budget"]["committed"] == 0.0
     # the SDK raises its typed exceptions
     with pytest.raises(openai.NotFoundError):
-        client.fine_tuning.jobs.create(model="nope", training_file=f.id,
-                                       extra_body={"privacy": {"target_epsilon": 1}})
+        client.fine_tuning.jobs.create(
+            model="nope", training_file=f.id, extra_body={"privacy": {"target_epsilon": 1}}
+        )
     with pytest.raises(openai.BadRequestError):
-        client.fine_tuning.jobs.create(model="a/b", training_file=f.id,
-                                       extra_body={"privacy": {"target_epsilon": 1}})
+        client.fine_tuning.jobs.create(
+            model="a/b", training_file=f.id, extra_body={"privacy": {"target_epsilon": 1}}
+        )
     with pytest.raises(openai.UnprocessableEntityError):
-        client.fine_tuning.jobs.create(model="minilm-l6-v2", training_file=f.id,
-                                       extra_body={"privacy": {"target_epsilon": -1}})
+        client.fine_tuning.jobs.create(
+            model="minilm-l6-v2", training_file=f.id, extra_body={"privacy": {"target_epsilon": -1}}
+        )
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("nope")
     with pytest.raises(openai.NotFoundError):
@@ -142,9 +182,17 @@ def test_bad_job_requests_write_nothing(server):
 def test_accountant(server):
     key = server.key("acct")
     with server.http(key) as http:
-        r = http.post("/v1/accountant/noise_multiplier", json={
-            "target_epsilon": 2.0, "target_delta": 1e-5, "sample_rate": 0.01, "steps": 300,
-            "clipping": "hutch", "k": 16})
+        r = http.post(
+            "/v1/accountant/noise_multiplier",
+            json={
+                "target_epsilon": 2.0,
+                "target_delta": 1e-5,
+                "sample_rate": 0.01,
+                "steps": 300,
+                "clipping": "hutch",
+                "k": 16,
+            },
+        )
         assert r.status_code == 200, r.text
         out = r.json()
         assert out["clipping"] == "hutch" and out["k"] == 16 and out["rank"] is None
@@ -152,9 +200,17 @@ def test_accountant(server):
         sigma = out["noise_multiplier"]
         assert epsilon(sigma, 0.01, 300, 1e-5, "hutch", 16) <= 2.0
         assert epsilon(sigma / 1.005, 0.01, 300, 1e-5, "hutch", 16) > 2.0
-        r = http.post("/v1/accountant/epsilon", json={
-            "noise_multiplier": sigma, "delta": 1e-5, "sample_rate": 0.01, "steps": 300,
-            "clipping": "hutch", "k": 16})
+        r = http.post(
+            "/v1/accountant/epsilon",
+            json={
+                "noise_multiplier": sigma,
+                "delta": 1e-5,
+                "sample_rate": 0.01,
+                "steps": 300,
+                "clipping": "hutch",
+                "k": 16,
+            },
+        )
         assert r.status_code == 200
         assert r.json()["epsilon"] == epsilon(sigma, 0.01, 300, 1e-5, "hutch", 16)
         assert r.json()["accountant"]["settings"]["tail_fraction"] > 0
@@ -175,14 +231,29 @@ def test_accountant(server):
         ]:
             err = _error(http.post("/v1/accountant/epsilon", json={**base, **patch}), 400)
             assert err["param"] == param, (patch, err)
-        err = _error(http.post("/v1/accountant/epsilon", json={
-            "noise_multiplier": 0.001, "delta": 1e-5, "sample_rate": 0.5, "steps": 1000000}), 400)
+        err = _error(
+            http.post(
+                "/v1/accountant/epsilon",
+                json={
+                    "noise_multiplier": 0.001,
+                    "delta": 1e-5,
+                    "sample_rate": 0.5,
+                    "steps": 1000000,
+                },
+            ),
+            400,
+        )
         assert err["code"] == "accounting_failed"  # too extreme for the accountant's grid
         err = _error(http.post("/v1/accountant/epsilon", json={**base, "steps": "ten"}), 422)
         assert err["param"] == "steps"
         err = _error(http.post("/v1/accountant/epsilon", json={**base, "extra": 1}), 422)
-        err = _error(http.post("/v1/accountant/noise_multiplier", json={
-            "target_epsilon": -2, "target_delta": 1e-5, "sample_rate": 0.01, "steps": 3}), 400)
+        err = _error(
+            http.post(
+                "/v1/accountant/noise_multiplier",
+                json={"target_epsilon": -2, "target_delta": 1e-5, "sample_rate": 0.01, "steps": 3},
+            ),
+            400,
+        )
         assert err["param"] == "target_epsilon"
 
 
@@ -191,9 +262,11 @@ def test_active_job_limit_is_429(tmp_path):
     for srv in _serve(settings):
         client = srv.client(srv.key("limited"))
         f = client.files.create(file=("d.jsonl", labelled_lines(50)), purpose="fine-tune")
-        kwargs = {"model": "minilm-l6-v2", "training_file": f.id,
-                  "extra_body": {"privacy": {"target_epsilon": 5.0,
-                                             "clipping": {"method": "exact"}}}}
+        kwargs = {
+            "model": "minilm-l6-v2",
+            "training_file": f.id,
+            "extra_body": {"privacy": {"target_epsilon": 5.0, "clipping": {"method": "exact"}}},
+        }
         jobs = [client.fine_tuning.jobs.create(**kwargs) for _ in range(2)]
         with pytest.raises(openai.RateLimitError) as exc:
             client.fine_tuning.jobs.create(**kwargs)
@@ -210,8 +283,10 @@ def test_delete_file_in_use_is_409(server):
     client = server.client(server.key("in-use"))
     f = client.files.create(file=("d.jsonl", labelled_lines(50)), purpose="fine-tune")
     job = client.fine_tuning.jobs.create(
-        model="minilm-l6-v2", training_file=f.id,
-        extra_body={"privacy": {"target_epsilon": 5.0, "clipping": {"method": "exact"}}})
+        model="minilm-l6-v2",
+        training_file=f.id,
+        extra_body={"privacy": {"target_epsilon": 5.0, "clipping": {"method": "exact"}}},
+    )
     with pytest.raises(openai.ConflictError):
         client.files.delete(f.id)
     client.fine_tuning.jobs.cancel(job.id)
@@ -226,9 +301,11 @@ def test_budget_endpoint(server):
     out = client.post(f"/files/{f.id}/budget", body={"epsilon_budget": 3.0}, cast_to=object)
     assert out["budget"]["epsilon"] == 3.0 and out["budget"]["delta"] <= 100**-1.1
     client.fine_tuning.jobs.create(
-        model="minilm-l6-v2", training_file=f.id,
+        model="minilm-l6-v2",
+        training_file=f.id,
         hyperparameters={"n_epochs": 1, "batch_size": 10},
-        extra_body={"privacy": {"target_epsilon": 2.0, "clipping": {"method": "exact"}}})
+        extra_body={"privacy": {"target_epsilon": 2.0, "clipping": {"method": "exact"}}},
+    )
     with pytest.raises(openai.ConflictError):  # lowering below what is committed
         client.post(f"/files/{f.id}/budget", body={"epsilon_budget": 1.0}, cast_to=object)
     with pytest.raises(openai.UnprocessableEntityError):
@@ -242,7 +319,8 @@ def test_healthz(server, tmp_path):
         assert http.get("/openapi.json").status_code == 200
         assert http.get("/docs").status_code == 200
     settings = _settings(tmp_path, None).model_copy(
-        update={"broker_url": "redis://127.0.0.1:6379/0"})
+        update={"broker_url": "redis://127.0.0.1:6379/0"}
+    )
     for srv in _serve(settings):
         with srv.http(None) as http:
             assert http.get("/healthz").json()["checks"]["broker"] == "ok"
@@ -259,9 +337,14 @@ def test_nul_characters_are_4xx(server):
     with server.http(key) as http:
         assert _error(http.get("/v1/files", params={"after": "a\x00b"}), 400)
         assert _error(http.get("/v1/fine_tuning/jobs/ftjob-x%00/events"), 400)
-        r = http.post("/v1/fine_tuning/jobs", json={
-            "model": "minilm-l6-v2", "training_file": "\x00x",
-            "privacy": {"target_epsilon": 1.0}})
+        r = http.post(
+            "/v1/fine_tuning/jobs",
+            json={
+                "model": "minilm-l6-v2",
+                "training_file": "\x00x",
+                "privacy": {"target_epsilon": 1.0},
+            },
+        )
         assert _error(r, 422)["param"] == "training_file"
 
 
@@ -269,26 +352,42 @@ def test_accountant_nu_dpftrl(server):
     from dprc_core.accounting import dpftrl_epsilon, dpftrl_sensitivity
 
     key = server.key("acct-ftrl")
-    base = {"mechanism": "nu-dpftrl", "nu": 0.1, "bands": 8, "steps": 40,
-            "participations": 4, "min_separation": 10}
+    base = {
+        "mechanism": "nu-dpftrl",
+        "nu": 0.1,
+        "bands": 8,
+        "steps": 40,
+        "participations": 4,
+        "min_separation": 10,
+    }
     with server.http(key) as http:
-        r = http.post("/v1/accountant/epsilon", json={**base, "noise_multiplier": 2.0,
-                                                      "delta": 1e-5})
+        r = http.post(
+            "/v1/accountant/epsilon", json={**base, "noise_multiplier": 2.0, "delta": 1e-5}
+        )
         assert r.status_code == 200, r.text
         body = r.json()
-        pattern = {k: base[k] for k in ("nu", "steps", "participations", "min_separation",
-                                        "bands")}
+        pattern = {k: base[k] for k in ("nu", "steps", "participations", "min_separation", "bands")}
         assert body["epsilon"] == dpftrl_epsilon(2.0, 1e-5, **pattern)
         assert body["sensitivity"] == dpftrl_sensitivity(**pattern)
         assert body["sample_rate"] is None and body["mechanism"] == "nu-dpftrl"
-        r = http.post("/v1/accountant/noise_multiplier", json={**base, "target_epsilon": 3.0,
-                                                               "target_delta": 1e-5})
+        r = http.post(
+            "/v1/accountant/noise_multiplier",
+            json={**base, "target_epsilon": 3.0, "target_delta": 1e-5},
+        )
         assert r.status_code == 200, r.text
         sigma = r.json()["noise_multiplier"]
         assert dpftrl_epsilon(sigma, 1e-5, **pattern) <= 3.0
-        for patch, param in (({"sample_rate": 0.1}, "sample_rate"),
-                             ({"clipping": "hutch", "k": 8}, "clipping"),
-                             ({"nu": None}, "nu"), ({"nu": 1.5}, "nu")):
-            err = _error(http.post("/v1/accountant/epsilon", json={
-                **base, "noise_multiplier": 2.0, "delta": 1e-5, **patch}), 400)
+        for patch, param in (
+            ({"sample_rate": 0.1}, "sample_rate"),
+            ({"clipping": "hutch", "k": 8}, "clipping"),
+            ({"nu": None}, "nu"),
+            ({"nu": 1.5}, "nu"),
+        ):
+            err = _error(
+                http.post(
+                    "/v1/accountant/epsilon",
+                    json={**base, "noise_multiplier": 2.0, "delta": 1e-5, **patch},
+                ),
+                400,
+            )
             assert err["param"] == param, err

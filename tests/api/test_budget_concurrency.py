@@ -14,21 +14,32 @@ from dprc_core.accounting import PrivacyEvent, epsilon_for_events
 from tests.api.conftest import labelled_lines
 
 BUDGET = 3.0
-JOB = {"model": "minilm-l6-v2", "hyperparameters": {"n_epochs": 1, "batch_size": 20},
-       "privacy": {"target_epsilon": 1.0, "clipping": {"method": "exact"}}}
+JOB = {
+    "model": "minilm-l6-v2",
+    "hyperparameters": {"n_epochs": 1, "batch_size": 20},
+    "privacy": {"target_epsilon": 1.0, "clipping": {"method": "exact"}},
+}
 
 
 def _event(job: dict) -> PrivacyEvent:
     p = job["privacy"]
-    return PrivacyEvent(p["noise_multiplier"], p["sample_rate"], p["steps"],
-                        p["accountant"]["clipping"], p["accountant"]["k"])
+    return PrivacyEvent(
+        p["noise_multiplier"],
+        p["sample_rate"],
+        p["steps"],
+        p["accountant"]["clipping"],
+        p["accountant"]["k"],
+    )
 
 
 def _race(server, tenant: str) -> None:
     key = server.key(tenant)
     client = server.client(key)
-    f = client.files.create(file=("d.jsonl", labelled_lines(200)), purpose="fine-tune",
-                            extra_body={"epsilon_budget": str(BUDGET)})
+    f = client.files.create(
+        file=("d.jsonl", labelled_lines(200)),
+        purpose="fine-tune",
+        extra_body={"epsilon_budget": str(BUDGET)},
+    )
     delta = f.model_extra["budget"]["delta"]
 
     def create(_i: int) -> httpx.Response:
@@ -70,14 +81,18 @@ def test_twenty_concurrent_reservations_sqlite(sqlite_server):
 def test_idempotency_key(server):
     key = server.key("idem")
     client = server.client(key)
-    f = client.files.create(file=("d.jsonl", labelled_lines(200)), purpose="fine-tune",
-                            extra_body={"epsilon_budget": "5"})
+    f = client.files.create(
+        file=("d.jsonl", labelled_lines(200)),
+        purpose="fine-tune",
+        extra_body={"epsilon_budget": "5"},
+    )
     body = {**JOB, "training_file": f.id}
 
     def create(_i: int) -> httpx.Response:
         with server.http(key) as http:
-            return http.post("/v1/fine_tuning/jobs", json=body,
-                             headers={"Idempotency-Key": "retry-1"})
+            return http.post(
+                "/v1/fine_tuning/jobs", json=body, headers={"Idempotency-Key": "retry-1"}
+            )
 
     with ThreadPoolExecutor(8) as pool:
         responses = list(pool.map(create, range(8)))
@@ -90,20 +105,26 @@ def test_idempotency_key(server):
     assert budget["committed"] == epsilon_for_events([_event(job)], budget["delta"])
     # the SDK's own retry path: same key, same job
     again = client.fine_tuning.jobs.create(
-        **{k: v for k, v in body.items() if k != "privacy"}, extra_body={"privacy": JOB["privacy"]},
-        extra_headers={"Idempotency-Key": "retry-1"})
+        **{k: v for k, v in body.items() if k != "privacy"},
+        extra_body={"privacy": JOB["privacy"]},
+        extra_headers={"Idempotency-Key": "retry-1"},
+    )
     assert again.id == job["id"]
     # the key with another request is a conflict
     with server.http(key) as http:
-        r = http.post("/v1/fine_tuning/jobs", json={**body, "seed": 3},
-                      headers={"Idempotency-Key": "retry-1"})
+        r = http.post(
+            "/v1/fine_tuning/jobs", json={**body, "seed": 3}, headers={"Idempotency-Key": "retry-1"}
+        )
     assert r.status_code == 409 and r.json()["error"]["code"] == "idempotency_key_reused"
 
 
 def test_cancel_releases_reservation(server):
     client = server.client(server.key("release"))
-    f = client.files.create(file=("d.jsonl", labelled_lines(200)), purpose="fine-tune",
-                            extra_body={"epsilon_budget": "1.1"})
+    f = client.files.create(
+        file=("d.jsonl", labelled_lines(200)),
+        purpose="fine-tune",
+        extra_body={"epsilon_budget": "1.1"},
+    )
     body = {**JOB, "training_file": f.id}
     kwargs = {k: v for k, v in body.items() if k != "privacy"}
     first = client.fine_tuning.jobs.create(**kwargs, extra_body={"privacy": JOB["privacy"]})

@@ -20,9 +20,19 @@ def test_schemathesis_finds_no_server_error():
     try:
         url = PG_ADMIN.rsplit("/", 1)[0] + "/" + name
         proc = subprocess.run(
-            [sys.executable, "scripts/schemathesis_run.py", "--database-url", url,
-             "--max-examples", "8"],
-            cwd=ROOT, capture_output=True, text=True, timeout=600)
+            [
+                sys.executable,
+                "scripts/schemathesis_run.py",
+                "--database-url",
+                url,
+                "--max-examples",
+                "8",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         tail = (proc.stdout + proc.stderr)[-4000:]
         if proc.returncode:
             print(proc.stdout, proc.stderr)  # shown by pytest on failure
@@ -30,6 +40,7 @@ def test_schemathesis_finds_no_server_error():
         assert "Server error" not in proc.stdout, tail
     finally:
         with _pg_admin_conn() as conn:
-            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                         "WHERE datname = %s", (name,))
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
+            )
             conn.execute(f'DROP DATABASE IF EXISTS "{name}"')

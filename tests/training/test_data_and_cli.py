@@ -18,12 +18,15 @@ from dprc_core.training.tiny import build_tiny_llama, char_tokenizer
     "lines, task, match",
     [
         (['{"text": "a"}', "not json"], "causal_lm", "line 2: not valid JSON"),
-        (['{"text": "a"}', "", '[1, 2]'], "causal_lm", "line 3: expected a JSON object"),
+        (['{"text": "a"}', "", "[1, 2]"], "causal_lm", "line 3: expected a JSON object"),
         (['{"text": ""}'], "causal_lm", "line 1: needs a non-empty string"),
         (['{"text": "a", "x": 1}'], "causal_lm", r"line 1: unknown fields \['x'\]"),
         (['{"messages": [{"role": "robot", "content": "hi"}]}'], "causal_lm", "role 'robot'"),
-        (['{"text": "a", "label": 1}', '{"text": "b"}'], "classification",
-         "line 2: needs a 'label'"),
+        (
+            ['{"text": "a", "label": 1}', '{"text": "b"}'],
+            "classification",
+            "line 2: needs a 'label'",
+        ),
         (['{"text": "a", "label": true}'], "classification", "line 1: needs a 'label'"),
         ([], "causal_lm", "no examples"),
     ],
@@ -34,11 +37,22 @@ def test_bad_jsonl_names_the_first_bad_line(lines, task, match):
 
 
 def test_chat_format_and_classification_labels():
-    ex = parse_jsonl(['{"messages": [{"role": "user", "content": "hi"}, '
-                      '{"role": "assistant", "content": "yo"}]}'], "causal_lm")
+    ex = parse_jsonl(
+        [
+            '{"messages": [{"role": "user", "content": "hi"}, '
+            '{"role": "assistant", "content": "yo"}]}'
+        ],
+        "causal_lm",
+    )
     assert ex.texts == ["user: hi\nassistant: yo"]
-    cls = parse_jsonl(['{"text": "a", "label": "neg"}', '{"text": "b", "label": "pos"}',
-                       '{"text": "c", "label": "neg"}'], "classification")
+    cls = parse_jsonl(
+        [
+            '{"text": "a", "label": "neg"}',
+            '{"text": "b", "label": "pos"}',
+            '{"text": "c", "label": "neg"}',
+        ],
+        "classification",
+    )
     tok = tokenize(cls, char_tokenizer(), max_seq_len=8)
     assert tok.labels == [0, 1, 0]
     batch = tok.batch([0, 1])
@@ -59,36 +73,48 @@ def test_default_delta_is_at_most_n_to_the_minus_1_1(n):
 
 
 def test_plan_rounds_steps_up_and_meets_the_target():
-    plan = plan_privacy(dataset_size=1000, batch_size=64, epochs=2.5, clipping="hutch", k=32,
-                        target_epsilon=3.0)
+    plan = plan_privacy(
+        dataset_size=1000, batch_size=64, epochs=2.5, clipping="hutch", k=32, target_epsilon=3.0
+    )
     assert plan.steps == math.ceil(2.5 * 1000 / 64) and plan.sample_rate == 0.064
     eps = epsilon(plan.noise_multiplier, 0.064, plan.steps, plan.delta, "hutch", 32)
     assert eps <= 3.0 and plan.planned_epsilon == pytest.approx(eps, rel=1e-12)
     for bad in (dict(batch_size=2000), dict(epochs=0), dict(batch_size=True)):
-        args = dict(dataset_size=1000, batch_size=64, epochs=1, clipping="exact", k=None,
-                    target_epsilon=3.0)
+        args = dict(
+            dataset_size=1000, batch_size=64, epochs=1, clipping="exact", k=None, target_epsilon=3.0
+        )
         args.update(bad)
         with pytest.raises(ValueError):
             plan_privacy(**args)
 
 
-@pytest.mark.parametrize("epochs,n,b,steps", [(0.1, 30, 1, 3), (0.7, 10, 7, 1), (3, 1000, 64, 47),
-                                              (2.5, 999, 37.5, 67), (0.3, 10, 1, 3)])
+@pytest.mark.parametrize(
+    "epochs,n,b,steps",
+    [(0.1, 30, 1, 3), (0.7, 10, 7, 1), (3, 1000, 64, 47), (2.5, 999, 37.5, 67), (0.3, 10, 1, 3)],
+)
 def test_plan_steps_are_the_decimal_ceiling(epochs, n, b, steps):
     # ⌈epochs·N/B⌉ of the numbers as written: 0.1 epochs of 30 examples at B = 1 is 3 steps
     # (float arithmetic: 0.1*30 = 3.0000000000000004 would add a fourth)
-    plan = plan_privacy(dataset_size=n, batch_size=b, epochs=epochs, clipping="exact", k=None,
-                        noise_multiplier_value=1.0)
+    plan = plan_privacy(
+        dataset_size=n,
+        batch_size=b,
+        epochs=epochs,
+        clipping="exact",
+        k=None,
+        noise_multiplier_value=1.0,
+    )
     assert plan.steps == steps
 
 
 def test_dprc_train_runs_a_yaml_job_and_resumes(tmp_path, capsys):
     build_tiny_llama(tmp_path / "m", hidden=32)
     (tmp_path / "t.jsonl").write_text(
-        "\n".join(json.dumps({"text": "ab" * (3 + i % 4)}) for i in range(40)))
+        "\n".join(json.dumps({"text": "ab" * (3 + i % 4)}) for i in range(40))
+    )
     (tmp_path / "job.yaml").write_text(
         "model: m\ntask: causal_lm\ntrain_file: t.jsonl\noutput_dir: out\nepochs: 0.5\n"
-        "batch_size: 8\nmax_seq_len: 16\ntarget_epsilon: 4\nseed: 1\n")
+        "batch_size: 8\nmax_seq_len: 16\ntarget_epsilon: 4\nseed: 1\n"
+    )
     assert main(["train", str(tmp_path / "job.yaml"), "--quiet"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "succeeded" and out["steps_done"] == out["steps"] == 3

@@ -29,9 +29,19 @@ def train_file(tmp_path_factory) -> Path:
 
 
 def spec(tiny_dir, train_file, out, **kw) -> JobSpec:
-    args = dict(model=str(tiny_dir), task="causal_lm", train_file=str(train_file),
-                output_dir=str(out), epochs=1.5, batch_size=8, learning_rate=1e-2,
-                max_seq_len=16, seed=3, target_epsilon=4.0, max_physical_batch_size=4)
+    args = dict(
+        model=str(tiny_dir),
+        task="causal_lm",
+        train_file=str(train_file),
+        output_dir=str(out),
+        epochs=1.5,
+        batch_size=8,
+        learning_rate=1e-2,
+        max_seq_len=16,
+        seed=3,
+        target_epsilon=4.0,
+        max_physical_batch_size=4,
+    )
     args.update(kw)
     return JobSpec(**args)
 
@@ -42,8 +52,9 @@ def weights(ckpt: str) -> dict[str, torch.Tensor]:
 
 def test_a_run_follows_its_plan_and_learns(tiny_dir, train_file, tmp_path):
     seen = []
-    result = run_job(spec(tiny_dir, train_file, tmp_path / "a", checkpoint_every=4),
-                     on_progress=seen.append)
+    result = run_job(
+        spec(tiny_dir, train_file, tmp_path / "a", checkpoint_every=4), on_progress=seen.append
+    )
     plan = result.plan
     assert plan.steps == 9 and plan.sample_rate == pytest.approx(8 / 48)  # ceil(1.5·48/8)
     assert result.status == "succeeded" and result.steps_done == 9
@@ -56,8 +67,10 @@ def test_a_run_follows_its_plan_and_learns(tiny_dir, train_file, tmp_path):
     # checkpoints at 4, 8 and the end; ε grows along the chain
     names = [p.name for p in ckpt_io.list_checkpoints(tmp_path / "a")]
     assert names == ["step-000004", "step-000008", "step-000009"]
-    eps = [json.loads((p / "metadata.json").read_text())["epsilon"]
-           for p in ckpt_io.list_checkpoints(tmp_path / "a")]
+    eps = [
+        json.loads((p / "metadata.json").read_text())["epsilon"]
+        for p in ckpt_io.list_checkpoints(tmp_path / "a")
+    ]
     assert eps[0] < eps[1] < eps[2] == pytest.approx(result.epsilon)
     # progress never shows a stale ε: each value bounds the ε of the steps run so far (exact
     # at checkpoints and at the end, else ε at the next multiple of epsilon_every = 10)
@@ -74,16 +87,22 @@ def test_released_files_never_include_the_resume_state(tiny_dir, train_file, tmp
     result = run_job(spec(tiny_dir, train_file, tmp_path / "r", epochs=0.5))
     released = ckpt_io.release_files(result.checkpoint)
     assert released and not any("resume" in p.parts for p in released)
-    assert {p.name for p in released} >= {"model.safetensors", "config.json", "ledger.json",
-                                          "tokenizer.json", "metadata.json"}
+    assert {p.name for p in released} >= {
+        "model.safetensors",
+        "config.json",
+        "ledger.json",
+        "tokenizer.json",
+        "metadata.json",
+    }
     assert not list(Path(result.checkpoint).rglob("*.bin"))  # no pickles anywhere
     assert not list(Path(result.checkpoint).rglob("*.pt"))
 
 
 def test_stop_then_resume_equals_an_uninterrupted_run(tiny_dir, train_file, tmp_path):
     full = run_job(spec(tiny_dir, train_file, tmp_path / "full", checkpoint_every=3))
-    stopped = run_job(spec(tiny_dir, train_file, tmp_path / "part", checkpoint_every=3),
-                      should_stop=lambda: True)
+    stopped = run_job(
+        spec(tiny_dir, train_file, tmp_path / "part", checkpoint_every=3), should_stop=lambda: True
+    )
     assert stopped.status == "stopped" and stopped.steps_done == 1
     resumed = run_job(spec(tiny_dir, train_file, tmp_path / "part", checkpoint_every=3))
     assert resumed.resumed_from == 1 and resumed.steps_done == full.steps_done
@@ -104,8 +123,9 @@ def test_a_crash_between_checkpoints_replays_and_counts_each_step_once(
             raise Crash
 
     with pytest.raises(Crash):
-        run_job(spec(tiny_dir, train_file, tmp_path / "c", checkpoint_every=3),
-                on_progress=crash_at_5)
+        run_job(
+            spec(tiny_dir, train_file, tmp_path / "c", checkpoint_every=3), on_progress=crash_at_5
+        )
     assert [p.name for p in ckpt_io.list_checkpoints(tmp_path / "c")] == ["step-000003"]
     resumed = run_job(spec(tiny_dir, train_file, tmp_path / "c", checkpoint_every=3))
     full = run_job(spec(tiny_dir, train_file, tmp_path / "f", checkpoint_every=3))
@@ -119,16 +139,19 @@ def test_a_crash_between_checkpoints_replays_and_counts_each_step_once(
 
 
 def test_resume_with_another_plan_is_refused(tiny_dir, train_file, tmp_path):
-    run_job(spec(tiny_dir, train_file, tmp_path / "p", checkpoint_every=2),
-            should_stop=lambda: True)
+    run_job(
+        spec(tiny_dir, train_file, tmp_path / "p", checkpoint_every=2), should_stop=lambda: True
+    )
     with pytest.raises(ValueError, match="another plan"):
         run_job(spec(tiny_dir, train_file, tmp_path / "p", target_epsilon=2.0))
 
 
 def test_training_loss_can_be_withheld(tiny_dir, train_file, tmp_path):
     seen = []
-    run_job(spec(tiny_dir, train_file, tmp_path / "q", epochs=0.5, report_train_loss=False),
-            on_progress=seen.append)
+    run_job(
+        spec(tiny_dir, train_file, tmp_path / "q", epochs=0.5, report_train_loss=False),
+        on_progress=seen.append,
+    )
     assert seen and all(p.loss is None and p.clipped_fraction is None for p in seen)
 
 
@@ -137,13 +160,21 @@ def test_nu_dpftrl_job_accounts_the_matrix_mechanism_and_resumes_exactly(
 ):
     from dprc_core.accounting import dpftrl_epsilon
 
-    kw = dict(noise_mechanism="nu_dpftrl", nu=0.1, bands=4, clipping="exact", epochs=2,
-              batch_size=12, checkpoint_every=3)
+    kw = dict(
+        noise_mechanism="nu_dpftrl",
+        nu=0.1,
+        bands=4,
+        clipping="exact",
+        epochs=2,
+        batch_size=12,
+        checkpoint_every=3,
+    )
     full = run_job(spec(tiny_dir, train_file, tmp_path / "n", **kw))
     plan = full.plan
     assert plan.steps == 2 * 4 and plan.mechanism == "nu_dpftrl"
-    want = dpftrl_epsilon(plan.noise_multiplier, plan.delta, 0.1, steps=8, participations=2,
-                          min_separation=4, bands=4)
+    want = dpftrl_epsilon(
+        plan.noise_multiplier, plan.delta, 0.1, steps=8, participations=2, min_separation=4, bands=4
+    )
     assert full.epsilon == pytest.approx(want, rel=1e-9) and want <= 4.0
     run_job(spec(tiny_dir, train_file, tmp_path / "m", **kw), should_stop=lambda: True)
     resumed = run_job(spec(tiny_dir, train_file, tmp_path / "m", **kw))
@@ -156,5 +187,15 @@ def test_nu_dpftrl_job_accounts_the_matrix_mechanism_and_resumes_exactly(
 
 def test_nu_dpftrl_with_randomized_clipping_is_refused(tiny_dir, train_file, tmp_path):
     with pytest.raises(ValueError, match="correlated noise"):
-        run_job(spec(tiny_dir, train_file, tmp_path / "x", noise_mechanism="nu_dpftrl", nu=0.1,
-                     clipping="hutch", epochs=1, batch_size=12))
+        run_job(
+            spec(
+                tiny_dir,
+                train_file,
+                tmp_path / "x",
+                noise_mechanism="nu_dpftrl",
+                nu=0.1,
+                clipping="hutch",
+                epochs=1,
+                batch_size=12,
+            )
+        )

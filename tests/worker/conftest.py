@@ -14,16 +14,25 @@ from tests.api.conftest import Server, _serve, _settings, pg_url  # noqa: F401  
 def learnable_lines(n: int) -> bytes:
     """A toy language a tiny model learns in a few steps: repeated two-letter patterns."""
     pats = ["ab", "cd", "ef"]
-    return ("\n".join(json.dumps({"text": pats[i % 3] * (6 + i % 5)}) for i in range(n))
-            + "\n").encode()
+    return (
+        "\n".join(json.dumps({"text": pats[i % 3] * (6 + i % 5)}) for i in range(n)) + "\n"
+    ).encode()
 
 
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory) -> Iterator[Server]:
     """SQLite + the embedded worker: the service's default, nothing else running."""
     tmp = tmp_path_factory.mktemp("dprc-embedded")
-    yield from _serve(_settings(tmp, None, embedded_worker=True, lease_seconds=6,
-                                sweep_seconds=2, max_physical_batch_size=8))
+    yield from _serve(
+        _settings(
+            tmp,
+            None,
+            embedded_worker=True,
+            lease_seconds=6,
+            sweep_seconds=2,
+            max_physical_batch_size=8,
+        )
+    )
 
 
 def wait_for(client, job_id: str, statuses: set[str], timeout: float = 300.0):

@@ -35,8 +35,16 @@ def broker() -> str:
 @pytest.fixture(scope="module")
 def celery_server(pg_url, broker, tmp_path_factory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("dprc-celery")
-    yield from _serve(_settings(tmp, pg_url, broker_url=broker, lease_seconds=4,
-                                sweep_seconds=2, max_physical_batch_size=8))
+    yield from _serve(
+        _settings(
+            tmp,
+            pg_url,
+            broker_url=broker,
+            lease_seconds=4,
+            sweep_seconds=2,
+            max_physical_batch_size=8,
+        )
+    )
 
 
 class Workers:
@@ -46,15 +54,40 @@ class Workers:
 
     def start(self) -> subprocess.Popen:
         s = self.server.settings
-        env = {**os.environ, "DPRC_DATA_DIR": str(s.data_dir),
-               "DPRC_DATABASE_URL": s.database_url or "", "DPRC_BROKER_URL": s.broker_url or "",
-               "DPRC_LEASE_SECONDS": "4", "DPRC_SWEEP_SECONDS": "2",
-               "DPRC_MAX_PHYSICAL_BATCH_SIZE": "8", "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            "DPRC_DATA_DIR": str(s.data_dir),
+            "DPRC_DATABASE_URL": s.database_url or "",
+            "DPRC_BROKER_URL": s.broker_url or "",
+            "DPRC_LEASE_SECONDS": "4",
+            "DPRC_SWEEP_SECONDS": "2",
+            "DPRC_MAX_PHYSICAL_BATCH_SIZE": "8",
+            "PYTHONUNBUFFERED": "1",
+        }
         proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", "gpu",
-             "--pool", "solo", "--concurrency", "1", "--prefetch-multiplier", "1",
-             "--without-gossip", "--without-mingle", "-l", "warning"],
-            cwd=ROOT, env=env, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "worker.celery_app",
+                "worker",
+                "-Q",
+                "gpu",
+                "--pool",
+                "solo",
+                "--concurrency",
+                "1",
+                "--prefetch-multiplier",
+                "1",
+                "--without-gossip",
+                "--without-mingle",
+                "-l",
+                "warning",
+            ],
+            cwd=ROOT,
+            env=env,
+            start_new_session=True,
         )
         self.procs.append(proc)
         return proc
@@ -83,11 +116,19 @@ def workers(celery_server) -> Iterator[Workers]:
 
 def _job(client, file_id: str, epochs: int, checkpoint_every: int):
     return client.fine_tuning.jobs.create(
-        model="dprc-tiny-llama", training_file=file_id,
-        hyperparameters={"n_epochs": epochs, "batch_size": 8, "learning_rate": 0.01,
-                         "max_seq_len": 32},
-        extra_body={"privacy": {"target_epsilon": 8.0, "clipping": {"method": "hutch", "k": 16}},
-                    "checkpoint_every": checkpoint_every})
+        model="dprc-tiny-llama",
+        training_file=file_id,
+        hyperparameters={
+            "n_epochs": epochs,
+            "batch_size": 8,
+            "learning_rate": 0.01,
+            "max_seq_len": 32,
+        },
+        extra_body={
+            "privacy": {"target_epsilon": 8.0, "clipping": {"method": "hutch", "k": 16}},
+            "checkpoint_every": checkpoint_every,
+        },
+    )
 
 
 def _started_events(client, job_id: str) -> list[str]:
@@ -106,8 +147,7 @@ def _ledger_of_last_checkpoint(client, job_id: str, tmp_path: Path) -> PrivacyLe
         return PrivacyLedger.from_json(tar.extractfile("ledger.json").read())
 
 
-def test_a_worker_killed_mid_job_is_replaced_and_the_job_resumes(celery_server, workers,
-                                                                 tmp_path):
+def test_a_worker_killed_mid_job_is_replaced_and_the_job_resumes(celery_server, workers, tmp_path):
     client = celery_server.client(celery_server.key("crash"))
     f = client.files.create(file=("train.jsonl", learnable_lines(48)), purpose="fine-tune")
     first = workers.start()
@@ -129,8 +169,9 @@ def test_a_worker_killed_mid_job_is_replaced_and_the_job_resumes(celery_server, 
     assert sum(e.steps for e in ledger.events) == 30  # each step of the chain exactly once
     priv = job.model_extra["privacy"]
     # a no-crash run of this plan has ε = the accountant's ε for (σ, q, 30 steps)
-    want = epsilon(priv["noise_multiplier"], priv["sample_rate"], 30, priv["target_delta"],
-                   "hutch", 16)
+    want = epsilon(
+        priv["noise_multiplier"], priv["sample_rate"], 30, priv["target_delta"], "hutch", 16
+    )
     assert abs(ledger.epsilon(priv["target_delta"]) - want) <= 1e-9 * want
     assert abs(priv["epsilon_spent"] - want) <= 1e-9 * want
 
