@@ -76,7 +76,7 @@ class Plan:
     def accountant(self) -> dict[str, Any]:
         if self.mechanism == "nu_dpftrl":
             return {
-                "mechanism": "nu-dp-ftrl",
+                "mechanism": "nu_dpftrl",
                 "adjacency": "zero-out (implied by add/remove), no amplification",
                 "sampling": "fixed order: shuffle once, cyclic epochs",
                 "clipping": "exact",
@@ -88,7 +88,7 @@ class Plan:
                 "sensitivity": "matrix mechanism, as implemented (docs/accounting.md §9)",
             }
         return {
-            "mechanism": "dp-sgd",
+            "mechanism": "gaussian",
             "adjacency": "add/remove (epsilon is the larger of the two directions)",
             "sampling": "poisson",
             "clipping": self.accounting_clipping,

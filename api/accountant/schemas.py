@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator
+
+from dprc_core.noise import canonical_mechanism
 
 Number = StrictFloat | StrictInt
 
@@ -12,10 +14,12 @@ Number = StrictFloat | StrictInt
 class _Job(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    mechanism: Literal["dp-sgd", "nu-dpftrl"] = Field(
-        default="dp-sgd",
-        description="dp-sgd: Poisson-subsampled Gaussian; nu-dpftrl: correlated noise, fixed "
-        "order, no amplification (needs nu, participations, min_separation; no sample_rate)",
+    mechanism: Literal["gaussian", "nu_dpftrl", "dp-sgd", "nu-dpftrl"] = Field(
+        default="gaussian",
+        description="gaussian: Poisson-subsampled Gaussian (DP-SGD); nu_dpftrl: correlated "
+        "noise, fixed order, no amplification (needs nu, participations, min_separation; no "
+        "sample_rate). The names are those of the job's privacy.noise.mechanism; the earlier "
+        "spellings dp-sgd and nu-dpftrl are accepted (deprecated) and answered with the names.",
     )
     sample_rate: Number | None = None
     steps: StrictInt
@@ -28,6 +32,11 @@ class _Job(BaseModel):
     rank: StrictInt | None = Field(
         default=None, description="hutch only: total rank D; null = dimension-free envelope"
     )
+
+    @field_validator("mechanism")
+    @classmethod
+    def _one_name(cls, value: str) -> str:
+        return canonical_mechanism(value)
 
 
 class EpsilonRequest(_Job):
@@ -49,7 +58,7 @@ class AccountantResult(BaseModel):
     )
     noise_multiplier: float
     delta: float
-    mechanism: str = "dp-sgd"
+    mechanism: str = "gaussian"
     sample_rate: float | None
     steps: int
     nu: float | None = None

@@ -63,14 +63,14 @@ def _job(
 ) -> tuple[float, int, str, int | None, int | None]:
     if req.sample_rate is None:
         raise InvalidInput(
-            "sample_rate is required for mechanism dp-sgd",
+            "sample_rate is required for mechanism gaussian",
             param="sample_rate",
             code="invalid_value",
         )
     for name in ("nu", "bands", "participations", "min_separation"):
         if getattr(req, name) is not None:
             raise InvalidInput(
-                f"{name} applies to mechanism nu-dpftrl only", param=name, code="invalid_value"
+                f"{name} applies to mechanism nu_dpftrl only", param=name, code="invalid_value"
             )
     q = _check("sample_rate", check_sample_rate, req.sample_rate)
     steps = _check("steps", check_steps, req.steps)
@@ -126,23 +126,23 @@ def _result(kind: str, event: PrivacyEvent, delta: float) -> AccountantResult:
 def _nu_pattern(req: EpsilonRequest | NoiseMultiplierRequest) -> dict[str, Any]:
     if req.sample_rate is not None:
         raise InvalidInput(
-            "nu-dpftrl has no amplification by sampling: no sample_rate",
+            "nu_dpftrl has no amplification by sampling: no sample_rate",
             param="sample_rate",
             code="invalid_value",
         )
     if req.clipping != "exact" or req.k is not None or req.rank is not None:
         raise InvalidInput(
-            "nu-dpftrl is accounted for exact clipping only (randomized "
+            "nu_dpftrl is accounted for exact clipping only (randomized "
             "clipping with correlated noise has no analysis)",
             param="clipping",
             code="invalid_value",
         )
     for name in ("nu", "participations", "min_separation"):
         if getattr(req, name) is None:
-            raise InvalidInput(f"nu-dpftrl needs {name}", param=name, code="invalid_value")
+            raise InvalidInput(f"nu_dpftrl needs {name}", param=name, code="invalid_value")
     if req.steps > 20_000:
         raise InvalidInput(
-            "steps must be at most 20000 for nu-dpftrl", param="steps", code="invalid_value"
+            "steps must be at most 20000 for nu_dpftrl", param="steps", code="invalid_value"
         )
     pattern = {
         "nu": _check("nu", check_nu, req.nu),
@@ -163,7 +163,7 @@ def _nu_result(kind: str, sigma: float, delta: float, pattern: dict[str, Any]) -
         epsilon=eps if math.isfinite(eps) else None,
         noise_multiplier=sigma,
         delta=delta,
-        mechanism="nu-dpftrl",
+        mechanism="nu_dpftrl",
         sample_rate=None,
         steps=pattern["steps"],
         nu=pattern["nu"],
@@ -184,7 +184,7 @@ def _nu_result(kind: str, sigma: float, delta: float, pattern: dict[str, Any]) -
 
 
 def epsilon(req: EpsilonRequest) -> AccountantResult:
-    if req.mechanism == "nu-dpftrl":
+    if req.mechanism == "nu_dpftrl":
         pattern = _nu_pattern(req)
         sigma = _check("noise_multiplier", check_noise_multiplier, req.noise_multiplier)
         delta = _check("delta", check_delta, req.delta)
@@ -202,7 +202,7 @@ def epsilon(req: EpsilonRequest) -> AccountantResult:
 
 
 def calibrate(req: NoiseMultiplierRequest) -> AccountantResult:
-    if req.mechanism == "nu-dpftrl":
+    if req.mechanism == "nu_dpftrl":
         pattern = _nu_pattern(req)
         target = _check("target_epsilon", check_epsilon, req.target_epsilon)
         delta = _check("target_delta", check_delta, req.target_delta)

@@ -188,7 +188,7 @@ class AccountingResult:
     def describe(self) -> str:
         if math.isnan(self.grid_interval):
             return (
-                "exact: nu-dp-ftrl runs only, Gaussian mechanisms composing to one Gaussian "
+                "exact: nu_dpftrl runs only, Gaussian mechanisms composing to one Gaussian "
                 "with mu = sqrt(sum mu_i^2), analytic epsilon"
             )
         bins = ", ".join(str(b) for b in self.scale_bins)

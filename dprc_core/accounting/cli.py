@@ -4,7 +4,7 @@ Both print the result together with every setting that produced it (``--json`` f
 machine-readable object). A job is given either by ``--sample-rate`` and ``--steps`` or by
 ``--dataset-size``, ``--batch-size`` and ``--epochs`` (q = B/N, steps = ⌈epochs·N/B⌉: the
 planner's rule, :func:`dprc_core.accounting.steps.planned_steps`, so the steps calibrated here
-are the steps ``dprc train`` and the service run). ``--mechanism nu-dpftrl`` routes to
+are the steps ``dprc train`` and the service run). ``--mechanism nu_dpftrl`` routes to
 :mod:`dprc_core.accounting.dpftrl_cli`, which computes and returns; this module prints.
 """
 
@@ -19,6 +19,7 @@ from dprc_core.accounting.accountant import DEFAULT_SETTINGS, account
 from dprc_core.accounting.calibration import noise_multiplier
 from dprc_core.accounting.events import CLIPPINGS, PrivacyEvent
 from dprc_core.accounting.steps import planned_steps
+from dprc_core.mechanism_names import NU_DPFTRL
 
 
 def add_subparser(subparsers: Any) -> None:
@@ -142,7 +143,7 @@ def _common(event: PrivacyEvent, delta: float, extra: dict[str, Any]) -> dict[st
 
 
 def _epsilon_command(args: argparse.Namespace) -> int:
-    if args.mechanism == dpftrl_cli.NU_DPFTRL:
+    if args.mechanism == NU_DPFTRL:
         result, headline = dpftrl_cli.epsilon(args)
         _report(result, args.json, headline, "epsilon")
         return 0
@@ -155,7 +156,7 @@ def _epsilon_command(args: argparse.Namespace) -> int:
 
 
 def _sigma_command(args: argparse.Namespace) -> int:
-    if args.mechanism == dpftrl_cli.NU_DPFTRL:
+    if args.mechanism == NU_DPFTRL:
         result, headline = dpftrl_cli.sigma(args)
         _report(result, args.json, headline, "noise_multiplier")
         return 0

@@ -347,7 +347,7 @@ def gaussian_mu(epsilon: float, delta: float) -> float:
 def check_dpftrl_clipping(clipping: Any) -> str:
     if clipping != "exact":
         raise ValueError(
-            f"nu-dp-ftrl needs exact per-sample clipping, got clipping={clipping!r}: randomized "
+            f"nu_dpftrl needs exact per-sample clipping, got clipping={clipping!r}: randomized "
             "clipping (hutch/hutchpp) with correlated noise has no privacy analysis"
         )
     return "exact"

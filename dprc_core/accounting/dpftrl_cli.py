@@ -1,4 +1,4 @@
-"""``--mechanism nu-dpftrl`` for ``dprc accountant epsilon`` and ``dprc accountant sigma``.
+"""``--mechanism nu_dpftrl`` for ``dprc accountant epsilon`` and ``dprc accountant sigma``.
 
 :func:`add_arguments` adds the options to both sub-commands; :func:`epsilon` and :func:`sigma`
 compute a ν-DP-FTRL job's result and headline, which :mod:`dprc_core.accounting.cli` prints.
@@ -22,18 +22,19 @@ from dprc_core.accounting.dpftrl import (
     dpftrl_sensitivity_details,
 )
 from dprc_core.accounting.steps import planned_steps
+from dprc_core.mechanism_names import GAUSSIAN, NOISE_MECHANISMS, canonical_mechanism
 
-NU_DPFTRL = "nu-dpftrl"
-MECHANISMS = ("dp-sgd", NU_DPFTRL)
-_ALIASES = {"nu-dp-ftrl": "nu-dpftrl"}
+MECHANISMS = NOISE_MECHANISMS
 _FTRL_ONLY = ("nu", "bands", "participations", "min_separation")
 
 
 def _mechanism(value: str) -> str:
-    value = _ALIASES.get(value, value)
-    if value not in MECHANISMS:
-        raise argparse.ArgumentTypeError(f"choose from {', '.join(MECHANISMS)}")
-    return value
+    """The one name; the spellings of earlier versions (dp-sgd, nu_dpftrl, nu_dpftrl) are
+    accepted too (deprecated)."""
+    try:
+        return canonical_mechanism(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(MECHANISMS)}") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,17 +43,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--mechanism",
         type=_mechanism,
-        default="dp-sgd",
-        help="dp-sgd (default; Poisson sampling) or nu-dpftrl (correlated noise, fixed-order "
+        default=GAUSSIAN,
+        help="gaussian (default; DP-SGD, Poisson sampling) or nu_dpftrl (correlated noise, "
+        "fixed-order "
         "batches, no amplification)",
     )
-    group.add_argument("--nu", type=float, help="nu-dpftrl: damping nu in [0, 1]")
-    group.add_argument("--bands", type=int, help="nu-dpftrl: number of bands (default: none)")
+    group.add_argument("--nu", type=float, help="nu_dpftrl: damping nu in [0, 1]")
+    group.add_argument("--bands", type=int, help="nu_dpftrl: number of bands (default: none)")
     group.add_argument(
-        "--participations", type=int, help="nu-dpftrl with --steps: max participations"
+        "--participations", type=int, help="nu_dpftrl with --steps: max participations"
     )
     group.add_argument(
-        "--min-separation", type=int, help="nu-dpftrl with --steps: min steps between them"
+        "--min-separation", type=int, help="nu_dpftrl with --steps: min steps between them"
     )
 
 
@@ -60,17 +62,17 @@ def refuse_ftrl_options(args: argparse.Namespace) -> None:
     """A DP-SGD job given ν-DP-FTRL options is an error, not something to ignore."""
     given = [f"--{f.replace('_', '-')}" for f in _FTRL_ONLY if getattr(args, f) is not None]
     if given:
-        raise ValueError(f"{', '.join(given)}: only for --mechanism nu-dpftrl")
+        raise ValueError(f"{', '.join(given)}: only for --mechanism nu_dpftrl")
 
 
 def _job(args: argparse.Namespace) -> dict[str, Any]:
     if args.sample_rate is not None:
-        raise ValueError("nu-dpftrl uses fixed-order batches: --sample-rate does not apply")
+        raise ValueError("nu_dpftrl uses fixed-order batches: --sample-rate does not apply")
     check_dpftrl_clipping(args.clipping)
     if args.k is not None or args.rank is not None:
-        raise ValueError("--k and --rank are for randomized clipping, which nu-dpftrl refuses")
+        raise ValueError("--k and --rank are for randomized clipping, which nu_dpftrl refuses")
     if args.nu is None:
-        raise ValueError("--mechanism nu-dpftrl needs --nu")
+        raise ValueError("--mechanism nu_dpftrl needs --nu")
     by_size = any(v is not None for v in (args.dataset_size, args.batch_size, args.epochs))
     if by_size:
         if (
@@ -99,7 +101,7 @@ def _job(args: argparse.Namespace) -> dict[str, Any]:
         }
     if None in (args.steps, args.participations, args.min_separation):
         raise ValueError(
-            "nu-dpftrl needs --dataset-size/--batch-size/--epochs, or --steps with "
+            "nu_dpftrl needs --dataset-size/--batch-size/--epochs, or --steps with "
             "--participations and --min-separation"
         )
     return {
@@ -120,7 +122,7 @@ def _result(sigma: float, delta: float, nu: float, bands: int | None, job: dict)
         "epsilon": eps,
         "noise_multiplier": sigma,
         "delta": delta,
-        "mechanism": "nu-dp-ftrl",
+        "mechanism": "nu_dpftrl",
         "nu": nu,
         "bands": bands,
         **job,
@@ -138,7 +140,7 @@ def _result(sigma: float, delta: float, nu: float, bands: int | None, job: dict)
 def epsilon(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     job = _job(args)
     result = _result(args.noise_multiplier, args.delta, args.nu, args.bands, job)
-    return result, f"epsilon = {result['epsilon']:.6g} (exact Gaussian, nu-dp-ftrl)"
+    return result, f"epsilon = {result['epsilon']:.6g} (exact Gaussian, nu_dpftrl)"
 
 
 def sigma(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -155,7 +157,7 @@ def sigma(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     result = _result(sigma, args.delta, args.nu, args.bands, job)
     result = {"target_epsilon": args.epsilon, **result}
     headline = (
-        f"noise_multiplier = {sigma:.6g} (nu-dp-ftrl, smallest with epsilon <= "
+        f"noise_multiplier = {sigma:.6g} (nu_dpftrl, smallest with epsilon <= "
         f"{args.epsilon:g}; achieved epsilon = {result['epsilon']:.6g})"
     )
     return result, headline

@@ -12,14 +12,16 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dprc_core.accounting.envelope import check_k, check_rank
+from dprc_core.mechanism_names import GAUSSIAN, NOISE_MECHANISMS, NU_DPFTRL, canonical_mechanism
 from dprc_core.norm_methods import ENVELOPES
 
 # The accountant's clipping families: exact norms, or the Hutchinson / Hutch++ envelope of
 # randomized clipping (each norm method's family is in dprc_core.norm_methods).
 CLIPPINGS = ENVELOPES
-DP_SGD = "dp-sgd"
-NU_DPFTRL = "nu-dp-ftrl"
-SUPPORTED_MECHANISMS = (DP_SGD, NU_DPFTRL)
+# The noise mechanism's one name (dprc_core.noise); older ledgers' "dp-sgd" / "nu-dp-ftrl"
+# are read as these.
+DP_SGD = GAUSSIAN  # "gaussian": Poisson-subsampled Gaussian (DP-SGD, DP-SGD-RC)
+SUPPORTED_MECHANISMS = NOISE_MECHANISMS
 # Fields only a ν-DP-FTRL event has; they are left out of a DP-SGD event's JSON, so ledgers
 # holding DP-SGD events only are written exactly as before (ledger JSON v1).
 DPFTRL_FIELDS = ("nu", "bands", "participations", "min_separation", "sensitivity")
@@ -88,9 +90,7 @@ def check_clipping(clipping: Any, k: Any, rank: Any) -> tuple[str, int | None, i
 
 
 def check_mechanism(mechanism: Any) -> str:
-    if mechanism in SUPPORTED_MECHANISMS:
-        return str(mechanism)
-    raise ValueError(f"unknown mechanism {mechanism!r}; supported: {SUPPORTED_MECHANISMS}")
+    return canonical_mechanism(mechanism)
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class PrivacyEvent:
     σ and the given clipping (``exact``, or randomized ``hutch`` / ``hutchpp`` with projection
     dimension ``k`` and optional total rank D for the Hutch rank-dependent envelope).
 
-    ``mechanism="nu-dp-ftrl"``: one whole ν-DP-FTRL run of ``steps`` steps with per-step noise
+    ``mechanism="nu_dpftrl"``: one whole ν-DP-FTRL run of ``steps`` steps with per-step noise
     std σ·C (before correlation), damping ``nu``, ``bands`` (None: un-banded), fixed-order
     batches in which an example takes part at most ``participations`` times, any two at least
     ``min_separation`` steps apart. Exact clipping only; ``sample_rate`` must be 1 (no
@@ -114,7 +114,7 @@ class PrivacyEvent:
     clipping: str = "exact"
     k: int | None = None
     rank: int | None = None
-    mechanism: str = "dp-sgd"
+    mechanism: str = DP_SGD
     nu: float | None = None
     bands: int | None = None
     participations: int | None = None
@@ -146,7 +146,7 @@ class PrivacyEvent:
             raise ValueError("k and rank are only meaningful for randomized clipping")
         if self.sample_rate != 1.0:
             raise ValueError(
-                "nu-dp-ftrl claims no amplification by sampling: sample_rate must be 1 "
+                "nu_dpftrl claims no amplification by sampling: sample_rate must be 1 "
                 f"(got {self.sample_rate})"
             )
         required = ("nu", "participations", "min_separation")
@@ -195,7 +195,7 @@ class PrivacyEvent:
     def mu(self) -> float:
         """μ = sensitivity/σ of a ν-DP-FTRL event (the whole run is one Gaussian mechanism)."""
         if self.mechanism != NU_DPFTRL or self.sensitivity is None:
-            raise ValueError("mu is defined for nu-dp-ftrl events only")
+            raise ValueError("mu is defined for nu_dpftrl events only")
         return self.sensitivity / self.noise_multiplier
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,7 +16,13 @@ from dprc_core.accounting.accountant import (
     AccountingSettings,
     account,
 )
-from dprc_core.accounting.events import NU_DPFTRL, PrivacyEvent, check_delta
+from dprc_core.accounting.events import (
+    DP_SGD,
+    NU_DPFTRL,
+    PrivacyEvent,
+    check_delta,
+    check_mechanism,
+)
 
 LEDGER_FORMAT = "dprc-privacy-ledger"
 LEDGER_VERSION = 1
@@ -40,7 +46,7 @@ class PrivacyLedger:
         clipping: str = "exact",
         k: int | None = None,
         rank: int | None = None,
-        mechanism: str = "dp-sgd",
+        mechanism: str = DP_SGD,
         nu: float | None = None,
         bands: int | None = None,
         participations: int | None = None,
@@ -48,7 +54,7 @@ class PrivacyLedger:
     ) -> PrivacyEvent:
         """Record an event, given either as a :class:`PrivacyEvent` or by its fields.
 
-        A ν-DP-FTRL run: ``mechanism="nu-dp-ftrl"`` with ``nu``, ``participations``,
+        A ν-DP-FTRL run: ``mechanism="nu_dpftrl"`` with ``nu``, ``participations``,
         ``min_separation`` (and ``bands``); its ``sample_rate`` defaults to 1 (no sampling)."""
         ftrl = (nu, bands, participations, min_separation)
         if event is not None:
@@ -62,6 +68,7 @@ class PrivacyLedger:
             ):
                 raise ValueError("pass either an event or its fields, not both")
         else:
+            mechanism = check_mechanism(mechanism)  # earlier spellings too
             if mechanism == NU_DPFTRL and sample_rate is None:
                 sample_rate = 1.0
             if noise_multiplier is None or sample_rate is None or steps is None:

@@ -12,6 +12,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from dprc_core.mechanism_names import GAUSSIAN, NOISE_MECHANISMS, NU_DPFTRL
 from dprc_core.noise.gaussian import GaussianNoise
 from dprc_core.noise.nu_dpftrl import NuDPFTRLNoise
 
@@ -20,7 +21,7 @@ from dprc_core.noise.nu_dpftrl import NuDPFTRLNoise
 class Gaussian:
     """Independent Gaussian noise (DP-SGD)."""
 
-    name: ClassVar[str] = "gaussian"
+    name: ClassVar[str] = GAUSSIAN
     exact_clipping_only: ClassVar[bool] = False
 
     def sampler(self, std: float) -> GaussianNoise:
@@ -33,7 +34,7 @@ class NuDPFTRL:
 
     nu: float
     bands: int | None = None
-    name: ClassVar[str] = "nu_dpftrl"
+    name: ClassVar[str] = NU_DPFTRL
     exact_clipping_only: ClassVar[bool] = True
 
     def sampler(self, std: float) -> NuDPFTRLNoise:
@@ -41,7 +42,6 @@ class NuDPFTRL:
 
 
 NoiseMechanism = Gaussian | NuDPFTRL
-NOISE_MECHANISMS = (Gaussian.name, NuDPFTRL.name)
 
 
 def as_noise_mechanism(

@@ -43,7 +43,7 @@ def test_sigma_from_dataset_size_batch_and_epochs(capsys):
     delta_at_target = GaussianPrivacyLoss(sigma, sensitivity=sens).get_delta_for_epsilon(2.0)
     assert delta_at_target <= 1e-5 * (1 + 1e-8)
     assert delta_at_target == pytest.approx(1e-5, rel=1e-6)
-    assert res["epsilon"] <= 2.0 and res["mechanism"] == "nu-dp-ftrl" and res["bands"] == 16
+    assert res["epsilon"] <= 2.0 and res["mechanism"] == "nu_dpftrl" and res["bands"] == 16
 
 
 def test_epsilon_with_explicit_pattern(capsys):
@@ -61,7 +61,7 @@ def test_epsilon_with_explicit_pattern(capsys):
         "--steps 120 --participations 4 --min-separation 30".split()
     )
     out = capsys.readouterr().out
-    assert rc == 0 and "nu-dp-ftrl" in out and "sensitivity:" in out
+    assert rc == 0 and "nu_dpftrl" in out and "sensitivity:" in out
 
 
 def test_dp_sgd_default_is_unchanged(capsys):
@@ -92,11 +92,11 @@ BASE = "accountant epsilon --mechanism nu-dpftrl --sigma 1 --delta 1e-5 "
         (BASE + "--nu 0.1 --bands 0 --steps 10 --participations 1 --min-separation 10", "bands"),
         (
             "accountant epsilon --sigma 1 --delta 1e-5 -q 0.01 --steps 10 --nu 0.1",
-            "only for --mechanism nu-dpftrl",
+            "only for --mechanism nu_dpftrl",
         ),
         (
             "accountant sigma --epsilon 1 --delta 1e-5 -q 0.01 --steps 10 --bands 4",
-            "only for --mechanism nu-dpftrl",
+            "only for --mechanism nu_dpftrl",
         ),
     ],
 )

@@ -120,7 +120,10 @@ def test_json_round_trip_and_v1_dp_sgd_ledgers_unchanged():
         "version": 1,
         "events": [{"noise_multiplier": 1.0, "sample_rate": 0.01, "steps": 10}],
     }
-    assert PrivacyLedger.from_json(json.dumps(old)).events[0].mechanism == "dp-sgd"
+    assert PrivacyLedger.from_json(json.dumps(old)).events[0].mechanism == "gaussian"
+    # ledgers written with the earlier names are read with the one name
+    spelled = {**old, "events": [{**old["events"][0], "mechanism": "dp-sgd"}]}
+    assert PrivacyLedger.from_json(json.dumps(spelled)).events[0].mechanism == "gaussian"
 
 
 def test_stored_sensitivity_can_only_raise_the_recomputed_one():

@@ -369,7 +369,7 @@ def test_accountant_nu_dpftrl(server):
         pattern = {k: base[k] for k in ("nu", "steps", "participations", "min_separation", "bands")}
         assert body["epsilon"] == dpftrl_epsilon(2.0, 1e-5, **pattern)
         assert body["sensitivity"] == dpftrl_sensitivity(**pattern)
-        assert body["sample_rate"] is None and body["mechanism"] == "nu-dpftrl"
+        assert body["sample_rate"] is None and body["mechanism"] == "nu_dpftrl"
         r = http.post(
             "/v1/accountant/noise_multiplier",
             json={**base, "target_epsilon": 3.0, "target_delta": 1e-5},
