@@ -17,6 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dprc_core.accounting import PrivacyEvent, epsilon_for_events
+from dprc_core.training.plan import check_delta_for_size
 from service.errors import InvalidInput
 from service.tables import File, Job
 
@@ -24,14 +25,8 @@ from service.tables import File, Job
 def nu_dpftrl_event(sigma: float, steps: int, noise: dict[str, Any]) -> PrivacyEvent:
     """The first ``steps`` steps of a ν-DP-FTRL job: rows 1..steps of its Toeplitz noise, at most
     ⌈steps / steps_per_epoch⌉ participations per example."""
-    sep = int(noise["min_separation"])
-    return PrivacyEvent.nu_dpftrl(
-        sigma,
-        steps=steps,
-        nu=float(noise["nu"]),
-        participations=-(-steps // sep),
-        min_separation=sep,
-        bands=noise.get("bands"),
+    return PrivacyEvent.nu_dpftrl_prefix(
+        sigma, steps, float(noise["nu"]), int(noise["min_separation"]), noise.get("bands")
     )
 
 
@@ -87,11 +82,8 @@ def file_jobs(session: Session, file_id: str) -> list[Job]:
 
 
 def check_delta_for(n: int, delta: float, param: str) -> float:
-    if not 0 < delta <= 1 / n:
-        raise InvalidInput(
-            f"{param}={delta:g} is above 1/N = {1 / n:g} for this data set of {n} examples; "
-            "such a delta would allow releasing whole examples",
-            param=param,
-            code="invalid_delta",
-        )
-    return delta
+    """The library's rule (0 < δ ≤ 1/N), as a domain error naming ``param``."""
+    try:
+        return check_delta_for_size(delta, n)
+    except ValueError as exc:
+        raise InvalidInput(f"{param}: {exc}", param=param, code="invalid_delta") from exc

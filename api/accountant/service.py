@@ -9,6 +9,12 @@ from typing import Any, TypeVar
 
 from api.accountant.schemas import AccountantResult, EpsilonRequest, NoiseMultiplierRequest
 from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent, account, noise_multiplier
+from dprc_core.accounting.describe import (
+    ADJACENCY,
+    NU_DPFTRL_ACCOUNTANT,
+    describe_event,
+    envelope_words,
+)
 from dprc_core.accounting.dpftrl import (
     check_bands,
     check_nu,
@@ -25,6 +31,7 @@ from dprc_core.accounting.events import (
     check_sample_rate,
     check_steps,
 )
+from dprc_core.mechanism_names import NU_DPFTRL
 from service.errors import InvalidInput
 
 T = TypeVar("T")
@@ -86,14 +93,6 @@ def _job(
     return q, steps, clipping, k, rank
 
 
-def _envelope(clipping: str, k: int | None, rank: int | None) -> str:
-    if clipping == "exact":
-        return "exact per-sample norms (sensitivity 1)"
-    if clipping == "hutchpp" or rank is None:
-        return f"{clipping}, k={k}, dimension-free envelope"
-    return f"{clipping}, k={k}, rank-dependent envelope with total rank D={rank}"
-
-
 def _result(kind: str, event: PrivacyEvent, delta: float) -> AccountantResult:
     try:
         res = account([event], delta, DEFAULT_SETTINGS)
@@ -111,8 +110,7 @@ def _result(kind: str, event: PrivacyEvent, delta: float) -> AccountantResult:
         clipping=event.clipping,
         k=event.k,
         rank=event.rank,
-        envelope=_envelope(event.clipping, event.k, event.rank),
-        adjacency="add/remove, Poisson sampling, max over both directions",
+        **describe_event(event),
         accountant={
             "description": res.describe(),
             "grid_interval": res.grid_interval,
@@ -163,7 +161,7 @@ def _nu_result(kind: str, sigma: float, delta: float, pattern: dict[str, Any]) -
         epsilon=eps if math.isfinite(eps) else None,
         noise_multiplier=sigma,
         delta=delta,
-        mechanism="nu_dpftrl",
+        mechanism=NU_DPFTRL,
         sample_rate=None,
         steps=pattern["steps"],
         nu=pattern["nu"],
@@ -174,17 +172,14 @@ def _nu_result(kind: str, sigma: float, delta: float, pattern: dict[str, Any]) -
         clipping="exact",
         k=None,
         rank=None,
-        envelope="exact per-sample norms (sensitivity 1)",
-        adjacency="zero-out (implied by add/remove), no amplification",
-        accountant={
-            "description": "Gaussian mechanism with mu = sensitivity / sigma, the "
-            "sensitivity of the implemented noise matrix (docs/accounting.md §9)"
-        },
+        envelope=envelope_words("exact", None, None),
+        adjacency=ADJACENCY[NU_DPFTRL],
+        accountant={"description": NU_DPFTRL_ACCOUNTANT},
     )
 
 
 def epsilon(req: EpsilonRequest) -> AccountantResult:
-    if req.mechanism == "nu_dpftrl":
+    if req.mechanism == NU_DPFTRL:
         pattern = _nu_pattern(req)
         sigma = _check("noise_multiplier", check_noise_multiplier, req.noise_multiplier)
         delta = _check("delta", check_delta, req.delta)
@@ -202,7 +197,7 @@ def epsilon(req: EpsilonRequest) -> AccountantResult:
 
 
 def calibrate(req: NoiseMultiplierRequest) -> AccountantResult:
-    if req.mechanism == "nu_dpftrl":
+    if req.mechanism == NU_DPFTRL:
         pattern = _nu_pattern(req)
         target = _check("target_epsilon", check_epsilon, req.target_epsilon)
         delta = _check("target_delta", check_delta, req.target_delta)

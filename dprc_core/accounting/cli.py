@@ -17,6 +17,7 @@ from typing import Any
 from dprc_core.accounting import dpftrl_cli
 from dprc_core.accounting.accountant import DEFAULT_SETTINGS, account
 from dprc_core.accounting.calibration import noise_multiplier
+from dprc_core.accounting.describe import describe_event
 from dprc_core.accounting.events import CLIPPINGS, PrivacyEvent
 from dprc_core.accounting.steps import planned_steps
 from dprc_core.mechanism_names import NU_DPFTRL
@@ -105,14 +106,6 @@ def _number(x: float) -> float | int:
     return int(x) if float(x).is_integer() else x
 
 
-def _envelope_words(clipping: str, k: int | None, rank: int | None) -> str:
-    if clipping == "exact":
-        return "exact per-sample norms (sensitivity 1)"
-    if clipping == "hutchpp" or rank is None:
-        return f"{clipping}, k={k}, dimension-free envelope"
-    return f"{clipping}, k={k}, rank-dependent envelope with total rank D={rank}"
-
-
 def _report(result: dict[str, Any], as_json: bool, headline: str, shown: str) -> None:
     if as_json:
         print(json.dumps(result, sort_keys=True))
@@ -136,8 +129,7 @@ def _common(event: PrivacyEvent, delta: float, extra: dict[str, Any]) -> dict[st
         "clipping": event.clipping,
         "k": event.k,
         "rank": event.rank,
-        "envelope": _envelope_words(event.clipping, event.k, event.rank),
-        "adjacency": "add/remove, Poisson sampling, max over both directions",
+        **describe_event(event),
         "accountant": res.describe(),
     }
 

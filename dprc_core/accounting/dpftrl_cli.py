@@ -15,6 +15,7 @@ import argparse
 import math
 from typing import Any
 
+from dprc_core.accounting.describe import ADJACENCY, NU_DPFTRL_ACCOUNTANT
 from dprc_core.accounting.dpftrl import (
     check_dpftrl_clipping,
     dpftrl_epsilon,
@@ -22,7 +23,7 @@ from dprc_core.accounting.dpftrl import (
     dpftrl_sensitivity_details,
 )
 from dprc_core.accounting.steps import planned_steps
-from dprc_core.mechanism_names import GAUSSIAN, NOISE_MECHANISMS, canonical_mechanism
+from dprc_core.mechanism_names import GAUSSIAN, NOISE_MECHANISMS, NU_DPFTRL, canonical_mechanism
 
 MECHANISMS = NOISE_MECHANISMS
 _FTRL_ONLY = ("nu", "bands", "participations", "min_separation")
@@ -122,7 +123,7 @@ def _result(sigma: float, delta: float, nu: float, bands: int | None, job: dict)
         "epsilon": eps,
         "noise_multiplier": sigma,
         "delta": delta,
-        "mechanism": "nu_dpftrl",
+        "mechanism": NU_DPFTRL,
         "nu": nu,
         "bands": bands,
         **job,
@@ -130,10 +131,8 @@ def _result(sigma: float, delta: float, nu: float, bands: int | None, job: dict)
         "sensitivity_method": details.method + (" (exact)" if details.exact else ""),
         "mu": details.value / sigma,
         "clipping": "exact",
-        "adjacency": "zero-out (one example's gradients replaced by 0), fixed-order batches, "
-        "no amplification by sampling",
-        "accountant": "analytic Gaussian mechanism (exact) with the implemented matrix's "
-        "sensitivity",
+        "adjacency": ADJACENCY[NU_DPFTRL],
+        "accountant": NU_DPFTRL_ACCOUNTANT,
     }
 
 

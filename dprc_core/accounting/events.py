@@ -191,6 +191,29 @@ class PrivacyEvent:
             min_separation=min_separation,
         )
 
+    @classmethod
+    def nu_dpftrl_prefix(
+        cls,
+        noise_multiplier: float,
+        steps: int,
+        nu: float,
+        min_separation: int,
+        bands: int | None = None,
+    ) -> PrivacyEvent:
+        """The first ``steps`` released steps of a ν-DP-FTRL run whose epochs are
+        ``min_separation`` steps long: rows 1..steps of the same lower-triangular Toeplitz
+        noise, i.e. a ν-DP-FTRL run of ``steps`` steps with at most ⌈steps / min_separation⌉
+        participations per example. The one builder of a (partial) run's event: the planner,
+        the runner and the service's budgets all use it."""
+        return cls.nu_dpftrl(
+            noise_multiplier,
+            steps=steps,
+            nu=nu,
+            participations=-(-steps // min_separation),
+            min_separation=min_separation,
+            bands=bands,
+        )
+
     @property
     def mu(self) -> float:
         """μ = sensitivity/σ of a ν-DP-FTRL event (the whole run is one Gaussian mechanism)."""

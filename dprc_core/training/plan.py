@@ -74,13 +74,8 @@ class PrivacyPlan:
         steps = self.steps if steps is None else steps
         if self.mechanism == "nu_dpftrl":
             assert self.nu is not None and self.min_separation is not None
-            return PrivacyEvent.nu_dpftrl(
-                self.noise_multiplier,
-                steps=steps,
-                nu=self.nu,
-                participations=-(-steps // self.min_separation),
-                min_separation=self.min_separation,
-                bands=self.bands,
+            return PrivacyEvent.nu_dpftrl_prefix(
+                self.noise_multiplier, steps, self.nu, self.min_separation, self.bands
             )
         return PrivacyEvent(self.noise_multiplier, self.sample_rate, steps, self.clipping, self.k)
 
