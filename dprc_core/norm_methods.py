@@ -45,6 +45,9 @@ class NormMethod:
     randomized: bool  # the norm is a random estimate (needs k >= 2 and a randomized envelope)
     envelope: str  # the accountant's family that covers it: exact | hutch | hutchpp
     estimate: Estimator | None  # None: a dispatcher (exact, auto) resolved per parameter
+    # offered by name to service users (privacy.clipping.method); fgc and ghost are what
+    # ``exact`` picks between, so the service offers ``exact`` alone
+    offered: bool = True
 
 
 NORM_METHODS: dict[str, NormMethod] = {}
@@ -70,6 +73,10 @@ def method_names() -> tuple[str, ...]:
     return tuple(NORM_METHODS)
 
 
+def offered_names() -> tuple[str, ...]:
+    return tuple(n for n, m in NORM_METHODS.items() if m.offered)
+
+
 def randomized_names() -> tuple[str, ...]:
     return tuple(n for n, m in NORM_METHODS.items() if m.randomized)
 
@@ -88,8 +95,8 @@ def _sketch(fn: Callable[..., torch.Tensor]) -> Estimator:
     return lambda contribs, k, generator, dtype: fn(contribs, k, generator=generator, dtype=dtype)
 
 
-register_norm_method(NormMethod("fgc", False, "exact", _exact(fgc_sq_norms)))
-register_norm_method(NormMethod("ghost", False, "exact", _exact(ghost_sq_norms)))
+register_norm_method(NormMethod("fgc", False, "exact", _exact(fgc_sq_norms), offered=False))
+register_norm_method(NormMethod("ghost", False, "exact", _exact(ghost_sq_norms), offered=False))
 register_norm_method(NormMethod("exact", False, "exact", None))
 register_norm_method(NormMethod("hutch", True, "hutch", _sketch(hutch_sq_norms)))
 register_norm_method(NormMethod("hutchpp", True, "hutchpp", _sketch(hutchpp_sq_norms)))

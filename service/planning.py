@@ -22,6 +22,7 @@ from functools import lru_cache
 from typing import Any, Literal
 
 from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent
+from dprc_core.norm_methods import get_norm_method
 from dprc_core.training.plan import PrivacyPlan, default_delta, plan_privacy, planned_steps
 from service.budget import check_delta_for, nu_dpftrl_event
 from service.errors import InvalidInput
@@ -187,14 +188,15 @@ def make_plan(req: PlanRequest, n: int, default_k: int) -> Plan:
     steps = planned_steps(n, batch, n_epochs)
     delta = _steps_and_delta(steps, n, req.target_delta)
     method = req.method
-    if method == "exact":
+    entry = get_norm_method(method)  # the registry says what each method needs
+    if not entry.randomized:
         if req.k is not None:
             raise InvalidInput(
                 "k is only meaningful for hutch, hutchpp and auto clipping",
                 param="privacy.clipping.k",
                 code="invalid_value",
             )
-        k, acc_clip, acc_k = None, "exact", None
+        k, acc_clip, acc_k = None, entry.envelope, None
     else:
         k = req.k if req.k is not None else default_k
         if k < 2:
@@ -203,7 +205,7 @@ def make_plan(req: PlanRequest, n: int, default_k: int) -> Plan:
                 param="privacy.clipping.k",
                 code="invalid_value",
             )
-        acc_clip, acc_k = ("hutch" if method == "auto" else method), k
+        acc_clip, acc_k = entry.envelope, k
     lib = _calibrated(n, batch, n_epochs, acc_clip, acc_k, req.target_epsilon, delta)
     assert lib.steps == steps and lib.delta == delta
     return Plan(

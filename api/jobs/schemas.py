@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from dprc_core.norm_methods import offered_names
+
 SUFFIX = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -84,8 +86,13 @@ class Hyperparameters(Strict):
         return self
 
 
+# the registered norm methods offered to service users (dprc_core/norm_methods.py): a new
+# method is one registration
+NormMethodName = Literal[tuple(offered_names())]  # type: ignore[valid-type]  # from the registry
+
+
 class Clipping(Strict):
-    method: Literal["exact", "hutch", "hutchpp", "auto"] = "auto"
+    method: NormMethodName = "auto"  # type: ignore[valid-type]  # see NormMethodName
     k: int | None = Field(
         default=None, ge=1, le=4096, description="projection dimension (hutch, hutchpp, auto)"
     )
