@@ -190,38 +190,77 @@ def run_job(
     should_stop: Callable[[], bool] | None = None,
     resume: bool = True,
 ) -> JobResult:
-    """Run (or resume) a job; returns when it finishes or ``should_stop()`` turns true."""
+    """Run (or resume) a job; returns when it finishes or ``should_stop()`` turns true.
+
+    Stages: load the data and the model (from the last checkpoint when resuming); plan the
+    privacy; build the engine and the sampler; restore their state; run the steps; finish."""
     t0 = time.perf_counter()
     out = Path(spec.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     device = _device(spec.device)
     tokenizer = load_tokenizer(spec.model)
     data, classes = prepare_data(spec, tokenizer)
-    n = len(data)
     latest = ckpt_io.latest_checkpoint(out) if resume else None
+    resumed = ckpt_io.load_resume(latest) if latest is not None else None
+    model = _load_model(spec, classes, latest, data, device)
+    plan, clipping = _plan(spec, model, len(data))
+    if resumed is not None and resumed[0]["plan"] != plan.to_dict():
+        raise ValueError(
+            f"the checkpoint {latest} was written for another plan ({resumed[0]['plan']}); "
+            f"this spec plans {plan.to_dict()}. Use a fresh output_dir"
+        )
+    seed = spec.seed if spec.seed is not None else fresh_seed()
+    engine, opt = _build_engine(spec, model, plan, seed)
+    assert engine.accounting_clipping == clipping
+    sampler = _build_sampler(spec, plan, len(data), seed)
+    run = _Run(spec, plan, clipping, classes, out, model, tokenizer, engine, opt, sampler)
+    if resumed is not None:
+        run.restore(*resumed)
+    run.last_checkpoint = latest
+    try:
+        status = run.steps(data, device, on_progress, should_stop)
+    finally:
+        engine.detach()
+    if run.last_checkpoint is None:  # zero steps planned cannot happen (steps >= 1)
+        run.last_checkpoint = run.save()
+    return JobResult(
+        status=status,
+        steps_done=run.done,
+        steps=plan.steps,
+        epsilon=run.epsilon_at(run.done),
+        delta=plan.delta,
+        plan=plan,
+        checkpoint=str(run.last_checkpoint),
+        seconds=time.perf_counter() - t0,
+        resumed_from=run.resumed_from,
+        losses=run.losses if spec.report_train_loss else [],
+    )
+
+
+def _load_model(
+    spec: JobSpec,
+    classes: list[str] | None,
+    latest: Path | None,
+    data: TokenizedData,
+    device: torch.device,
+) -> torch.nn.Module:
+    """The model to train: from the last checkpoint when resuming (LoRA: the base model and
+    the saved adapter), else fresh; ``train_only`` applied; on ``device``, in train mode."""
+    num_labels = len(classes or []) or None
     lora = spec.lora
-    if latest is not None:
-        state, opt_state, rng, ledger_json = ckpt_io.load_resume(latest)
-        if lora is not None:
-            model = load_model(
-                spec.model,
-                spec.task,
-                num_labels=len(classes or []) or None,
-                dtype=spec.dtype,
-                adapter_path=latest / "model",
-            )
-        else:
-            model = load_model(
-                latest / "model", spec.task, num_labels=len(classes or []) or None, dtype=spec.dtype
-            )
-    else:
-        state, opt_state, rng, ledger_json = None, None, None, None
+    if latest is not None and lora is not None:
         model = load_model(
             spec.model,
             spec.task,
-            num_labels=len(classes or []) or None,
-            lora=lora,
+            num_labels=num_labels,
             dtype=spec.dtype,
+            adapter_path=latest / "model",
+        )
+    elif latest is not None:
+        model = load_model(latest / "model", spec.task, num_labels=num_labels, dtype=spec.dtype)
+    else:
+        model = load_model(
+            spec.model, spec.task, num_labels=num_labels, lora=lora, dtype=spec.dtype
         )
         if classes is not None:
             model.config.id2label = dict(enumerate(classes))
@@ -237,7 +276,11 @@ def run_job(
     model.to(device).train()
     if spec.task == "classification" and getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = data.pad_id
+    return model
 
+
+def _plan(spec: JobSpec, model: torch.nn.Module, n: int) -> tuple[PrivacyPlan, str]:
+    """The privacy plan, accounted for the engine's resolved norm plan (its clipping family)."""
     plan_methods = norm_plan(model, spec.clipping, spec.k, spec.max_seq_len)
     clipping = accounting_clipping_for(plan_methods)
     plan = plan_privacy(
@@ -253,18 +296,22 @@ def run_job(
         nu=spec.nu,
         bands=spec.bands,
     )
-    if state is not None and state["plan"] != plan.to_dict():
-        raise ValueError(
-            f"the checkpoint {latest} was written for another plan ({state['plan']}); "
-            f"this spec plans {plan.to_dict()}. Use a fresh output_dir"
-        )
+    return plan, clipping
 
+
+def _build_engine(
+    spec: JobSpec, model: torch.nn.Module, plan: PrivacyPlan, seed: int
+) -> tuple[PrivacyEngine, torch.optim.Optimizer]:
     params = [p for p in model.parameters() if p.requires_grad]
+    opt: torch.optim.Optimizer
     if spec.optimizer == "adam":
-        opt: torch.optim.Optimizer = torch.optim.Adam(params, lr=spec.learning_rate)
+        opt = torch.optim.Adam(params, lr=spec.learning_rate)
     else:
         opt = torch.optim.SGD(params, lr=spec.learning_rate)
-    seed = spec.seed if spec.seed is not None else fresh_seed()
+    mechanism: Gaussian | NuDPFTRL = Gaussian()
+    if spec.noise_mechanism == NuDPFTRL.name:
+        assert spec.nu is not None  # the plan refused a nu_dpftrl job without nu
+        mechanism = NuDPFTRL(spec.nu, spec.bands)
     engine = PrivacyEngine(
         model,
         opt,
@@ -275,25 +322,40 @@ def run_job(
         k=spec.k,
         seed=seed,
         max_seq_len=spec.max_seq_len if spec.clipping == "auto" else None,
-        noise_mechanism=NuDPFTRL(spec.nu, spec.bands)
-        # type: ignore[arg-type]
-        if (spec.noise_mechanism == NuDPFTRL.name)
-        else Gaussian(),
+        noise_mechanism=mechanism,
     )
-    assert engine.accounting_clipping == clipping
-    fixed = spec.noise_mechanism == "nu_dpftrl"
+    return engine, opt
+
+
+def _build_sampler(
+    spec: JobSpec, plan: PrivacyPlan, n: int, seed: int
+) -> PoissonSampler | FixedOrderSampler:
+    """Poisson batches at the planned rate (or ν-DP-FTRL's fixed order), from their own seed."""
     sampler_seed = derive_seed(seed, "sampler")
-    sampler: PoissonSampler | FixedOrderSampler
-    if fixed:
-        sampler = FixedOrderSampler(n, int(spec.batch_size), steps=plan.steps, seed=sampler_seed)
-    else:
-        sampler = PoissonSampler(n, plan.sample_rate, plan.steps, seed=sampler_seed)
-    prior: list[PrivacyEvent] = []
-    done = 0
-    if state is not None:
-        assert opt_state is not None and rng is not None and ledger_json is not None
-        opt.load_state_dict(opt_state)
-        engine.load_state_dict(
+    if spec.noise_mechanism == NuDPFTRL.name:
+        return FixedOrderSampler(n, int(spec.batch_size), steps=plan.steps, seed=sampler_seed)
+    return PoissonSampler(n, plan.sample_rate, plan.steps, seed=sampler_seed)
+
+
+class _Run:
+    """A job's running state: steps done, the ledger of the released chain, ε, checkpoints."""
+
+    def __init__(self, spec, plan, clipping, classes, out, model, tokenizer, engine, opt, sampler):
+        self.spec, self.plan, self.clipping, self.classes = spec, plan, clipping, classes
+        self.out, self.model, self.tokenizer = out, model, tokenizer
+        self.engine, self.opt, self.sampler = engine, opt, sampler
+        self.fixed = spec.noise_mechanism == NuDPFTRL.name
+        self.prior: list[PrivacyEvent] = []
+        self.done = 0
+        self.resumed_from = 0
+        self.losses: list[float] = []
+        self.last_checkpoint: Path | None = None
+        self._eps: dict[int, float] = {}
+
+    def restore(self, state: dict, opt_state: dict, rng: dict, ledger_json: str) -> None:
+        """Optimizer, engine (generators and noise), sampler and ledger as checkpointed."""
+        self.opt.load_state_dict(opt_state)
+        self.engine.load_state_dict(
             {
                 "steps": state["engine"]["steps"],
                 "seed": state["engine"]["seed"],
@@ -303,138 +365,124 @@ def run_job(
                 "noise": {k[len("noise:") :]: v for k, v in rng.items() if k.startswith("noise:")},
             }
         )
-        if isinstance(sampler, FixedOrderSampler):
-            sampler = FixedOrderSampler.from_state_dict(state["sampler"])
+        if isinstance(self.sampler, FixedOrderSampler):
+            self.sampler = FixedOrderSampler.from_state_dict(state["sampler"])
         else:
-            sampler.generator.set_state(rng["sampler"])
-        prior = list(PrivacyLedger.from_json(ledger_json).events)
-        done = int(state["steps_done"])
-    resumed_from = done
-    loss_fn = (
-        causal_lm_per_sample_loss
-        if spec.task == "causal_lm"
-        else sequence_classification_per_sample_loss
-    )
-    losses: list[float] = []
+            self.sampler.generator.set_state(rng["sampler"])
+        self.prior = list(PrivacyLedger.from_json(ledger_json).events)
+        self.done = self.resumed_from = int(state["steps_done"])
 
-    def ledger_at(steps: int) -> PrivacyLedger:
-        if fixed:  # one matrix mechanism: the released chain is its first `steps` steps
-            return PrivacyLedger([plan.event(steps)] if steps else [])
-        seg = steps - resumed_from
-        return _ledger(prior, plan.event(seg) if seg else None)
+    # -- the ledger and epsilon
+    def ledger_at(self, steps: int) -> PrivacyLedger:
+        if self.fixed:  # one matrix mechanism: the released chain is its first `steps` steps
+            return PrivacyLedger([self.plan.event(steps)] if steps else [])
+        seg = steps - self.resumed_from
+        return _ledger(self.prior, self.plan.event(seg) if seg else None)
 
-    def ledger_now() -> PrivacyLedger:
-        return ledger_at(done)
+    def epsilon_at(self, steps: int) -> float:  # the accountant takes ~0.1–0.5 s: once per count
+        if steps not in self._eps:
+            self._eps[steps] = self.ledger_at(steps).epsilon(self.plan.delta)
+        return self._eps[steps]
 
-    eps_cache: dict[int, float] = {}
-
-    def epsilon_at(steps: int) -> float:  # the accountant takes ~0.1–0.5 s: once per count
-        if steps not in eps_cache:
-            eps_cache[steps] = ledger_at(steps).epsilon(plan.delta)
-        return eps_cache[steps]
-
-    def epsilon_at_done() -> float:
-        return epsilon_at(done)
-
-    def epsilon_bound() -> float:
+    def epsilon_bound(self) -> float:
         """An upper bound on ε spent after `done` steps, computed once per `epsilon_every`
         steps: ε at the next multiple of `epsilon_every` (ε only grows with steps), exact at
         those multiples, at checkpoints and at the end. Never a stale, smaller value."""
-        every = spec.epsilon_every
-        return epsilon_at(min(plan.steps, -(-done // every) * every))
+        every = self.spec.epsilon_every
+        return self.epsilon_at(min(self.plan.steps, -(-self.done // every) * every))
 
-    def save() -> Path:
-        ledger = ledger_now()
-        eps = epsilon_at_done()
-        est = engine.state_dict()
+    # -- checkpoints
+    def save(self) -> Path:
+        plan, done = self.plan, self.done
+        est = self.engine.state_dict()
         rng_out = {f"engine:{k}": v for k, v in est["generators"].items()}
         rng_out.update({f"noise:{k}": v for k, v in est["noise"].items()})
-        if isinstance(sampler, PoissonSampler):
-            rng_out["sampler"] = sampler.generator.get_state()
+        if isinstance(self.sampler, PoissonSampler):
+            rng_out["sampler"] = self.sampler.generator.get_state()
         return ckpt_io.save_checkpoint(
-            out,
+            self.out,
             step=done,
-            model=model,
-            tokenizer=tokenizer,
-            ledger_json=ledger.to_json(),
+            model=self.model,
+            tokenizer=self.tokenizer,
+            ledger_json=self.ledger_at(done).to_json(),
             metadata={
                 "step": done,
                 "steps": plan.steps,
-                "epsilon": eps,
+                "epsilon": self.epsilon_at(done),
                 "delta": plan.delta,
-                "task": spec.task,
-                "classes": classes,
-                "lora": lora is not None,
+                "task": self.spec.task,
+                "classes": self.classes,
+                "lora": self.spec.lora is not None,
                 "noise_multiplier": plan.noise_multiplier,
-                "clipping": clipping,
+                "clipping": self.clipping,
                 "k": plan.k,
                 "sample_rate": plan.sample_rate,
                 "noise_mechanism": plan.mechanism,
                 "nu": plan.nu,
                 "bands": plan.bands,
             },
-            optimizer=opt,
+            optimizer=self.opt,
             rng=rng_out,
             state={
                 "steps_done": done,
                 "plan": plan.to_dict(),
                 "engine": {"steps": est["steps"], "seed": est["seed"]},
-                "sampler": sampler.state_dict() if isinstance(sampler, FixedOrderSampler) else None,
+                "sampler": self.sampler.state_dict()
+                if isinstance(self.sampler, FixedOrderSampler)
+                else None,
             },
         )
 
-    last_ckpt = latest
-    status = "succeeded"
-    samples = iter(sampler)  # on resume its generator already holds the state after `done` draws
-    try:
-        while done < plan.steps:
+    # -- the steps
+    def steps(
+        self,
+        data: TokenizedData,
+        device: torch.device,
+        on_progress: Callable[[Progress], None] | None,
+        should_stop: Callable[[], bool] | None,
+    ) -> str:
+        """Run the remaining steps; "succeeded", or "stopped" when ``should_stop()`` turned
+        true (after a checkpoint)."""
+        spec, plan, engine = self.spec, self.plan, self.engine
+        loss_fn = (
+            causal_lm_per_sample_loss
+            if spec.task == "causal_lm"
+            else sequence_classification_per_sample_loss
+        )
+        samples = iter(self.sampler)  # on resume it already holds the state after `done` draws
+        while self.done < plan.steps:
             idx = next(samples)
             for chunk in idx.split(spec.max_physical_batch_size):
                 batch = {k: v.to(device) for k, v in data.batch(chunk).items()}
                 engine.accumulate(loss_fn, batch)
             stats = engine.step()
-            done += 1
+            self.done += 1
             if stats.batch_size - stats.dropped > 0 and math.isfinite(stats.mean_loss):
-                losses.append(stats.mean_loss)
-            due = spec.checkpoint_every is not None and done % spec.checkpoint_every == 0
+                self.losses.append(stats.mean_loss)
+            due = spec.checkpoint_every is not None and self.done % spec.checkpoint_every == 0
             stop = should_stop is not None and should_stop()
             saved = None
-            if due or done == plan.steps or stop:
-                last_ckpt = save()
-                saved = str(last_ckpt)
-            epsilon_now = epsilon_at_done() if saved else epsilon_bound()
+            if due or self.done == plan.steps or stop:
+                self.last_checkpoint = self.save()
+                saved = str(self.last_checkpoint)
             if on_progress is not None:
-                on_progress(
-                    Progress(
-                        step=done,
-                        steps=plan.steps,
-                        batch_size=stats.batch_size,
-                        loss=stats.mean_loss if spec.report_train_loss else None,
-                        clipped_fraction=stats.clipped_fraction if spec.report_train_loss else None,
-                        dropped=stats.dropped,
-                        epsilon=epsilon_now,
-                        checkpoint=saved,
-                    )
-                )
-            if stop and done < plan.steps:
-                status = "stopped"
-                break
-    finally:
-        engine.detach()
-    if last_ckpt is None:  # zero steps planned cannot happen (steps >= 1); keep mypy calm
-        last_ckpt = save()
-    return JobResult(
-        status=status,
-        steps_done=done,
-        steps=plan.steps,
-        epsilon=epsilon_at_done(),
-        delta=plan.delta,
-        plan=plan,
-        checkpoint=str(last_ckpt),
-        seconds=time.perf_counter() - t0,
-        resumed_from=resumed_from,
-        losses=losses if spec.report_train_loss else [],
-    )
+                on_progress(self._progress(stats, saved))
+            if stop and self.done < plan.steps:
+                return "stopped"
+        return "succeeded"
+
+    def _progress(self, stats: Any, saved: str | None) -> Progress:
+        report = self.spec.report_train_loss
+        return Progress(
+            step=self.done,
+            steps=self.plan.steps,
+            batch_size=stats.batch_size,
+            loss=stats.mean_loss if report else None,
+            clipped_fraction=stats.clipped_fraction if report else None,
+            dropped=stats.dropped,
+            epsilon=self.epsilon_at(self.done) if saved else self.epsilon_bound(),
+            checkpoint=saved,
+        )
 
 
 @torch.no_grad()
