@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -34,7 +34,7 @@ from dprc_core.norm_methods import matrix_sq_norms
 class _HookedModule:
     name: str
     module: nn.Module
-    handler: LayerHandler
+    handler: LayerHandler[Any]
     params: dict[str, nn.Parameter]  # attribute name -> trainable parameter owned directly
 
 
@@ -91,51 +91,7 @@ class PerSampleHooks:
             raise ValueError("the model has no trainable parameters (requires_grad=True)")
         _refuse_functional_parents(model)
         refuse_activation_checkpointing(model)
-        known = known_unsupported(model)
-        self.hooked: list[_HookedModule] = []
-        handled = _parameters_of_handled_modules(model, known)
-        for name, module in model.named_modules(remove_duplicate=False):
-            params = {n: p for n, p in module.named_parameters(recurse=False) if p.requires_grad}
-            if params and handler_for(module) is None and id(module) not in known:
-                # an alias of a parameter a handled module owns too (BERT's MLM head holds
-                # the decoder's tied bias as its own ``bias``): that module computes it
-                params = {n: p for n, p in params.items() if id(p) not in handled}
-            if not params:
-                continue
-            label = name or "<root>"
-            if id(module) in known:
-                raise UnsupportedModuleError(
-                    f"module '{label}' ({type(module).__name__}) has trainable parameters "
-                    f"{sorted(params)} but {known[id(module)]}, so their per-sample gradients "
-                    "cannot be computed; freeze them with requires_grad_(False)"
-                )
-            handler = handler_for(module)
-            if handler is None:
-                raise UnsupportedModuleError(_unsupported_message(label, module, params))
-            try:
-                handler.check(module)
-            except UnsupportedModuleError as exc:  # a fallback that cannot verify the module
-                raise UnsupportedModuleError(
-                    f"module '{label}' of type {type(module).__name__} {exc}"
-                ) from exc
-            except ValueError as exc:
-                raise UnsupportedModuleError(f"module '{label}': {exc}") from exc
-            unknown = sorted(set(params) - set(handler.params))
-            if unknown:
-                raise UnsupportedModuleError(
-                    f"module '{label}' ({type(module).__name__}) has trainable parameters "
-                    f"{unknown} that its handler does not compute gradients for (it handles "
-                    f"{list(handler.params)}); reparametrisations such as "
-                    "torch.nn.utils.weight_norm are not supported — remove them "
-                    "(torch.nn.utils.remove_weight_norm) or freeze those parameters"
-                )
-            for pname, p in params.items():
-                if p.dim() not in (1, 2):
-                    raise UnsupportedModuleError(
-                        f"module '{label}': parameter '{pname}' has {p.dim()} dimensions; "
-                        "only 1-D and 2-D parameters are supported"
-                    )
-            self.hooked.append(_HookedModule(label, module, handler, params))
+        self.hooked = _hook_targets(model)
         self._handles: list[Any] = []
         self._state: _PassState | None = None
         self.plan: dict[int, str] = {}  # id(parameter) -> fixed norm method (engine's auto plan)
@@ -178,53 +134,10 @@ class PerSampleHooks:
                 raise UnsupportedModuleError(
                     f"module '{hooked.name}' returned {type(output).__name__}, expected a tensor"
                 )
-            if not output.requires_grad:
-                raise UnsupportedModuleError(
-                    f"module '{hooked.name}' ran without autograd (under torch.no_grad, or "
-                    "inside a reentrant torch.utils.checkpoint, which recomputes it in the "
-                    "backward where the per-sample hooks cannot see it): its per-sample "
-                    "gradient cannot be computed; use torch.utils.checkpoint(..., "
-                    "use_reentrant=False) or no checkpointing, or freeze the module"
-                )
-            b = state.expected_batch
-            layout = "batch"
-            if b is not None and b != 1 and output.dim() > 0 and output.shape[0] == 1:
-                # Shared by the batch (e.g. position embeddings of shape (1, T, d)): give each
-                # sample its own copy so that each gets its own output gradient. Only correct
-                # if the model then broadcasts it against the batch; the independence check
-                # verifies that (per parameter, against each sample alone).
-                if not self.verified_layouts:
-                    raise UnsupportedModuleError(
-                        f"module '{hooked.name}' returned an output of shape "
-                        f"{tuple(output.shape)} shared by the batch of {b}; its per-sample "
-                        "gradients are computed only under the per-sample independence check "
-                        "(check_independence=True, the default), which verifies them"
-                    )
-                output = output.expand(b, *output.shape[1:])
-                args = tuple(_expand_batch(a, b) for a in args)
-                layout = "shared"
-                state.shared.append(hooked.name)
-            elif (
-                self.verified_layouts
-                and b
-                and output.dim() >= 2
-                and output.shape[0] != b
-                and output.shape[0] % b == 0
-            ):
-                # A batch-major flattened layout (B·T, d), as OPT's MLP uses: view the inputs
-                # as (B, T, ...). Any other layout read this way (sequence-major, no batch
-                # dimension at all) is refused by the independence check.
-                args = tuple(_unflatten_batch(a, b, output.shape[0]) for a in args)
-                layout = "flattened"
-            if state.layouts is not None:
-                per_sample = (
-                    output.shape[1:]
-                    if layout != "flattened"
-                    else (output.shape[0] // b, *output.shape[1:])
-                )  # type: ignore[operator]
-                state.layouts.append((hooked.name, layout, tuple(output.shape), tuple(per_sample)))
+            output, args, layout = self._read_layout(hooked, output, args, state)
             if hooked.handler.capture_kwargs:
-                saved = hooked.handler.capture(module, args, output, kwargs)  # type: ignore
+                # capture_kwargs=True: this handler's capture takes the kwargs as a 4th argument
+                saved = hooked.handler.capture(module, args, output, kwargs)  # type: ignore[call-arg]
             else:
                 saved = hooked.handler.capture(module, args, output)
             call = _Call(hooked, saved)
@@ -240,6 +153,55 @@ class PerSampleHooks:
             return out
 
         return hook
+
+    def _read_layout(
+        self, hooked: _HookedModule, output: torch.Tensor, args: tuple, state: _PassState
+    ) -> tuple[torch.Tensor, tuple, str]:
+        """How a call's leading dimension maps to the batch: ``batch``, ``shared`` (expanded
+        to the batch) or ``flattened`` (inputs viewed as (B, T, ...)); refuses a call that ran
+        without autograd. Recorded for the independence check when it asks."""
+        if not output.requires_grad:
+            raise UnsupportedModuleError(
+                f"module '{hooked.name}' ran without autograd (under torch.no_grad, or "
+                "inside a reentrant torch.utils.checkpoint, which recomputes it in the "
+                "backward where the per-sample hooks cannot see it): its per-sample "
+                "gradient cannot be computed; use torch.utils.checkpoint(..., "
+                "use_reentrant=False) or no checkpointing, or freeze the module"
+            )
+        b = state.expected_batch
+        layout = "batch"
+        if b is not None and b != 1 and output.dim() > 0 and output.shape[0] == 1:
+            # Shared by the batch (e.g. position embeddings of shape (1, T, d)): give each
+            # sample its own copy so that each gets its own output gradient. Only correct if
+            # the model then broadcasts it against the batch; the independence check verifies
+            # that (per parameter, against each sample alone).
+            if not self.verified_layouts:
+                raise UnsupportedModuleError(
+                    f"module '{hooked.name}' returned an output of shape "
+                    f"{tuple(output.shape)} shared by the batch of {b}; its per-sample "
+                    "gradients are computed only under the per-sample independence check "
+                    "(check_independence=True, the default), which verifies them"
+                )
+            output = output.expand(b, *output.shape[1:])
+            args = tuple(_expand_batch(a, b) for a in args)
+            layout = "shared"
+            state.shared.append(hooked.name)
+        elif (
+            self.verified_layouts
+            and b
+            and output.dim() >= 2
+            and (output.shape[0] != b and output.shape[0] % b == 0)
+        ):
+            # A batch-major flattened layout (B·T, d), as OPT's MLP uses: view the inputs as
+            # (B, T, ...). Any other layout read this way (sequence-major, no batch dimension
+            # at all) is refused by the independence check.
+            args = tuple(_unflatten_batch(a, b, output.shape[0]) for a in args)
+            layout = "flattened"
+        if state.layouts is not None:
+            shape = tuple(output.shape)
+            per_sample = shape[1:] if layout != "flattened" else (shape[0] // b, *shape[1:])
+            state.layouts.append((hooked.name, layout, shape, tuple(per_sample)))
+        return output, args, layout
 
     # ----------------------------------------------------------------------------- pass
     def norm_pass(
@@ -298,6 +260,7 @@ class PerSampleHooks:
             state.recording = False
             state.collecting = False
             self._state = None
+        assert state.total is not None  # state.finish() sets it
         result = NormPassResult(
             losses=losses.detach(),
             sq_norms=state.total,
@@ -405,11 +368,14 @@ class _PassState:
         contribs = self.pending.pop(pid)
         p = self.hooks.params[pid]
         dtype = compute_dtype(p.dtype)
+        # a handler gives a 1-D parameter per-sample gradient tensors, a 2-D one
+        # MatrixContributions (see Contribution)
         if p.dim() == 1:
-            sq = vector_sq_norms([c.to(dtype) for c in contribs])  # type: ignore[union-attr]
+            vectors = cast(list[torch.Tensor], contribs)
+            sq = vector_sq_norms([c.to(dtype) for c in vectors])
             method = "exact"
         else:
-            mats: list[MatrixContribution] = contribs  # type: ignore[assignment]
+            mats = cast(list[MatrixContribution], contribs)
             method = self.hooks.plan.get(pid, self.method)
             sq, method = matrix_sq_norms(
                 mats, method, k=self.k, generator=self.generator_for(p.device), dtype=dtype
@@ -430,6 +396,63 @@ class _PassState:
             self.methods.setdefault(name, "unused")
 
 
+def _hook_targets(model: nn.Module) -> list[_HookedModule]:
+    """Every module that owns trainable parameters, with its verified handler; anything that
+    cannot be handled is refused here, at construction, naming the module."""
+    known = known_unsupported(model)
+    handled = _parameters_of_handled_modules(model, known)
+    targets: list[_HookedModule] = []
+    for name, module in model.named_modules(remove_duplicate=False):
+        params = {n: p for n, p in module.named_parameters(recurse=False) if p.requires_grad}
+        if params and handler_for(module) is None and id(module) not in known:
+            # an alias of a parameter a handled module owns too (BERT's MLM head holds the
+            # decoder's tied bias as its own ``bias``): that module computes it
+            params = {n: p for n, p in params.items() if id(p) not in handled}
+        if not params:
+            continue
+        label = name or "<root>"
+        if id(module) in known:
+            raise UnsupportedModuleError(
+                f"module '{label}' ({type(module).__name__}) has trainable parameters "
+                f"{sorted(params)} but {known[id(module)]}, so their per-sample gradients "
+                "cannot be computed; freeze them with requires_grad_(False)"
+            )
+        targets.append(
+            _HookedModule(label, module, _checked_handler(label, module, params), params)
+        )
+    return targets
+
+
+def _checked_handler(label: str, module: nn.Module, params: dict[str, nn.Parameter]):
+    handler = handler_for(module)
+    if handler is None:
+        raise UnsupportedModuleError(_unsupported_message(label, module, params))
+    try:
+        handler.check(module)
+    except UnsupportedModuleError as exc:  # a fallback that cannot verify the module
+        raise UnsupportedModuleError(
+            f"module '{label}' of type {type(module).__name__} {exc}"
+        ) from exc
+    except ValueError as exc:
+        raise UnsupportedModuleError(f"module '{label}': {exc}") from exc
+    unknown = sorted(set(params) - set(handler.params))
+    if unknown:
+        raise UnsupportedModuleError(
+            f"module '{label}' ({type(module).__name__}) has trainable parameters "
+            f"{unknown} that its handler does not compute gradients for (it handles "
+            f"{list(handler.params)}); reparametrisations such as "
+            "torch.nn.utils.weight_norm are not supported — remove them "
+            "(torch.nn.utils.remove_weight_norm) or freeze those parameters"
+        )
+    for pname, p in params.items():
+        if p.dim() not in (1, 2):
+            raise UnsupportedModuleError(
+                f"module '{label}': parameter '{pname}' has {p.dim()} dimensions; "
+                "only 1-D and 2-D parameters are supported"
+            )
+    return handler
+
+
 def _parameters_of_handled_modules(model: nn.Module, known: dict[int, str]) -> set[int]:
     """id() of every trainable parameter owned directly by a module that has a handler."""
     ids: set[int] = set()
@@ -441,7 +464,7 @@ def _parameters_of_handled_modules(model: nn.Module, known: dict[int, str]) -> s
 
 # Modules that use their children's parameters functionally (the children's forward never
 # runs), so no per-sample gradient of those parameters can be seen.
-_FUNCTIONAL_PARENTS: tuple[type, ...] = (nn.MultiheadAttention,)
+_FUNCTIONAL_PARENTS: tuple[type[nn.Module], ...] = (nn.MultiheadAttention,)
 
 
 def _refuse_functional_parents(model: nn.Module) -> None:
