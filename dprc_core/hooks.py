@@ -222,7 +222,7 @@ class PerSampleHooks:
         per-sample squared norm (for the independence check)."""
         refuse_activation_checkpointing(self.model)
         state = _PassState(self, method, k, generator_for, keep_contributions)
-        state.expected_batch = _batch_size(batch)
+        state.expected_batch = batch_size(batch)
         if record_layouts:
             state.layouts = []
             state.per_parameter = {}
@@ -243,7 +243,7 @@ class PerSampleHooks:
                     "computed: freeze them with requires_grad_(False)"
                 ) from exc
             state.recording = False
-            check_per_sample_losses(losses, expected=_batch_size(batch))
+            check_per_sample_losses(losses, expected=state.expected_batch)
             state.batch_size = losses.shape[0]
             if not state.probes:
                 raise RuntimeError(
@@ -566,6 +566,3 @@ def check_per_sample_losses(losses: Any, expected: int | None) -> None:
         raise ValueError(
             f"loss_fn returned {losses.shape[0]} losses for a batch of {expected} samples"
         )
-
-
-_batch_size = batch_size
