@@ -241,11 +241,76 @@ def move(
 # -- leases -----------------------------------------------------------------------------------
 
 
+def carry_out_abandoned_request(store: Store, job_id: str, moment: datetime) -> bool:
+    """A running job whose worker died (its lease expired) with a client's cancel or pause
+    still pending: the request is carried out now, by whoever finds the job, as the dead
+    worker would have — cancelled (the reservation settled to the steps that ran,
+    ``steps_done``, counted when each step started) or paused (the reservation kept, resumable
+    from its last checkpoint). A pending cancel wins over a pause. True if it moved the job.
+
+    The (status, pending request, lease) combinations and their outcomes:
+
+    ========  =========  ==========  ==============================================
+    status    pending    lease       outcome
+    ========  =========  ==========  ==============================================
+    running   none       live        its worker runs on
+    running   none       expired     a worker takes it over and resumes (:func:`claim`)
+    running   cancel     live        its worker stops after the step: cancelled
+    running   cancel     expired     cancelled here, settled to ``steps_done``
+    running   pause      live        its worker stops at a checkpoint: paused
+    running   pause      expired     paused here, reservation kept
+    queued    —          none        cancel and pause apply at once (not deferred)
+    paused    —          none        resume queues it; cancel ends it at once
+    ========  =========  ==========  ==============================================
+    """
+
+    def abandoned(job: JobRow, flag: str) -> bool:
+        return (
+            job.status == JobStatus.RUNNING
+            and bool(getattr(job, flag))
+            and lease_expired(job.lease_expires_at, moment)
+        )
+
+    try:
+        cancelled = move(
+            store,
+            job_id,
+            JobStatus.CANCELLED,
+            by=Actor.WORKER,
+            guard=lambda job: abandoned(job, "cancel_requested"),
+            message="Job cancelled at step {job.steps_done} (its worker stopped before it "
+            "could act on the cancellation)",
+            finished_at=now(),
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+        if cancelled is not None:
+            return True
+        paused = move(
+            store,
+            job_id,
+            JobStatus.PAUSED,
+            by=Actor.WORKER,
+            guard=lambda job: abandoned(job, "pause_requested"),
+            message="Job paused at step {job.steps_done} (its worker stopped before it could "
+            "act on the pause; it resumes from its last checkpoint)",
+            pause_requested=False,
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+    except NotFound:
+        return False
+    return paused is not None
+
+
 def claim(store: Store, job_id: str, owner: str, lease_seconds: int) -> bool:
     """Take the lease on a queued job, or on a running one whose lease expired (its worker
-    died), and mark it running. False if another live worker holds it, a cancellation is
-    pending or the job is not runnable."""
+    died), and mark it running. False if another live worker holds it, a cancellation or
+    pause is pending (an abandoned one is carried out first:
+    :func:`carry_out_abandoned_request`) or the job is not runnable."""
     moment = utc_now()
+    if carry_out_abandoned_request(store, job_id, moment):
+        return False
 
     def claimable(job: JobRow) -> bool:
         if job.status not in (JobStatus.QUEUED, JobStatus.RUNNING) or job.cancel_requested:

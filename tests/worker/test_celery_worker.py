@@ -190,3 +190,50 @@ def test_the_same_job_delivered_twice_to_two_workers_trains_once(celery_server, 
     assert len(_started_events(client, job.id)) == 1
     steps = [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id).data]
     assert sorted(steps) == [4, 8, 12]
+
+
+@pytest.mark.parametrize("ask", ["cancel", "pause"])
+def test_a_request_pending_when_its_worker_died_is_carried_out(celery_server, workers, ask):
+    """Cancel (or pause) asked of a running job whose worker was just killed with SIGKILL:
+    the request is pending, the lease expires, and the next worker's sweep carries it out —
+    cancelled with the reservation settled to the steps that ran, or paused (resumable) —
+    instead of leaving the job running for ever with its whole reservation held."""
+    client = celery_server.client(celery_server.key(f"died-{ask}"))
+    f = client.files.create(
+        file=("train.jsonl", learnable_lines(48)),
+        purpose="fine-tune",
+        extra_body={"epsilon_budget": 20.0},
+    )
+    first = workers.start()
+    job = _job(client, f.id, epochs=5, checkpoint_every=5)  # 30 steps
+    deadline = time.monotonic() + 300
+    while client.fine_tuning.jobs.retrieve(job.id).model_extra["steps_done"] < 6:
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.1)
+    workers.kill(first)  # the window: running, lease still live, nobody will act on requests
+    asked = getattr(client.fine_tuning.jobs, ask)(job.id)
+    assert asked.status == "running" and asked.model_extra[f"{ask}_requested"] is True
+    done = asked.model_extra["steps_done"]
+    assert done < 30
+    workers.start()  # its sweep finds the expired lease with the request pending
+    ended = wait_for(client, job.id, {"cancelled", "paused", "succeeded", "failed"}, timeout=120)
+    assert ended.status == {"cancel": "cancelled", "pause": "paused"}[ask]
+    assert ended.model_extra["steps_done"] == done  # nothing ran after the request
+    assert len(_started_events(client, job.id)) == 1  # it was not restarted
+    priv = ended.model_extra["privacy"]
+    budget = client.files.retrieve(f.id).model_extra["budget"]
+    ran = epsilon(priv["noise_multiplier"], priv["sample_rate"], done, budget["delta"], "hutch", 16)
+    if ask == "cancel":
+        assert budget["spent"] == pytest.approx(ran, rel=1e-9)
+        assert budget["committed"] == pytest.approx(ran, rel=1e-9)  # the reservation released
+        assert client.files.delete(f.id).deleted  # no longer in use
+        return
+    planned = epsilon(
+        priv["noise_multiplier"], priv["sample_rate"], 30, budget["delta"], "hutch", 16
+    )
+    assert budget["committed"] == pytest.approx(planned, rel=1e-9)  # a paused job keeps it
+    client.fine_tuning.jobs.resume(job.id)
+    finished = wait_for(client, job.id, {"succeeded", "failed", "cancelled"}, timeout=400)
+    assert finished.status == "succeeded", finished.error
+    ledger = _ledger_of_last_checkpoint(client, job.id, Path("."))
+    assert sum(e.steps for e in ledger.events) == 30  # each step of the chain exactly once
