@@ -435,7 +435,7 @@ def _spec(
         lora=task.lora,
         target_epsilon=eps,
         max_grad_norm=1.0,
-        clipping=clipping,
+        norm_method=clipping,
         k=k,
         seed=seed,
         max_physical_batch_size=64,

@@ -115,7 +115,7 @@ def build_spec(store: Store, req: runs.JobRequest) -> JobSpec:
         target_delta=float(pr["target_delta"]),
         noise_multiplier=req.noise_multiplier,
         max_grad_norm=float(pr["max_grad_norm"]),
-        clipping=clip["method"],
+        norm_method=clip["method"],
         k=int(k),
         checkpoint_every=req.checkpoint_every,
         seed=req.seed,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +61,7 @@ class JobSpec:
     target_delta: float | None = None  # default 1/N^1.1 rounded down
     noise_multiplier: float | None = None  # when given, used as is instead of calibrating
     max_grad_norm: float = 1.0
-    clipping: str = "hutch"  # exact | fgc | ghost | hutch | hutchpp | auto
+    norm_method: str = "hutch"  # exact | fgc | ghost | hutch | hutchpp | auto (the registry)
     k: int = 32
     checkpoint_every: int | None = None
     seed: int | None = None
@@ -76,12 +77,23 @@ class JobSpec:
     noise_mechanism: str = "gaussian"  # gaussian (Poisson DP-SGD) | nu_dpftrl (fixed order)
     nu: float | None = None  # nu_dpftrl damping
     bands: int | None = None  # nu_dpftrl banding (None: un-banded)
+    # deprecated spelling of norm_method ("clipping" names the accountant's family elsewhere)
+    clipping: str | None = None
 
     def __post_init__(self) -> None:
+        if self.clipping is not None:
+            warnings.warn(
+                "the job field 'clipping' is deprecated; call it 'norm_method'",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            self.norm_method, self.clipping = self.clipping, None
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
-        if self.clipping not in method_names():
-            raise ValueError(f"clipping must be one of {method_names()}, got {self.clipping!r}")
+        if self.norm_method not in method_names():
+            raise ValueError(
+                f"norm_method must be one of {method_names()}, got {self.norm_method!r}"
+            )
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         for name in ("max_seq_len", "max_physical_batch_size", "k", "epsilon_every"):
@@ -281,7 +293,7 @@ def _load_model(
 
 def _plan(spec: JobSpec, model: torch.nn.Module, n: int) -> tuple[PrivacyPlan, str]:
     """The privacy plan, accounted for the engine's resolved norm plan (its clipping family)."""
-    plan_methods = norm_plan(model, spec.clipping, spec.k, spec.max_seq_len)
+    plan_methods = norm_plan(model, spec.norm_method, spec.k, spec.max_seq_len)
     clipping = accounting_clipping_for(plan_methods)
     plan = plan_privacy(
         dataset_size=n,
@@ -318,10 +330,10 @@ def _build_engine(
         max_grad_norm=spec.max_grad_norm,
         noise_multiplier=plan.noise_multiplier,
         expected_batch_size=plan.batch_size,
-        norm_method=spec.clipping,
+        norm_method=spec.norm_method,
         k=spec.k,
         seed=seed,
-        max_seq_len=spec.max_seq_len if spec.clipping == "auto" else None,
+        max_seq_len=spec.max_seq_len if spec.norm_method == "auto" else None,
         noise_mechanism=mechanism,
     )
     return engine, opt

@@ -29,7 +29,7 @@ def test_minilm_classification_beats_chance_at_epsilon_8(tmp_path):
         learning_rate=0.1,
         max_seq_len=32,
         target_epsilon=8.0,
-        clipping="hutch",
+        norm_method="hutch",
         k=32,
         seed=0,
         train_only=["classifier"],

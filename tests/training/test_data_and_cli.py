@@ -123,3 +123,15 @@ def test_dprc_train_runs_a_yaml_job_and_resumes(tmp_path, capsys):
     assert "already holds checkpoints" in capsys.readouterr().err
     (tmp_path / "bad.yaml").write_text("model: m\ntask: translation\n")
     assert main(["train", str(tmp_path / "bad.yaml")]) == 2
+
+
+def test_the_job_field_norm_method_and_its_deprecated_spelling_clipping():
+    from dprc_core.training.runner import JobSpec
+
+    base = {"model": "m", "task": "causal_lm", "train_file": "t.jsonl", "output_dir": "o"}
+    assert JobSpec.from_dict({**base, "norm_method": "exact"}).norm_method == "exact"
+    with pytest.warns(DeprecationWarning, match="norm_method"):
+        old = JobSpec.from_dict({**base, "clipping": "hutchpp"})
+    assert old.norm_method == "hutchpp" and old.clipping is None
+    with pytest.raises(ValueError, match="norm_method must be one of"):
+        JobSpec.from_dict({**base, "norm_method": "nope"})

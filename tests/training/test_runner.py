@@ -164,7 +164,7 @@ def test_nu_dpftrl_job_accounts_the_matrix_mechanism_and_resumes_exactly(
         noise_mechanism="nu_dpftrl",
         nu=0.1,
         bands=4,
-        clipping="exact",
+        norm_method="exact",
         epochs=2,
         batch_size=12,
         checkpoint_every=3,
@@ -194,7 +194,7 @@ def test_nu_dpftrl_with_randomized_clipping_is_refused(tiny_dir, train_file, tmp
                 tmp_path / "x",
                 noise_mechanism="nu_dpftrl",
                 nu=0.1,
-                clipping="hutch",
+                norm_method="hutch",
                 epochs=1,
                 batch_size=12,
             )
