@@ -22,10 +22,11 @@ bench-install: install
 
 install: $(STAMP)
 
-# ruff (lint and format) on everything
+# ruff (lint and format) and mypy (types, configured in pyproject.toml) on everything
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 services:
 	./scripts/services.sh

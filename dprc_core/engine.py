@@ -16,7 +16,7 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -144,6 +144,14 @@ def per_sample_grad_norms(
 
 class PrivacyEngine:
     """DP-SGD with (randomized) per-sample clipping for a model and its optimizer."""
+
+    # the state of the logical batch being accumulated, (re)set by _reset_batch()
+    _in_batch: bool
+    _norms: list[torch.Tensor]
+    _losses: list[torch.Tensor]
+    _clipped: int
+    _dropped: int
+    _methods: dict[str, str]
 
     def __init__(
         self,
@@ -369,7 +377,8 @@ class PrivacyEngine:
                     grad = grad + noise
                 p.grad = grad / self.expected_batch_size
             self.noise.end_step()
-            if not all(bool(torch.isfinite(p.grad).all()) for p in self.params):
+            # every p.grad was assigned a tensor in the loop above
+            if not all(bool(torch.isfinite(cast(torch.Tensor, p.grad)).all()) for p in self.params):
                 for p in self.params:
                     p.grad = None
                 self._reset_batch()
@@ -400,11 +409,11 @@ class PrivacyEngine:
     # ------------------------------------------------------------------ internals
     def _reset_batch(self) -> None:
         self._in_batch = False
-        self._norms: list[torch.Tensor] = []
-        self._losses: list[torch.Tensor] = []
+        self._norms = []
+        self._losses = []
         self._clipped = 0
         self._dropped = 0
-        self._methods: dict[str, str] = {}
+        self._methods = {}
 
     def _check_optimizer(self) -> None:
         trainable = {id(p) for p in self.params}

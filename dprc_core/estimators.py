@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -153,7 +154,8 @@ class MatrixContribution:
         left, right = self.left, self.right
         if isinstance(left, OneHot):
             b, t = left.indices.shape
-            rows = (right * weights[:, None, None]).reshape(b * t, -1)
+            # a contribution has at least one dense factor: right is a tensor here
+            rows = (cast(torch.Tensor, right) * weights[:, None, None]).reshape(b * t, -1)
             valid = left.valid().reshape(-1)
             out = rows.new_zeros(left.size, rows.shape[1])
             return out.index_add_(0, left.indices.reshape(-1)[valid], rows[valid])
@@ -190,17 +192,21 @@ def fgc_sq_norms(contribs: Sequence[MatrixContribution], dtype: torch.dtype) -> 
     return _sq(total)
 
 
-def _sparse_rows_sq_norms(contribs: Sequence[MatrixContribution], dtype: torch.dtype):
+def _sparse_rows_sq_norms(
+    contribs: Sequence[MatrixContribution], dtype: torch.dtype
+) -> torch.Tensor:
     """Embedding-style gradients: segment-sum rows by (sample, token); memory O(B·T·c)."""
-    b = contribs[0].left.indices.shape[0]  # type: ignore[union-attr]
+    # only called when _all_one_hot_left(contribs): every left factor is a OneHot, every
+    # right factor dense
+    b = cast(OneHot, contribs[0].left).indices.shape[0]
     size = contribs[0].rows
     keys, rows = [], []
     for c in contribs:
-        left: OneHot = c.left  # type: ignore[assignment]
+        left = cast(OneHot, c.left)
         sample = torch.arange(b, device=left.indices.device)[:, None].expand_as(left.indices)
         valid = left.valid()
         keys.append((sample * size + left.indices)[valid])
-        rows.append(c.right.to(dtype)[valid])  # type: ignore[union-attr]
+        rows.append(cast(torch.Tensor, c.right).to(dtype)[valid])
     key = torch.cat(keys)
     row = torch.cat(rows)
     uniq, inverse = torch.unique(key, return_inverse=True)
@@ -310,17 +316,23 @@ def _cast(c: MatrixContribution, dtype: torch.dtype) -> MatrixContribution:
     return MatrixContribution(left, right)
 
 
-def _sum_apply_t(contribs, x, dtype) -> torch.Tensor:
-    out = None
+def _sum_apply_t(
+    contribs: Sequence[MatrixContribution], x: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    out: torch.Tensor | None = None
     for c in contribs:
         y = _cast(c, dtype).apply_t(x)
         out = y if out is None else out + y
+    assert out is not None  # the callers have read contribs[0]: there is a contribution
     return out
 
 
-def _sum_apply(contribs, x, dtype) -> torch.Tensor:
-    out = None
+def _sum_apply(
+    contribs: Sequence[MatrixContribution], x: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    out: torch.Tensor | None = None
     for c in contribs:
         y = _cast(c, dtype).apply(x)
         out = y if out is None else out + y
+    assert out is not None  # the callers have read contribs[0]: there is a contribution
     return out

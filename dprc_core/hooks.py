@@ -199,7 +199,10 @@ class PerSampleHooks:
             layout = "flattened"
         if state.layouts is not None:
             shape = tuple(output.shape)
-            per_sample = shape[1:] if layout != "flattened" else (shape[0] // b, *shape[1:])
+            # the "flattened" layout is read only with a batch size b (the elif above)
+            per_sample = (
+                shape[1:] if layout != "flattened" else (shape[0] // cast(int, b), *shape[1:])
+            )
             state.layouts.append((hooked.name, layout, shape, tuple(per_sample)))
         return output, args, layout
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from api.accountant.schemas import AccountantResult, EpsilonRequest, NoiseMultiplierRequest
 from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent, account, noise_multiplier
@@ -38,6 +38,8 @@ T = TypeVar("T")
 
 MAX_STEPS = 1_000_000
 MAX_RANK = 10**9
+
+ResultKind = Literal["accountant.epsilon", "accountant.noise_multiplier"]
 
 
 def _check(param: str | None, fn: Callable[..., T], *args: Any) -> T:
@@ -93,15 +95,16 @@ def _job(
     return q, steps, clipping, k, rank
 
 
-def _result(kind: str, event: PrivacyEvent, delta: float) -> AccountantResult:
+def _result(kind: ResultKind, event: PrivacyEvent, delta: float) -> AccountantResult:
     try:
         res = account([event], delta, DEFAULT_SETTINGS)
     except ValueError as exc:  # e.g. "parameters too extreme" for the loss grid
         raise InvalidInput(
             f"cannot account these parameters: {exc}", param=None, code="accounting_failed"
         ) from exc
+    words = describe_event(event)
     return AccountantResult(
-        object=kind,  # type: ignore[arg-type]
+        object=kind,
         epsilon=res.epsilon if math.isfinite(res.epsilon) else None,
         noise_multiplier=event.noise_multiplier,
         delta=delta,
@@ -110,7 +113,8 @@ def _result(kind: str, event: PrivacyEvent, delta: float) -> AccountantResult:
         clipping=event.clipping,
         k=event.k,
         rank=event.rank,
-        **describe_event(event),
+        envelope=words["envelope"],
+        adjacency=words["adjacency"],
         accountant={
             "description": res.describe(),
             "grid_interval": res.grid_interval,
@@ -153,11 +157,13 @@ def _nu_pattern(req: EpsilonRequest | NoiseMultiplierRequest) -> dict[str, Any]:
     return pattern
 
 
-def _nu_result(kind: str, sigma: float, delta: float, pattern: dict[str, Any]) -> AccountantResult:
+def _nu_result(
+    kind: ResultKind, sigma: float, delta: float, pattern: dict[str, Any]
+) -> AccountantResult:
     eps = dpftrl_epsilon(sigma, delta, **pattern)
     sens = dpftrl_sensitivity(**pattern)
     return AccountantResult(
-        object=kind,  # type: ignore[arg-type]
+        object=kind,
         epsilon=eps if math.isfinite(eps) else None,
         noise_multiplier=sigma,
         delta=delta,

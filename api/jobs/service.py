@@ -51,7 +51,7 @@ def to_object(row: JobRow, caller_org: str) -> Job:
         organization_id=caller_org,
         result_files=list(row.result_files or []),
         seed=row.seed,
-        status=row.status,
+        status=JobStatus(row.status),
         trained_tokens=row.trained_tokens,
         training_file=row.training_file_id,
         metadata=row.job_metadata,

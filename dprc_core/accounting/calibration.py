@@ -17,8 +17,12 @@ MAX_REFINEMENTS = 200  # each halves the bracket at worst: 200 halvings exceed a
 
 def check_rel_tol(rel_tol: object) -> float:
     """``rel_tol`` must be a finite real in [1e-9, 1] (0 or negative would never terminate)."""
-    ok = isinstance(rel_tol, (int, float)) and not isinstance(rel_tol, bool)
-    if not ok or not math.isfinite(rel_tol) or not REL_TOL_MIN <= rel_tol <= REL_TOL_MAX:
+    if (
+        not isinstance(rel_tol, (int, float))
+        or isinstance(rel_tol, bool)
+        or not math.isfinite(rel_tol)
+        or not REL_TOL_MIN <= rel_tol <= REL_TOL_MAX
+    ):
         raise ValueError(
             f"rel_tol must be a number in [{REL_TOL_MIN:g}, {REL_TOL_MAX:g}], got {rel_tol!r}"
         )
@@ -26,8 +30,12 @@ def check_rel_tol(rel_tol: object) -> float:
 
 
 def _check_sigma_max(sigma_max: object) -> float:
-    ok = isinstance(sigma_max, (int, float)) and not isinstance(sigma_max, bool)
-    if not ok or not math.isfinite(sigma_max) or sigma_max <= SIGMA_MIN:
+    if (
+        not isinstance(sigma_max, (int, float))
+        or isinstance(sigma_max, bool)
+        or not math.isfinite(sigma_max)
+        or sigma_max <= SIGMA_MIN
+    ):
         raise ValueError(f"sigma_max must be a finite number > {SIGMA_MIN}, got {sigma_max!r}")
     return float(sigma_max)
 

@@ -73,7 +73,11 @@ def _gamma_logpdf(u: np.ndarray, shape: np.ndarray, scale: np.ndarray) -> np.nda
 
 
 def two_component_cdf(
-    x: float, k: int, i: np.ndarray, j: np.ndarray, lam: np.ndarray
+    x: float,
+    k: int,
+    i: np.ndarray | float,
+    j: np.ndarray | float,
+    lam: np.ndarray | float,
 ) -> np.ndarray:
     """``P(λ/(ik) χ²(ik) + (1−λ)/(jk) χ²(jk) ≤ x)`` for broadcast arrays i, j, λ ∈ [0, 1].
 
@@ -187,14 +191,15 @@ def x_plus(k: int, rank: int) -> float:
     the uniform spectrum coincide and 1.0 is returned. Asymptotically x₊ = 1 + 2/(Dk) + O(k⁻²).
     """
     k = check_k(k)
-    rank = check_rank(rank)
-    if rank is None:
+    checked_rank = check_rank(rank)
+    if checked_rank is None:
         raise ValueError("x_plus needs an integer rank D >= 1")
-    if rank > RANK_ENVELOPE_MAX:
+    if checked_rank > RANK_ENVELOPE_MAX:
         raise ValueError(
-            f"x_plus is computed for rank <= {RANK_ENVELOPE_MAX} (cost grows as D^2); got {rank}"
+            f"x_plus is computed for rank <= {RANK_ENVELOPE_MAX} (cost grows as D^2); "
+            f"got {checked_rank}"
         )
-    return _x_plus_cached(k, rank)
+    return _x_plus_cached(k, checked_rank)
 
 
 def envelope_cdf(x: np.ndarray | float, k: int, rank: int | None = None) -> np.ndarray:

@@ -153,12 +153,12 @@ class PrivacyEvent:
         missing = [f for f in required if getattr(self, f) is None]
         if missing:
             raise ValueError(f"a {NU_DPFTRL} event needs {missing}")
-        details = dpftrl.dpftrl_sensitivity_details(
-            self.nu, self.steps, self.participations, self.min_separation, self.bands
-        )
-        object.__setattr__(self, "nu", float(self.nu))  # type: ignore[arg-type]
-        object.__setattr__(self, "participations", int(self.participations))  # type: ignore
-        object.__setattr__(self, "min_separation", int(self.min_separation))  # type: ignore
+        nu, parts, sep = self.nu, self.participations, self.min_separation
+        assert nu is not None and parts is not None and sep is not None  # checked just above
+        details = dpftrl.dpftrl_sensitivity_details(nu, self.steps, parts, sep, self.bands)
+        object.__setattr__(self, "nu", float(nu))
+        object.__setattr__(self, "participations", int(parts))
+        object.__setattr__(self, "min_separation", int(sep))
         sens = details.value
         if self.sensitivity is not None:
             stored = self.sensitivity

@@ -222,7 +222,10 @@ class StepGeometry:
 def step_geometry(mech: StepMechanism, tail: float) -> StepGeometry:
     """Geometry of the per-step PLD. ``mech`` may use a coarser (still dominating) scale than
     the one the PLD is built with: only the accuracy, never the soundness, depends on it."""
-    lims, bulk, mean, std = {}, {}, {}, {}
+    lims: dict[str, tuple[float, float]] = {}
+    bulk: dict[str, tuple[float, float]] = {}
+    mean: dict[str, float] = {}
+    std: dict[str, float] = {}
     for direction in DIRECTIONS:
         lims[direction] = loss_range(mech, direction, tail)
         b_lo, b_hi, mu, sd = bulk_interval(mech, direction, lims[direction])

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -44,7 +45,18 @@ from torch import nn
 
 from dprc_core.auditing.bounds import AuditResult, audit_scores
 
-EngineFactory = Callable[[nn.Module, torch.optim.Optimizer, float, int], object]
+
+class AuditedEngine(Protocol):
+    """What the audit needs of an engine: :class:`dprc_core.PrivacyEngine` has it."""
+
+    def accumulate(
+        self, loss_fn: Callable[[nn.Module, torch.Tensor], torch.Tensor], batch: torch.Tensor, /
+    ) -> object: ...
+
+    def step(self) -> object: ...
+
+
+EngineFactory = Callable[[nn.Module, torch.optim.Optimizer, float, int], AuditedEngine]
 SCORES = ("likelihood_ratio", "sum")
 
 
@@ -145,8 +157,8 @@ def run_gradient_canary_audit(
     for t in range(steps):
         chosen = torch.nonzero(torch.rand(n, generator=sampler) < sample_rate).flatten()
         for part in chosen.split(micro_batch_size):
-            engine.accumulate(linear_loss, data[part])  # type: ignore[attr-defined]
-        engine.step()  # type: ignore[attr-defined]
+            engine.accumulate(linear_loss, data[part])
+        engine.step()
         now = model.weight.detach()[0, real_dim:].clone()
         updates[t] = ((prev - now) * scale).numpy()
         prev = now

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
@@ -34,16 +34,20 @@ class UnsupportedModuleError(TypeError):
     """A module with trainable parameters has no per-sample gradient handler."""
 
 
+# The module family a handler serves (``nn.Linear`` for the Linear handler, ...).
+_ModuleT = TypeVar("_ModuleT", bound=nn.Module)
+
+
 @dataclass
-class LayerHandler:
+class LayerHandler(Generic[_ModuleT]):
     """How to compute per-sample gradient contributions for one module family."""
 
     # (module, positional inputs, output) -> saved state (kept until the backward)
-    capture: Callable[[nn.Module, tuple[Any, ...], torch.Tensor], Any]
+    capture: Callable[[_ModuleT, tuple[Any, ...], torch.Tensor], Any]
     # (module, saved state, grad of output reshaped to (B, T, out)) -> {param name: contribution}
-    contributions: Callable[[nn.Module, Any, torch.Tensor], dict[str, Contribution]]
+    contributions: Callable[[_ModuleT, Any, torch.Tensor], dict[str, Contribution]]
     # (module) -> None or raise with a clear message (unsupported configuration)
-    check: Callable[[nn.Module], None] = lambda module: None
+    check: Callable[[_ModuleT], None] = lambda module: None
     # names of the module's own parameters the handler computes gradients for; a trainable
     # parameter outside this set (e.g. weight_norm's ``weight_g``) is refused
     params: tuple[str, ...] = ("weight", "bias")
@@ -53,22 +57,23 @@ class LayerHandler:
     capture_kwargs: bool = False
 
 
-_REGISTRY: dict[type, LayerHandler] = {}
+# The registries hold handlers of every module family: LayerHandler[Any].
+_REGISTRY: dict[type, LayerHandler[Any]] = {}
 # (predicate, handler): tried in order when no registered handler applies
-_FALLBACKS: list[tuple[Callable[[nn.Module], bool], LayerHandler]] = []
+_FALLBACKS: list[tuple[Callable[[nn.Module], bool], LayerHandler[Any]]] = []
 # Handlers for classes of optional packages (transformers), keyed by "module.QualName" so that
 # registering them imports nothing; matched by exact type only.
-_NAMED: dict[str, LayerHandler] = {}
+_NAMED: dict[str, LayerHandler[Any]] = {}
 
 
-def register(*module_types: type) -> Callable[[LayerHandler], LayerHandler]:
+def register(*module_types: type) -> Callable[[LayerHandler[Any]], LayerHandler[Any]]:
     """Register a handler for the given module types.
 
     The handler serves exactly these types, and subclasses of them that do not override
     ``forward`` (see the module docstring).
     """
 
-    def deco(handler: LayerHandler) -> LayerHandler:
+    def deco(handler: LayerHandler[Any]) -> LayerHandler[Any]:
         for t in module_types:
             _REGISTRY[t] = handler
         return handler
@@ -76,11 +81,11 @@ def register(*module_types: type) -> Callable[[LayerHandler], LayerHandler]:
     return deco
 
 
-def register_by_name(*qualified_names: str) -> Callable[[LayerHandler], LayerHandler]:
+def register_by_name(*qualified_names: str) -> Callable[[LayerHandler[Any]], LayerHandler[Any]]:
     """Register a handler for classes named ``"package.module.ClassName"`` (exact type only),
     without importing them."""
 
-    def deco(handler: LayerHandler) -> LayerHandler:
+    def deco(handler: LayerHandler[Any]) -> LayerHandler[Any]:
         for name in qualified_names:
             _NAMED[name] = handler
         return handler
@@ -90,12 +95,12 @@ def register_by_name(*qualified_names: str) -> Callable[[LayerHandler], LayerHan
 
 def register_fallback(
     applies: Callable[[nn.Module], bool],
-) -> Callable[[LayerHandler], LayerHandler]:
+) -> Callable[[LayerHandler[Any]], LayerHandler[Any]]:
     """Register a handler for modules no registered handler serves, chosen by ``applies``.
     Its ``check`` must verify, at construction, that the module's forward has the math the
     handler differentiates, and refuse it otherwise."""
 
-    def deco(handler: LayerHandler) -> LayerHandler:
+    def deco(handler: LayerHandler[Any]) -> LayerHandler[Any]:
         _FALLBACKS.append((applies, handler))
         return handler
 
@@ -106,7 +111,7 @@ def _qualified_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def handler_for(module: nn.Module) -> LayerHandler | None:
+def handler_for(module: nn.Module) -> LayerHandler[Any] | None:
     """The handler for ``module``'s exact type, or for the nearest registered base class when
     no class in between defines its own ``forward``; ``None`` otherwise."""
     named = _NAMED.get(_qualified_name(type(module)))
@@ -124,11 +129,11 @@ def handler_for(module: nn.Module) -> LayerHandler | None:
     return None
 
 
-def is_fallback(handler: LayerHandler) -> bool:
+def is_fallback(handler: LayerHandler[Any]) -> bool:
     return any(h is handler for _, h in _FALLBACKS)
 
 
-def handler_for_type(cls: type) -> LayerHandler | None:
+def handler_for_type(cls: type) -> LayerHandler[Any] | None:
     """The handler registered for exactly ``cls`` (by type or by name)."""
     return _REGISTRY.get(cls) or _NAMED.get(_qualified_name(cls))
 

@@ -58,7 +58,7 @@ register(nn.Linear)(LayerHandler(capture=_capture, contributions=_linear_contrib
 try:  # transformers is a dependency, but keep the core importable without it
     from transformers.pytorch_utils import Conv1D
 except ImportError:  # pragma: no cover
-    Conv1D = None
+    Conv1D = None  # type: ignore[assignment, misc]  # optional import: None marks it absent
 if Conv1D is not None:
     register(Conv1D)(LayerHandler(capture=_capture, contributions=_conv1d_contributions))
 
@@ -90,7 +90,7 @@ def _linear_scale(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> t
     return scale + (b.abs().double() if b is not None else 0)
 
 
-def _check_linear_subclass(module: nn.Module) -> None:
+def _check_linear_subclass(module: nn.Linear) -> None:
     w = module.weight
     g = torch.Generator(device="cpu").manual_seed(2)
     wr = torch.randn(w.shape, generator=g, dtype=torch.float64).to(w.device)

@@ -23,6 +23,7 @@ so the layer's own arithmetic (dtype casts included) gives ``x̂``. It verifies 
 from __future__ import annotations
 
 import weakref
+from typing import cast
 
 import torch
 from torch import nn
@@ -99,7 +100,7 @@ register(nn.RMSNorm)(LayerHandler(_capture, _rms_norm_contributions, _check_rms)
 try:
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 except ImportError:  # pragma: no cover
-    LlamaRMSNorm = None
+    LlamaRMSNorm = None  # type: ignore[assignment, misc]  # optional import: None marks it absent
 if LlamaRMSNorm is not None:
     register(LlamaRMSNorm)(
         LayerHandler(_capture, _llama_rms_norm_contributions, params=("weight",))
@@ -147,8 +148,13 @@ def _refuse(module: nn.Module, why: str) -> UnsupportedModuleError:
     )
 
 
+def _weight(module: nn.Module) -> torch.Tensor:
+    # _is_elementwise_affine admitted the module: its ``weight`` is a 1-D parameter
+    return cast(torch.Tensor, module.weight)
+
+
 def _probe_form(module: nn.Module, dtype: torch.dtype) -> bool:
-    w = module.weight
+    w = _weight(module)
     d = w.shape[0]
     x = probe_input((2, 3, d), dtype, w.device)
     zeros, ones = (
@@ -181,7 +187,7 @@ def _check_elementwise_affine(module: nn.Module) -> None:
         raise
     except Exception:  # a forward that cannot run in float64: probe in its own dtype
         try:
-            offset = _probe_form(module, module.weight.dtype)
+            offset = _probe_form(module, _weight(module).dtype)
         except UnsupportedModuleError:
             raise
         except Exception as exc:

@@ -20,6 +20,7 @@ def _swapped(module: nn.Module, tensors: dict[str, torch.Tensor | None]) -> Iter
     saved = {name: module._parameters[name] for name in tensors}
     try:
         for name, value in tensors.items():
+            # a plain tensor stands in for the parameter while the probe runs (restored below)
             module._parameters[name] = value  # type: ignore[assignment]
         yield
     finally:

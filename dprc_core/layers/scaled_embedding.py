@@ -111,7 +111,7 @@ def _contributions(module: nn.Embedding, saved, g: torch.Tensor):
 
 
 HANDLER = LayerHandler(
-    capture=_capture,  # type: ignore[arg-type]
+    capture=_capture,  # type: ignore[arg-type]  # 4 arguments: capture_kwargs=True below
     contributions=_contributions,
     check=_check,
     params=("weight",),

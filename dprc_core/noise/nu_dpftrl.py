@@ -45,10 +45,10 @@ class NuDPFTRLNoise:
     def __init__(self, std: float, nu: float, bands: int | None = None):
         if not (isinstance(std, numbers.Real) and math.isfinite(std) and std >= 0):
             raise ValueError(f"noise std must be a finite number >= 0, got {std!r}")
-        self.std = float(std)
-        self.nu = check_nu(nu)
-        self.bands = check_bands(bands)
-        self.step = 0  # t: the step whose noise is being drawn
+        self.std: float = float(std)
+        self.nu: float = check_nu(nu)
+        self.bands: int | None = check_bands(bands)
+        self.step: int = 0  # t: the step whose noise is being drawn
         self._beta: list[float] = [1.0]
         self._history: dict[int, deque[torch.Tensor]] = {}  # index → w_{t−1}, w_{t−2}, …
         self._seen: set[int] = set()

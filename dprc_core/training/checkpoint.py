@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -90,6 +90,12 @@ def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any])
 
 
 # ---------------------------------------------------------------------------- save / load
+class _SavesPretrained(Protocol):
+    """A Hugging Face (``PreTrainedModel``) or peft (``PeftModel``) model."""
+
+    def save_pretrained(self, save_directory: Any, **kwargs: Any) -> Any: ...
+
+
 def save_checkpoint(
     run_dir: str | Path,
     *,
@@ -110,7 +116,8 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     (tmp / "resume").mkdir(parents=True)
-    model.save_pretrained(tmp / "model", safe_serialization=True)
+    # a Hugging Face or peft model (load_model's); save_pretrained is not an nn.Module method
+    cast(_SavesPretrained, model).save_pretrained(tmp / "model", safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp / "model")
     (tmp / "ledger.json").write_text(ledger_json)

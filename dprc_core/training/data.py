@@ -70,6 +70,7 @@ def parse_jsonl(lines: Iterable[str | bytes], task: str) -> Examples:
             raise DataError(f"line {i}: not valid JSON ({exc.msg})") from exc
         if not isinstance(obj, dict):
             raise DataError(f"line {i}: expected a JSON object, got {type(obj).__name__}")
+        text: object  # a JSON value until checked to be a string below
         if task == "causal_lm":
             if "messages" in obj:
                 unknown = set(obj) - {"messages"}

@@ -9,12 +9,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from dprc_core.training.data import TASKS
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
 _DTYPES = {
     "float32": torch.float32,
@@ -99,6 +103,7 @@ def load_model(
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    model: PreTrainedModel | PeftModel  # PeftModel once LoRA-wrapped below
     if task == "causal_lm":
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     else:

@@ -175,23 +175,19 @@ def _plan_nu_dpftrl(
         raise ValueError("give exactly one of target_epsilon and noise_multiplier")
     delta = default_delta(n) if delta is None else check_delta_for_size(delta, n)
     sep = -(-n // batch_size)
-    pattern = {
-        "steps": planned_steps(n, batch_size, epochs, "nu_dpftrl"),
-        "participations": epochs,
-        "min_separation": sep,
-    }
+    steps = planned_steps(n, batch_size, epochs, "nu_dpftrl")
     if sigma_given is None:
         target = check_epsilon(target_epsilon)
-        sigma = dpftrl_noise_multiplier(target, delta, nu, bands=bands, **pattern)
+        sigma = dpftrl_noise_multiplier(target, delta, nu, steps, epochs, sep, bands=bands)
     else:
         sigma, target = float(sigma_given), None
-    planned = dpftrl_epsilon(sigma, delta, nu, bands=bands, **pattern)
+    planned = dpftrl_epsilon(sigma, delta, nu, steps, epochs, sep, bands=bands)
     return PrivacyPlan(
         n,
         float(batch_size),
         float(epochs),
         batch_size / n,
-        pattern["steps"],
+        steps,
         delta,
         sigma,
         "exact",

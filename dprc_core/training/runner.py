@@ -275,8 +275,9 @@ def _load_model(
             spec.model, spec.task, num_labels=num_labels, lora=lora, dtype=spec.dtype
         )
         if classes is not None:
-            model.config.id2label = dict(enumerate(classes))
-            model.config.label2id = {c: i for i, c in enumerate(classes)}
+            config = getattr(model, "config")  # noqa: B009  (a HF model's config: not typed)
+            config.id2label = dict(enumerate(classes))
+            config.label2id = {c: i for i, c in enumerate(classes)}
     if spec.train_only is not None:
         matched = 0
         for name, p in model.named_parameters():
@@ -286,8 +287,9 @@ def _load_model(
         if not matched:
             raise ValueError(f"train_only={spec.train_only} matches no parameter of the model")
     model.to(device).train()
-    if spec.task == "classification" and getattr(model.config, "pad_token_id", None) is None:
-        model.config.pad_token_id = data.pad_id
+    config = getattr(model, "config")  # noqa: B009  (a HF model's config: not typed)
+    if spec.task == "classification" and getattr(config, "pad_token_id", None) is None:
+        config.pad_token_id = data.pad_id
     return model
 
 
