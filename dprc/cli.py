@@ -45,10 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _store() -> Store:
+    from service.private_data import restrict_new_files
     from service.settings import Settings
     from service.store import open_store
 
-    return open_store(Settings())
+    settings = Settings()
+    restrict_new_files(settings.data_dir)
+    return open_store(settings)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -56,10 +59,13 @@ def _serve(args: argparse.Namespace) -> int:
 
     from dprc.app import build_app
     from service.logging_setup import configure_logging
+    from service.private_data import restrict_new_files
     from service.settings import get_settings
 
-    level = args.log_level or get_settings().log_level
+    settings = get_settings()
+    level = args.log_level or settings.log_level
     configure_logging(level)
+    restrict_new_files(settings.data_dir)
     uvicorn.run(build_app(), host=args.host, port=args.port, log_level=level.lower())
     return 0
 

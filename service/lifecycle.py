@@ -27,6 +27,7 @@ from service.clock import aware, now, utc_now
 from service.db import locked_session
 from service.errors import Conflict, NotFound
 from service.job_events import add_event
+from service.private_data import remove_resume_state
 from service.store import Store
 from service.tables import File
 from service.tables import Job as JobRow
@@ -235,7 +236,9 @@ def move(
             assert file is not None
             settle(session, file)
         session.commit()
-        return job
+    if target in TERMINAL:  # an ended job is never resumed: its seed and RNG states go
+        remove_resume_state(store.settings.data_dir, job_id)
+    return job
 
 
 # -- leases -----------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from celery import Celery, signals
 
 from service.lifecycle import runnable_job_ids
 from service.logging_setup import configure_logging
+from service.private_data import restrict_new_files
 from service.settings import Settings
 from service.store import Store, open_store
 
@@ -110,6 +111,12 @@ def _sweep_forever(stop: threading.Event) -> None:
 
 
 _sweeper_stop = threading.Event()
+
+
+@signals.worker_init.connect
+def _private_files(**_: object) -> None:
+    """Everything this worker writes (checkpoints, resume state): 0600 / 0700."""
+    restrict_new_files(Settings().data_dir)
 
 
 @signals.worker_ready.connect

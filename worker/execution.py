@@ -31,6 +31,7 @@ from service import job_runs as runs
 from service import lifecycle
 from service.lifecycle import WorkerOutcome
 from service.model_registry import registry
+from service.private_data import run_folder
 from service.store import Store
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ def worker_id() -> str:
 
 def run_dir(store: Store, job_id: str) -> Path:
     """Private per-job folder (checkpoints with their resume state); never served."""
-    return store.settings.data_dir / "runs" / job_id
+    return run_folder(store.settings.data_dir, job_id)
 
 
 class Heartbeat:

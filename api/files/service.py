@@ -20,6 +20,7 @@ from service.errors import Conflict, InvalidInput, NotFound, TooLarge
 from service.file_storage import clean_filename, storage_dir, write_atomic
 from service.ids import new_id
 from service.pagination import cursor_page
+from service.private_data import remove_run_folders
 from service.store import Store
 from service.tables import File, Job
 
@@ -250,8 +251,10 @@ def delete(store: Store, caller: Caller, file_id: str) -> str:
             )
         row.deleted = True
         path = Path(row.storage_path)
+        jobs = list(session.scalars(select(Job.id).where(Job.training_file_id == row.id)))
         session.commit()
     path.unlink(missing_ok=True)
+    remove_run_folders(store.settings.data_dir, jobs)  # what was derived from it
     return file_id
 
 

@@ -116,6 +116,7 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     (tmp / "resume").mkdir(parents=True)
+    (tmp / "resume").chmod(0o700)  # private before anything is written into it, whatever umask
     # a Hugging Face or peft model (load_model's); save_pretrained is not an nn.Module method
     cast(_SavesPretrained, model).save_pretrained(tmp / "model", safe_serialization=True)
     if tokenizer is not None:
@@ -127,6 +128,8 @@ def save_checkpoint(
     (tmp / "resume" / "state.json").write_text(
         json.dumps({**state, "optimizer": opt_meta}, sort_keys=True)
     )
+    for private in (tmp / "resume").iterdir():
+        private.chmod(0o600)
     (tmp / "metadata.json").write_text(json.dumps(metadata, sort_keys=True, indent=1))
     if final.exists():
         shutil.rmtree(final)
