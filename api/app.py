@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from api.accountant.router import router as accountant_router
+from api.body_limit import BodyLimit
 from api.errors import error_body, install_handlers
 from api.files.router import router as files_router
 from api.jobs.router import router as jobs_router
@@ -22,8 +23,6 @@ from api.models.router import router as models_router
 from service.dispatch import Dispatcher, NoDispatcher
 from service.settings import Settings, get_settings
 from service.store import Store, open_store
-
-MULTIPART_SLACK = 1 << 20  # form fields and boundaries around the uploaded file
 
 DispatcherFactory = Callable[[Store], Dispatcher]
 
@@ -77,24 +76,12 @@ def create_app(
             )
         return await call_next(request)
 
-    @app.middleware("http")
-    async def upload_cap(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        if request.method == "POST" and request.url.path.rstrip("/") == "/v1/files":
-            length = request.headers.get("content-length")
-            cap = settings.max_upload_bytes
-            if length and length.isdigit() and int(length) > cap + MULTIPART_SLACK:
-                return JSONResponse(
-                    error_body(
-                        f"file exceeds the upload limit of {cap} bytes",
-                        "invalid_request_error",
-                        "file",
-                        "file_too_large",
-                    ),
-                    status_code=413,
-                )
-        return await call_next(request)
+    # outermost of the app's own layers: a body's size is checked before anything reads it
+    app.add_middleware(
+        BodyLimit,
+        max_upload_bytes=settings.max_upload_bytes,
+        max_request_bytes=settings.max_request_bytes,
+    )
 
     for router in (files_router, jobs_router, models_router, accountant_router, keys_router):
         app.include_router(router)

@@ -32,6 +32,11 @@ class Settings(BaseSettings):
     )
     broker_url: str | None = Field(default=None, description="redis://host:port (healthz)")
     max_upload_bytes: int = 50 * 1024 * 1024
+    max_request_bytes: int = Field(
+        default=1024 * 1024,
+        description="largest body of any request but a file upload (JSON bodies), read before "
+        "authentication; a larger one is refused with 413 without being read",
+    )
     max_active_jobs_per_tenant: int = 16
     models: dict[str, ModelSpec] = Field(
         default_factory=dict,

@@ -391,3 +391,30 @@ def test_accountant_nu_dpftrl(server):
                 400,
             )
             assert err["param"] == param, err
+
+
+def test_oversized_bodies_are_413_before_authentication(server):
+    """A JSON body over max_request_bytes is refused before anything reads it — with no key,
+    with a wrong key, from its Content-Length or, chunked, once the limit is passed; a body
+    within the limit still gets the ordinary 401."""
+    import httpx
+
+    limit = server.settings.max_request_bytes
+    big = b'{"model": "' + b"x" * (limit + 10) + b'"}'
+    url = f"{server.base_url}/v1/fine_tuning/jobs"
+
+    def chunks():
+        for i in range(0, len(big), 65536):
+            yield big[i : i + 65536]
+
+    with httpx.Client(timeout=60) as http:
+        for headers in ({}, {"Authorization": "Bearer sk-wrong"}):
+            r = http.post(url, content=big, headers={**headers, "Content-Type": "application/json"})
+            assert r.status_code == 413, r.text
+            assert _error(r, 413)["code"] == "request_too_large"
+            r = http.post(
+                url, content=chunks(), headers={**headers, "Content-Type": "application/json"}
+            )
+            assert r.status_code == 413, r.text  # no Content-Length: counted as it arrives
+        r = http.post(url, content=b'{"model": "m"}', headers={"Content-Type": "application/json"})
+        assert r.status_code == 401
