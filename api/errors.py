@@ -68,8 +68,18 @@ def _render(exc: DomainError) -> JSONResponse:
     )
 
 
+# pydantic names the member of a union that failed in the error's location ("int",
+# "literal['auto']", "function-after[...]"); a request's field names never look like that
+_UNION_MEMBERS = frozenset({"int", "float", "str", "bool", "none", "dict", "list"})
+
+
 def _loc_param(loc: tuple[Any, ...]) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header", "form")]
+    parts = [
+        str(p)
+        for p in loc
+        if p not in ("body", "query", "path", "header", "form")
+        and not (isinstance(p, str) and (p in _UNION_MEMBERS or "[" in p))
+    ]
     return ".".join(parts) or None
 
 

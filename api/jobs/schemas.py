@@ -14,7 +14,10 @@ SUFFIX = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Request bodies: unknown fields and wrong JSON types are 422 (``true`` is not a batch
+    size, ``"16"`` not a number); an integer is still accepted where a float is expected."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class Lora(Strict):

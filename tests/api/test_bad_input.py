@@ -85,6 +85,11 @@ BAD_JOBS = [
     ({"model": "/models/minilm"}, 400, "model"),
     ({"model": "org/minilm-l6-v2"}, 400, "model"),
     ({"privacy": {"target_epsilon": -1}}, 422, "privacy.target_epsilon"),
+    # wrong JSON types are 422, never coerced: true is not a batch size, "16" not a number
+    ({"hyperparameters": {"batch_size": True}}, 422, "hyperparameters.batch_size"),
+    ({"hyperparameters": {"batch_size": "16"}}, 422, "hyperparameters.batch_size"),
+    ({"hyperparameters": {"n_epochs": 1.0}}, 422, "hyperparameters.n_epochs"),
+    ({"privacy": {"target_epsilon": "1"}}, 422, "privacy.target_epsilon"),
     ({"privacy": {"target_epsilon": 0}}, 422, "privacy.target_epsilon"),
     ({"privacy": {"target_epsilon": 1e6}}, 422, "privacy.target_epsilon"),
     ({"privacy": {"target_epsilon": 1, "target_delta": -1e-5}}, 422, "privacy.target_delta"),
