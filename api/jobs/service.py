@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from api.jobs.schemas import Checkpoint as CheckpointObject
 from api.jobs.schemas import Event, Job, JobCreate, JobError, Ledger
 from api.keys.service import Caller
-from dprc_core.accounting import PrivacyLedger
+from dprc_core.accounting import PrivacyEvent, PrivacyLedger
 from service import budget, lifecycle, planning
 from service import model_registry as models
 from service.clock import now
@@ -97,6 +97,8 @@ def _idempotent(session: Session, caller: Caller, key: str, digest: str) -> JobR
 
 
 def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: str | None) -> Job:
+    """Validate, plan, then — under the tenant's and the file's locks — check the active-job
+    limit and the file's budget (the composed ε with this job's planned event) and insert."""
     digest = _request_hash(req)
     if idempotency_key is not None:
         with store.sessions() as session:
@@ -106,19 +108,7 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
 
     model = models.get_model(store.settings, req.model)
     with store.sessions() as session:
-        file = session.scalar(
-            select(File).where(
-                File.id == req.training_file,
-                File.tenant_id == caller.tenant_id,
-                File.deleted.is_(False),
-            )
-        )
-        if file is None:
-            raise NotFound(
-                f"no such file: {req.training_file[:64]!r}",
-                param="training_file",
-                code="file_not_found",
-            )
+        file = _training_file(session, caller, req.training_file, locked=False)
         if file.purpose != "fine-tune" or file.n_examples is None:
             raise InvalidInput(
                 f"file {file.id} is not a fine-tune data set",
@@ -135,7 +125,7 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
         )
     plan = planning.make_plan(plan_request(req), n, store.settings.default_k)
     models.ensure_local(model)  # builds the built-in tiny LM on first use
-    new_event = plan.event()
+    new_event = plan.event()  # built before the locks (ν-DP-FTRL's needs its sensitivity)
 
     with locked_session(store.sessions) as session:
         # lock order: tenant row, then file row (FOR UPDATE on PostgreSQL; BEGIN IMMEDIATE on
@@ -145,44 +135,9 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
             existing = _idempotent(session, caller, idempotency_key, digest)
             if existing is not None:
                 return to_object(existing, _org(caller))
-        file = budget.lock_file(session, req.training_file, caller.tenant_id)
-        if file is None:
-            raise NotFound(
-                f"no such file: {req.training_file[:64]!r}",
-                param="training_file",
-                code="file_not_found",
-            )
-        active = (
-            session.scalar(
-                select(func.count())
-                .select_from(JobRow)
-                .where(JobRow.tenant_id == caller.tenant_id, JobRow.status.in_(lifecycle.ACTIVE))
-            )
-            or 0
-        )
-        limit = store.settings.max_active_jobs_per_tenant
-        if active >= limit:
-            raise LimitReached(
-                f"too many active fine-tuning jobs ({active}, limit {limit}); "
-                "wait for one to end or cancel one",
-                code="too_many_active_jobs",
-            )
-        if file.epsilon_budget is not None and file.delta is not None:
-            spent, committed = lifecycle.settle(session, file, extra=new_event)
-            if committed > file.epsilon_budget:
-                _before, current = lifecycle.settle(session, file)
-                session.rollback()
-                remaining = max(0.0, file.epsilon_budget - current)
-                raise Conflict(
-                    f"privacy budget of file {file.id} exceeded: budget epsilon="
-                    f"{file.epsilon_budget:g} at delta={file.delta:g}; already committed "
-                    f"epsilon={current:.4g} (spent {spent:.4g}); remaining epsilon="
-                    f"{remaining:.4g}; this job (planned epsilon={plan.planned_epsilon:.4g} at "
-                    f"its delta={plan.target_delta:g}) would bring the composed epsilon to "
-                    f"{committed:.4g}",
-                    param="training_file",
-                    code="budget_exceeded",
-                )
+        file = _training_file(session, caller, req.training_file, locked=True)
+        _check_active_jobs(session, caller, store.settings.max_active_jobs_per_tenant)
+        _reserve(session, file, plan, new_event)
         row = _insert_job(session, caller, req, plan)
         if idempotency_key is not None:
             session.add(
@@ -196,6 +151,63 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
             )
         session.commit()
         return to_object(row, _org(caller))
+
+
+def _training_file(session: Session, caller: Caller, file_id: str, *, locked: bool) -> File:
+    """The caller's (not deleted) file, its row locked when ``locked``; else 404."""
+    if locked:
+        file = budget.lock_file(session, file_id, caller.tenant_id)
+    else:
+        file = session.scalar(
+            select(File).where(
+                File.id == file_id, File.tenant_id == caller.tenant_id, File.deleted.is_(False)
+            )
+        )
+    if file is None:
+        raise NotFound(
+            f"no such file: {file_id[:64]!r}", param="training_file", code="file_not_found"
+        )
+    return file
+
+
+def _check_active_jobs(session: Session, caller: Caller, limit: int) -> None:
+    active = (
+        session.scalar(
+            select(func.count())
+            .select_from(JobRow)
+            .where(JobRow.tenant_id == caller.tenant_id, JobRow.status.in_(lifecycle.ACTIVE))
+        )
+        or 0
+    )
+    if active >= limit:
+        raise LimitReached(
+            f"too many active fine-tuning jobs ({active}, limit {limit}); "
+            "wait for one to end or cancel one",
+            code="too_many_active_jobs",
+        )
+
+
+def _reserve(session: Session, file: File, plan: planning.Plan, new_event: PrivacyEvent) -> None:
+    """Refuse the job if the composed ε of the file's events with its planned event exceeds
+    the file's budget (never a sum of ε's); call under the file's lock."""
+    if file.epsilon_budget is None or file.delta is None:
+        return
+    spent, committed = lifecycle.settle(session, file, extra=new_event)
+    if committed <= file.epsilon_budget:
+        return
+    _before, current = lifecycle.settle(session, file)
+    session.rollback()
+    remaining = max(0.0, file.epsilon_budget - current)
+    raise Conflict(
+        f"privacy budget of file {file.id} exceeded: budget epsilon="
+        f"{file.epsilon_budget:g} at delta={file.delta:g}; already committed "
+        f"epsilon={current:.4g} (spent {spent:.4g}); remaining epsilon="
+        f"{remaining:.4g}; this job (planned epsilon={plan.planned_epsilon:.4g} at "
+        f"its delta={plan.target_delta:g}) would bring the composed epsilon to "
+        f"{committed:.4g}",
+        param="training_file",
+        code="budget_exceeded",
+    )
 
 
 def plan_request(req: JobCreate) -> planning.PlanRequest:
