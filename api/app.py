@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
+import dprc_core
 from api.accountant.router import router as accountant_router
 from api.body_limit import BodyLimit
 from api.errors import error_body, install_handlers
@@ -48,7 +49,7 @@ def create_app(
 
     app = FastAPI(
         title="dprc",
-        version="0.1.0",
+        version=dprc_core.__version__,
         description="Differentially private fine-tuning: an OpenAI-compatible fine-tuning API "
         "with privacy budgets and a privacy accountant.",
         lifespan=lifespan,
