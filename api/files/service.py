@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import IO, Any
@@ -12,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from api.files.schemas import Budget, FileObject
 from api.keys.service import Caller
+from dprc_core.training.data import DataError, decode_json_line, jsonl_lines
 from dprc_core.training.plan import default_delta
 from service import budget, lifecycle
 from service.clock import now
@@ -51,8 +51,8 @@ def _line_format(obj: Any, lineno: int) -> str:
                 raise bad(f"message role must be one of {ROLES} with string content")
         return "chat"
     if keys == TEXT_KEYS or keys == CLASSIFICATION_KEYS:
-        if not isinstance(obj["text"], str) or not obj["text"]:
-            raise bad("'text' must be a non-empty string")
+        if not isinstance(obj["text"], str) or not obj["text"].strip():
+            raise bad("'text' must be a non-empty string (not only whitespace)")
         if "label" not in obj:
             return "text"
         label = obj["label"]
@@ -67,24 +67,20 @@ def _line_format(obj: Any, lineno: int) -> str:
 
 def validate_jsonl(data: bytes) -> tuple[int, str]:
     """(number of examples, format) of a fine-tune JSONL file, or :class:`InvalidInput`
-    naming the first bad line. Blank lines are skipped; every line must have the same format."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidInput(
-            f"file is not UTF-8 text: {exc}", param="file", code="invalid_jsonl"
-        ) from exc
+    naming the first bad line. Lines and JSON are read by the same code the worker uses
+    (``dprc_core.training.data``: lines end at ``\n`` only; nesting, huge integers and unpaired
+    surrogates refused); blank lines are skipped; every line must have the same format; a
+    classification file needs two classes or more."""
     n, fmt = 0, None
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+    labels: set[Any] = set()
+    for lineno, line in jsonl_lines(data):
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InvalidInput(
-                f"line {lineno}: not valid JSON ({exc.msg})", param="file", code="invalid_jsonl"
-            ) from exc
+            obj = decode_json_line(line, lineno)
+        except DataError as exc:
+            raise InvalidInput(str(exc), param="file", code="invalid_jsonl") from exc
         this = _line_format(obj, lineno)
+        if this == "classification":
+            labels.add(obj["label"])
         if fmt is None:
             fmt = this
         elif this != fmt:
@@ -99,6 +95,12 @@ def validate_jsonl(data: bytes) -> tuple[int, str]:
     if n < 2:
         raise InvalidInput(
             "a data set needs at least 2 examples", param="file", code="invalid_jsonl"
+        )
+    if fmt == "classification" and len(labels) < 2:
+        raise InvalidInput(
+            f"a classification data set needs at least 2 classes, this one has {len(labels)}",
+            param="file",
+            code="invalid_jsonl",
         )
     return n, fmt
 

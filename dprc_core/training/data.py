@@ -12,7 +12,7 @@ its number; blank lines are skipped.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,23 +51,60 @@ def _chat_text(messages: Any, line: int) -> str:
     return "\n".join(parts)
 
 
+def jsonl_lines(data: bytes) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of a JSONL file: lines end at ``\n`` only, as a file iterates —
+    U+2028 and other Unicode line separators are characters of a line, not line ends."""
+    for i, raw in enumerate(data.split(b"\n"), start=1):
+        if raw.strip():
+            yield i, raw
+
+
+def decode_json_line(raw: str | bytes, line: int) -> Any:
+    """One line's JSON value, or :class:`DataError` naming the line: not UTF-8, not JSON,
+    nested too deeply, an integer too long to convert, or a string with an unpaired surrogate
+    (``"\\ud800"``: no tokenizer can encode it)."""
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(f"line {line}: not valid UTF-8 ({exc.reason})") from exc
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"line {line}: not valid JSON ({exc.msg})") from exc
+    except RecursionError as exc:
+        raise DataError(f"line {line}: JSON nested too deeply") from exc
+    except ValueError as exc:  # e.g. an integer literal of thousands of digits
+        raise DataError(f"line {line}: not usable JSON ({exc})") from exc
+    _check_strings(value, line)
+    return value
+
+
+def _check_strings(value: Any, line: int) -> None:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise DataError(f"line {line}: a string holds an unpaired surrogate") from exc
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+
+
 def parse_jsonl(lines: Iterable[str | bytes], task: str) -> Examples:
     """Validate JSONL lines for ``task``; raises :class:`DataError` naming the first bad line."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     out = Examples(task, [])
     for i, raw in enumerate(lines, start=1):
-        if isinstance(raw, bytes):
-            try:
-                raw = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise DataError(f"line {i}: not valid UTF-8 ({exc.reason})") from exc
         if not raw.strip():
             continue
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"line {i}: not valid JSON ({exc.msg})") from exc
+        obj = decode_json_line(raw, i)
         if not isinstance(obj, dict):
             raise DataError(f"line {i}: expected a JSON object, got {type(obj).__name__}")
         text: object  # a JSON value until checked to be a string below
@@ -101,7 +138,7 @@ def parse_jsonl(lines: Iterable[str | bytes], task: str) -> Examples:
 
 def load_jsonl(path: str | Path, task: str) -> Examples:
     with open(path, "rb") as f:
-        return parse_jsonl(f, task)
+        return parse_jsonl(f, task)  # a binary file iterates lines at b"\n", as jsonl_lines
 
 
 def label_names(labels: Sequence[Any]) -> list[str]:
