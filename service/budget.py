@@ -11,6 +11,7 @@ accountant (``epsilon_for_events``) under a lock on the file row; ε's are never
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import select
@@ -57,12 +58,17 @@ def spent_event(job: Job) -> PrivacyEvent | None:
 
 
 def compose(events: list[PrivacyEvent | None], delta: float) -> float:
-    """ε of the composition; +inf (fits no budget) when the accountant cannot bound it."""
-    present = [e for e in events if e is not None]
-    if not present:
-        return 0.0
+    """ε of the composition; +inf (fits no budget) when the accountant cannot bound it.
+    Cached by the (order-free) set of events and δ: a file's composition is computed once per
+    state, wherever it is asked for."""
+    present = tuple(sorted((e for e in events if e is not None), key=repr))
+    return _composed(present, delta) if present else 0.0
+
+
+@lru_cache(maxsize=1024)
+def _composed(events: tuple[PrivacyEvent, ...], delta: float) -> float:
     try:
-        return epsilon_for_events(present, delta)
+        return epsilon_for_events(list(events), delta)
     except ValueError:
         return math.inf
 

@@ -152,14 +152,54 @@ def committed_event(job: JobRow) -> PrivacyEvent | None:
     return budget.spent_event(job)
 
 
-def settle(session: Session, file: File, extra: PrivacyEvent | None = None) -> tuple[float, float]:
+FileEvents = tuple[tuple[PrivacyEvent, ...], tuple[PrivacyEvent, ...]]
+
+
+def file_events(session: Session, file: File) -> FileEvents:
+    """(spent, committed) events of a file's jobs, in a canonical order: what its budget
+    composes. Equal snapshots compose to equal ε (the optimistic check of job creation)."""
+    jobs = budget.file_jobs(session, file.id)
+
+    def canonical(events: list[PrivacyEvent | None]) -> tuple[PrivacyEvent, ...]:
+        return tuple(sorted((e for e in events if e is not None), key=repr))
+
+    return (
+        canonical([budget.spent_event(j) for j in jobs]),
+        canonical([committed_event(j) for j in jobs]),
+    )
+
+
+def totals(
+    events: FileEvents, delta: float, extra: PrivacyEvent | None = None
+) -> tuple[float, float]:
+    """(spent, committed) composed ε of a file's events at δ, ``extra`` counted as committed.
+    Pure, and cached through :func:`service.budget.compose`: a file's composition is computed
+    once per state, and by job creation outside any lock (the accountant takes seconds on long
+    histories)."""
+    spent, committed = events
+    return (
+        budget.compose(list(spent), delta),
+        budget.compose([*committed, extra] if extra is not None else list(committed), delta),
+    )
+
+
+def settle(
+    session: Session,
+    file: File,
+    extra: PrivacyEvent | None = None,
+    known: tuple[FileEvents, tuple[float, float]] | None = None,
+) -> tuple[float, float]:
     """Recompute (spent, committed) ε of a budgeted file at its δ, with ``extra`` (a job about
-    to be created) counted as committed; stores them on the row. Call under the file's lock."""
+    to be created) counted as committed; stores them on the row. Call under the file's lock.
+    ``known``: a snapshot of the file's events and its totals computed outside the lock; used
+    as is when the file's events are still those (no composition under the lock)."""
     if file.delta is None:
         return 0.0, 0.0
-    jobs = budget.file_jobs(session, file.id)
-    spent = budget.compose([budget.spent_event(j) for j in jobs], file.delta)
-    committed = budget.compose([committed_event(j) for j in jobs] + [extra], file.delta)
+    events = file_events(session, file)
+    if known is not None and known[0] == events:
+        spent, committed = known[1]
+    else:
+        spent, committed = totals(events, file.delta, extra)
     file.epsilon_spent = spent
     file.epsilon_committed = committed
     return spent, committed

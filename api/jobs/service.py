@@ -126,7 +126,53 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
     plan = planning.make_plan(plan_request(req), n, store.settings.default_k)
     models.ensure_local(model)  # builds the built-in tiny LM on first use
     new_event = plan.event()  # built before the locks (ν-DP-FTRL's needs its sensitivity)
+    # The budget's composition (seconds of accountant work on a long history) runs outside
+    # the locks on a snapshot of the file's events; under the locks the snapshot is checked
+    # and, if another job changed the file meanwhile, composed again outside them (then, on
+    # the last attempt, under them: always the composed ε of the file's current events).
+    known = _budget_snapshot(store, caller, req.training_file, new_event)
+    for attempt in range(OPTIMISTIC_ATTEMPTS):
+        last = attempt == OPTIMISTIC_ATTEMPTS - 1
+        done, stale = _create_locked(
+            store, caller, req, plan, new_event, known, idempotency_key, digest, last
+        )
+        if done is not None:
+            return done
+        known = stale
+    raise AssertionError("the last attempt composes under the locks")  # pragma: no cover
 
+
+OPTIMISTIC_ATTEMPTS = 3
+
+Snapshot = tuple[lifecycle.FileEvents, tuple[float, float]] | None
+
+
+def _budget_snapshot(
+    store: Store, caller: Caller, file_id: str, new_event: PrivacyEvent
+) -> Snapshot:
+    """The file's events and their totals with ``new_event``, composed under no lock."""
+    with store.sessions() as session:
+        file = _training_file(session, caller, file_id, locked=False)
+        if file.epsilon_budget is None or file.delta is None:
+            return None
+        events, delta = lifecycle.file_events(session, file), file.delta
+    lifecycle.totals(events, delta)  # warms the cache for a refusal's message
+    return events, lifecycle.totals(events, delta, new_event)
+
+
+def _create_locked(
+    store: Store,
+    caller: Caller,
+    req: JobCreate,
+    plan: planning.Plan,
+    new_event: PrivacyEvent,
+    known: Snapshot,
+    idempotency_key: str | None,
+    digest: str,
+    last: bool,
+) -> tuple[Job | None, Snapshot]:
+    """One locked attempt: (the job, None), or (None, a fresh snapshot) when the file's
+    events changed since ``known`` and this is not the ``last`` attempt."""
     with locked_session(store.sessions) as session:
         # lock order: tenant row, then file row (FOR UPDATE on PostgreSQL; BEGIN IMMEDIATE on
         # SQLite holds the write lock for the whole transaction)
@@ -134,23 +180,52 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
         if idempotency_key is not None:
             existing = _idempotent(session, caller, idempotency_key, digest)
             if existing is not None:
-                return to_object(existing, _org(caller))
+                return to_object(existing, _org(caller)), None
         file = _training_file(session, caller, req.training_file, locked=True)
         _check_active_jobs(session, caller, store.settings.max_active_jobs_per_tenant)
-        _reserve(session, file, plan, new_event)
-        row = _insert_job(session, caller, req, plan)
-        if idempotency_key is not None:
-            session.add(
-                IdempotencyKey(
-                    tenant_id=caller.tenant_id,
-                    key=idempotency_key,
-                    request_hash=digest,
-                    job_id=row.id,
-                    created_at=now(),
-                )
+        stale: tuple[lifecycle.FileEvents, float] | None = None
+        if file.epsilon_budget is not None and file.delta is not None and not last:
+            events = lifecycle.file_events(session, file)
+            if known is None or known[0] != events:
+                stale = (events, file.delta)
+                session.rollback()  # leave the locks; compose again outside them
+        if stale is None:
+            job = _reserve_and_insert(
+                session, caller, file, req, plan, new_event, known, idempotency_key, digest
             )
-        session.commit()
-        return to_object(row, _org(caller))
+            return job, None
+    events, delta = stale
+    lifecycle.totals(events, delta)  # under no lock, as the snapshot
+    return None, (events, lifecycle.totals(events, delta, new_event))
+
+
+def _reserve_and_insert(
+    session: Session,
+    caller: Caller,
+    file: File,
+    req: JobCreate,
+    plan: planning.Plan,
+    new_event: PrivacyEvent,
+    known: Snapshot,
+    idempotency_key: str | None,
+    digest: str,
+) -> Job:
+    """Under the locks: reserve the job's planned event on the file (or refuse it) and insert
+    it with its Idempotency-Key, in one commit."""
+    _reserve(session, file, plan, new_event, known)
+    row = _insert_job(session, caller, req, plan)
+    if idempotency_key is not None:
+        session.add(
+            IdempotencyKey(
+                tenant_id=caller.tenant_id,
+                key=idempotency_key,
+                request_hash=digest,
+                job_id=row.id,
+                created_at=now(),
+            )
+        )
+    session.commit()
+    return to_object(row, _org(caller))
 
 
 def _training_file(session: Session, caller: Caller, file_id: str, *, locked: bool) -> File:
@@ -187,15 +262,17 @@ def _check_active_jobs(session: Session, caller: Caller, limit: int) -> None:
         )
 
 
-def _reserve(session: Session, file: File, plan: planning.Plan, new_event: PrivacyEvent) -> None:
+def _reserve(
+    session: Session, file: File, plan: planning.Plan, new_event: PrivacyEvent, known: Snapshot
+) -> None:
     """Refuse the job if the composed ε of the file's events with its planned event exceeds
     the file's budget (never a sum of ε's); call under the file's lock."""
     if file.epsilon_budget is None or file.delta is None:
         return
-    spent, committed = lifecycle.settle(session, file, extra=new_event)
+    spent, committed = lifecycle.settle(session, file, extra=new_event, known=known)
     if committed <= file.epsilon_budget:
         return
-    _before, current = lifecycle.settle(session, file)
+    _before, current = lifecycle.totals(lifecycle.file_events(session, file), file.delta)
     session.rollback()
     remaining = max(0.0, file.epsilon_budget - current)
     raise Conflict(
