@@ -17,14 +17,14 @@ runner computes:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
 from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent
 from dprc_core.norm_methods import get_norm_method
 from dprc_core.training.plan import PrivacyPlan, default_delta, plan_privacy, planned_steps
-from service.budget import check_delta_for, nu_dpftrl_event
+from service.budget import check_delta_for
 from service.errors import InvalidInput
 
 MAX_STEPS = 200_000
@@ -51,17 +51,13 @@ class Plan:
     nu: float | None = None
     bands: int | None = None
     min_separation: int | None = None  # nu_dpftrl: steps per epoch
+    # the library's plan this one was made from: the one plan, which builds the event
+    privacy: PrivacyPlan | None = field(default=None, compare=False, repr=False)
 
     def event(self) -> PrivacyEvent:
-        if self.mechanism == "nu_dpftrl":
-            return nu_dpftrl_event(self.noise_multiplier, self.steps, self.noise())
-        return PrivacyEvent(
-            self.noise_multiplier,
-            self.sample_rate,
-            self.steps,
-            self.accounting_clipping,
-            self.accounting_k,
-        )
+        """The whole plan's privacy event, built by the library's plan."""
+        assert self.privacy is not None, "service plans are made by make_plan"
+        return self.privacy.event()
 
     def noise(self) -> dict[str, Any]:
         """What the job row stores as ``privacy.noise`` (read back by budgets and workers)."""
@@ -222,6 +218,7 @@ def make_plan(req: PlanRequest, n: int, default_k: int) -> Plan:
         acc_k,
         lib.noise_multiplier,
         lib.planned_epsilon,
+        privacy=lib,
     )
 
 
@@ -281,4 +278,5 @@ def _nu_dpftrl_plan(req: PlanRequest, n: int, n_epochs: int, batch: int) -> Plan
         nu,
         bands,
         lib.min_separation,
+        privacy=lib,
     )
