@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.errors import (
@@ -124,6 +124,28 @@ def install_handlers(app: FastAPI) -> None:
                 "invalid_value",
             ),
             status_code=400,
+        )
+
+    @app.exception_handler(OperationalError)
+    async def _store_busy(_request: Request, exc: OperationalError) -> JSONResponse:
+        # contention (SQLite's write lock held past the busy timeout, a PostgreSQL lock or
+        # serialization time-out) is not a server fault: the request changed nothing, retry
+        text = str(exc.orig).lower()
+        if not any(w in text for w in ("locked", "lock timeout", "could not serialize")):
+            log.exception("database error", exc_info=exc)
+            return JSONResponse(
+                error_body("internal server error", "server_error", None, None), status_code=500
+            )
+        log.warning("store busy: %s", exc.orig)
+        return JSONResponse(
+            error_body(
+                "the service is busy with other writes; nothing was changed, retry the request",
+                "server_error",
+                None,
+                "store_busy",
+            ),
+            status_code=503,
+            headers={"Retry-After": "1", "x-should-retry": "true"},
         )
 
     @app.exception_handler(Exception)

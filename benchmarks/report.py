@@ -21,6 +21,7 @@ SECTIONS = [
     ("dpftrl_lm", "benchmarks/dpftrl_lm.py"),
     ("utility", "benchmarks/utility.py"),
     ("audit", "benchmarks/audit.py"),
+    ("budget", "benchmarks/budget_contention.py"),
 ]
 
 PREFACE = """# Benchmarks

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import time
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -131,18 +132,20 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
     # and, if another job changed the file meanwhile, composed again outside them (then, on
     # the last attempt, under them: always the composed ε of the file's current events).
     known = _budget_snapshot(store, caller, req.training_file, new_event)
-    for attempt in range(OPTIMISTIC_ATTEMPTS):
-        last = attempt == OPTIMISTIC_ATTEMPTS - 1
+    deadline = time.monotonic() + OPTIMISTIC_SECONDS
+    while True:
+        last = time.monotonic() > deadline  # then: composed under the locks, whatever it costs
         done, stale = _create_locked(
             store, caller, req, plan, new_event, known, idempotency_key, digest, last
         )
         if done is not None:
             return done
         known = stale
-    raise AssertionError("the last attempt composes under the locks")  # pragma: no cover
 
 
-OPTIMISTIC_ATTEMPTS = 3
+# How long a create keeps composing outside the locks while other creates change its file
+# (each retry means another job was committed: progress); after that it composes under them.
+OPTIMISTIC_SECONDS = 120.0
 
 Snapshot = tuple[lifecycle.FileEvents, tuple[float, float]] | None
 
