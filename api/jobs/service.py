@@ -7,7 +7,10 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -131,16 +134,33 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
     # the locks on a snapshot of the file's events; under the locks the snapshot is checked
     # and, if another job changed the file meanwhile, composed again outside them (then, on
     # the last attempt, under them: always the composed ε of the file's current events).
-    known = _budget_snapshot(store, caller, req.training_file, new_event)
-    deadline = time.monotonic() + OPTIMISTIC_SECONDS
-    while True:
-        last = time.monotonic() > deadline  # then: composed under the locks, whatever it costs
-        done, stale = _create_locked(
-            store, caller, req, plan, new_event, known, idempotency_key, digest, last
-        )
-        if done is not None:
-            return done
-        known = stale
+    # Creates on one file take turns in this process (a lock per file, not the database's):
+    # each composes once, on a snapshot no one here changes meanwhile; the database's write
+    # lock is held only to check the snapshot and insert. Other processes (API replicas) are
+    # caught by the snapshot check.
+    with _file_turn(req.training_file):
+        known = _budget_snapshot(store, caller, req.training_file, new_event)
+        deadline = time.monotonic() + OPTIMISTIC_SECONDS
+        while True:
+            last = time.monotonic() > deadline  # then composed under the locks, whatever it costs
+            done, stale = _create_locked(
+                store, caller, req, plan, new_event, known, idempotency_key, digest, last
+            )
+            if done is not None:
+                return done
+            known = stale
+
+
+_TURNS: dict[str, threading.Lock] = {}
+_TURNS_GUARD = threading.Lock()
+
+
+@contextmanager
+def _file_turn(file_id: str) -> Iterator[None]:
+    with _TURNS_GUARD:
+        turn = _TURNS.setdefault(file_id, threading.Lock())
+    with turn:
+        yield
 
 
 # How long a create keeps composing outside the locks while other creates change its file
