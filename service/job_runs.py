@@ -69,6 +69,13 @@ def start_job(store: Store, job_id: str, owner: str, lease_seconds: int = 60) ->
     return lifecycle.claim(store, job_id, owner, lease_seconds)
 
 
+def record_event(store: Store, job_id: str, message: str) -> None:
+    """An informational job event (e.g. where a resumed attempt starts)."""
+    with locked_session(store.sessions) as session:
+        add_event(session, job_id, message)
+        session.commit()
+
+
 def _without_loss(job: JobRow, metrics: dict[str, Any]) -> dict[str, Any]:
     """Training loss is not covered by DP: dropped when the job says ``report_train_loss:
     false``."""

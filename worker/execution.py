@@ -12,6 +12,7 @@ checkpoint (the runner resumes from the job's run folder).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -154,6 +155,10 @@ def execute_job(
         spec = build_spec(store, req)
         if spec.task == "causal_lm" and req.n_examples < 2:
             raise JobFailure("invalid_training_file", "the training file needs >= 2 examples")
+        latest = ckpt_io.latest_checkpoint(Path(spec.output_dir))
+        if latest is not None and (latest / "resume").is_dir():
+            step = json.loads((latest / "metadata.json").read_text())["step"]
+            runs.record_event(store, job_id, f"Resuming from the checkpoint at step {step}")
 
         def on_progress(p: Progress) -> None:
             metrics: dict[str, Any] = {"batch_size": p.batch_size, "dropped": p.dropped}

@@ -163,6 +163,9 @@ def test_a_worker_killed_mid_job_is_replaced_and_the_job_resumes(celery_server, 
     job = wait_for(client, job.id, {"succeeded", "failed", "cancelled"}, timeout=400)
     assert job.status == "succeeded", job.error
     assert len(_started_events(client, job.id)) == 2  # attempt 1 and the resumed attempt 2
+    events = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100).data]
+    resumed = [m for m in events if m.startswith("Resuming from the checkpoint at step ")]
+    assert len(resumed) == 1 and int(resumed[0].rsplit(" ", 1)[1]) in (5, 10), resumed
     steps = sorted(c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id).data)
     assert steps[-1] == 30 and len(steps) == len(set(steps))
     ledger = _ledger_of_last_checkpoint(client, job.id, tmp_path)
