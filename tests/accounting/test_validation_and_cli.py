@@ -106,24 +106,14 @@ def test_cli_epsilon_prints_result_and_settings(capsys):
         assert word in out
 
 
+# the README's example job: N = 1800, B = 32, 3 epochs, target (2, 1e-5)
+README_SIGMA = (
+    "accountant sigma --epsilon 2 --delta 1e-5 --dataset-size 1800 --batch-size 32 --epochs 3"
+).split()
+
+
 def test_cli_sigma_json_with_dataset_size(capsys):
-    rc = main(
-        [
-            "accountant",
-            "sigma",
-            "--epsilon",
-            "2",
-            "--delta",
-            "1e-5",
-            "--dataset-size",
-            "1800",
-            "--batch-size",
-            "32",
-            "--epochs",
-            "3",
-            "--json",
-        ]
-    )
+    rc = main([*README_SIGMA, "--json"])
     result = json.loads(capsys.readouterr().out)
     assert rc == 0
     # the job's step rule, ceil(epochs·N/B) = ceil(168.75) = 169 (it was 3·ceil(N/B) = 171)
@@ -140,25 +130,7 @@ def test_cli_sigma_plans_exactly_the_steps_the_job_runs(capsys):
     planner the runner executes) agree on the step count and hence on sigma."""
     from dprc_core.training.plan import plan_privacy
 
-    argv = [
-        "accountant",
-        "sigma",
-        "--epsilon",
-        "2",
-        "--delta",
-        "1e-5",
-        "--dataset-size",
-        "1800",
-        "--batch-size",
-        "32",
-        "--epochs",
-        "3",
-        "--clipping",
-        "hutch",
-        "--k",
-        "32",
-        "--json",
-    ]
+    argv = [*README_SIGMA, "--clipping", "hutch", "--k", "32", "--json"]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     plan = plan_privacy(
