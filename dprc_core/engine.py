@@ -280,7 +280,7 @@ class PrivacyEngine:
         self._check_independence_once(loss_fn, batch, size)
         losses, result = self._norm_pass(loss_fn, batch)
         norms = result.sq_norms.clamp(min=0).sqrt()
-        keep = self._finite_samples(norms, result)
+        keep = self._kept_samples(norms, result)
         if self.clipping_mode == "two_pass" and not bool(keep.all()):
             del losses
             self._rerun_kept(loss_fn, batch, size, norms, keep)
@@ -313,7 +313,7 @@ class PrivacyEngine:
             keep_contributions=not two_pass,
         )
 
-    def _finite_samples(self, norms: torch.Tensor, result: Any) -> torch.Tensor:
+    def _kept_samples(self, norms: torch.Tensor, result: Any) -> torch.Tensor:
         """Samples whose loss, norm and (book-keeping) gradient factors are all finite."""
         keep = torch.isfinite(norms) & torch.isfinite(result.losses).to(norms.device)
         if self.clipping_mode != "two_pass":
