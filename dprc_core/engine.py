@@ -22,6 +22,14 @@ import torch
 from torch import nn
 
 from dprc_core.batching import batch_size, select_samples
+from dprc_core.distributed import (
+    all_reduce_sum,
+    broadcast_int,
+    check_same_on_all_ranks,
+    current_ranks,
+    parameter_fingerprint,
+    refuse_wrapped_model,
+)
 from dprc_core.estimators import MatrixContribution, auto_method
 from dprc_core.hooks import PerSampleHooks, trainable_parameters
 from dprc_core.independence import check_sample_independence
@@ -86,11 +94,12 @@ def _randomized(method: str) -> bool:
 
 
 class _Generators:
-    """One torch.Generator per device, each seeded with ``derive_seed(seed, "engine", i)``
+    """One torch.Generator per device, each seeded with ``derive_seed(seed, purpose, i)``
     (never with the user seed itself: see :mod:`dprc_core.seeding`)."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, purpose: str = "engine"):
         self.seed = seed
+        self.purpose = purpose
         self._by_device: dict[str, torch.Generator] = {}
 
     def __call__(self, device: torch.device | str) -> torch.Generator:
@@ -98,7 +107,7 @@ class _Generators:
         key = str(device)
         if key not in self._by_device:
             gen = torch.Generator(device=device)
-            gen.manual_seed(derive_seed(self.seed, "engine", len(self._by_device)))
+            gen.manual_seed(derive_seed(self.seed, self.purpose, len(self._by_device)))
             self._by_device[key] = gen
         return self._by_device[key]
 
@@ -170,10 +179,17 @@ class PrivacyEngine:
         noise_mechanism: NoiseMechanism | str = "gaussian",
         nu: float | None = None,
         bands: int | None = None,
+        process_group: Any = None,
     ):
         """``noise_mechanism``: ``Gaussian()`` / ``"gaussian"`` (default), or
         ``dprc_core.noise.NuDPFTRL(nu=..., bands=...)``; ``nu`` / ``bands`` beside the name
-        ``"nu_dpftrl"`` are the deprecated spelling of the latter."""
+        ``"nu_dpftrl"`` are the deprecated spelling of the latter.
+
+        Inside an initialised ``torch.distributed`` process group (``process_group``, default
+        the default group) every rank builds the same engine for its copy of the (unwrapped)
+        model; ``expected_batch_size`` is the *global* q·N. Each rank accumulates its own part
+        of the logical batch; ``step()`` adds rank 0's single noise draw and SUM-reduces the
+        clipped sums across ranks, so every rank takes the same update. The seed is rank 0's."""
         if clipping_mode not in CLIPPING_MODES:
             raise ValueError(
                 f"clipping_mode must be one of {CLIPPING_MODES}, got {clipping_mode!r}"
@@ -202,6 +218,9 @@ class PrivacyEngine:
         self.check_independence = bool(check_independence)
         self.params = trainable_parameters(model)
         self._check_optimizer()
+        refuse_wrapped_model(model)
+        self.ranks = current_ranks(process_group)
+        self._comm_device = self.params[0].device if self.params else torch.device("cpu")
         if self.noise_multiplier == 0:
             warnings.warn(
                 "noise_multiplier=0: no noise is added, the updates are NOT differentially "
@@ -210,7 +229,9 @@ class PrivacyEngine:
                 stacklevel=2,
             )
         self.seed = fresh_seed() if seed is None else int(seed)
-        self.generators = _Generators(self.seed)
+        if self.ranks.distributed:  # one secret seed for the group: rank 0's
+            self.seed = broadcast_int(self.seed, self.ranks)
+        self.generators = _Generators(self.seed)  # the noise's (rank 0 draws it)
         self.mechanism = as_noise_mechanism(noise_mechanism, nu, bands)
         self.noise_mechanism = self.mechanism.name
         if self.mechanism.exact_clipping_only and _randomized(norm_method):
@@ -225,6 +246,7 @@ class PrivacyEngine:
         self.hooks = PerSampleHooks(model, verified_layouts=self.check_independence)
         self._independence_checked = False
         self.norm_plan = self._make_plan()
+        check_same_on_all_ranks("the engine's settings", self._fingerprint(), self.ranks)
         self.steps = 0
         self._reset_batch()
 
@@ -243,6 +265,15 @@ class PrivacyEngine:
         exact and Hutchinson layers is covered by the dimension-free envelope (docs/design.md §4).
         """
         return accounting_clipping_for(self.norm_plan)
+
+    def _fingerprint(self) -> str:
+        """What every rank's engine must agree on (not the parameters' values)."""
+        return (
+            f"{parameter_fingerprint(self.params)}|C={self.max_grad_norm!r}|"
+            f"sigma={self.noise_multiplier!r}|qN={self.expected_batch_size!r}|"
+            f"{sorted(self.norm_plan.items())}|k={self.k}|{self.clipping_mode}|"
+            f"{self.noise_mechanism}|seed={self.seed}"
+        )
 
     def _make_plan(self) -> dict[str, str]:
         by_name, by_id = make_norm_plan(self.hooks, self.norm_method, self.k, self.max_seq_len)
@@ -308,10 +339,16 @@ class PrivacyEngine:
             batch,
             method=self.norm_method,
             k=self.k,
-            generator_for=self.generators,
+            generator_for=self._projections(),
             retain_graph=two_pass,
             keep_contributions=not two_pass,
         )
+
+    def _projections(self) -> _Generators:
+        """The sketches' generators for this logical batch: derived from (seed, step), fresh for
+        each micro-batch, so every micro-batch and every rank of one step draws the same
+        projections — one sketch per layer per logical batch, however the batch is split."""
+        return _Generators(self.seed, f"projections/{self.steps}")
 
     def _kept_samples(self, norms: torch.Tensor, result: Any) -> torch.Tensor:
         """Samples whose loss, norm and (book-keeping) gradient factors are all finite."""
@@ -368,15 +405,22 @@ class PrivacyEngine:
 
     def _add_noise_and_normalise(self) -> None:
         """Noise once for the logical batch, then divide by the expected batch size; refuse to
-        step on a non-finite update."""
+        step on a non-finite update. Several ranks: rank 0 adds the one noise draw to its part,
+        then the parts are SUM-reduced (every rank, an empty part included, joins)."""
         with torch.no_grad():
+            grads = []
             for index, p in enumerate(self.params):
                 grad = p.grad if p.grad is not None else torch.zeros_like(p)
-                noise = self.noise.sample(index, grad, self.generators(grad.device))
-                if noise is not None:
-                    grad = grad + noise
+                if self.ranks.is_main:
+                    noise = self.noise.sample(index, grad, self.generators(grad.device))
+                    if noise is not None:
+                        grad = grad + noise
+                grads.append(grad)
+            if self.ranks.is_main:
+                self.noise.end_step()
+            all_reduce_sum(grads, self.ranks)
+            for p, grad in zip(self.params, grads, strict=True):
                 p.grad = grad / self.expected_batch_size
-            self.noise.end_step()
             # every p.grad was assigned a tensor in the loop above
             if not all(bool(torch.isfinite(cast(torch.Tensor, p.grad)).all()) for p in self.params):
                 for p in self.params:
@@ -388,18 +432,26 @@ class PrivacyEngine:
                 )
 
     def _step_stats(self) -> StepStats:
+        """The logical batch's statistics; with several ranks the counts and the mean loss are
+        the whole batch's (one small SUM reduction), ``per_sample_norms`` this rank's part."""
         norms = torch.cat(self._norms) if self._norms else torch.zeros(0)
         losses = torch.cat(self._losses) if self._losses else torch.zeros(0)
-        n = int(norms.shape[0])
-        kept = n - self._dropped
+        counts = torch.tensor(
+            [norms.shape[0], self._dropped, self._clipped, float(losses.double().sum())],
+            dtype=torch.float64,
+            device=self._comm_device,
+        )
+        all_reduce_sum([counts], self.ranks)
+        n, dropped, clipped = (int(v) for v in counts[:3].tolist())
+        kept = n - dropped
         return StepStats(
             step=self.steps,
             batch_size=n,
             per_sample_norms=norms,
-            clipped_fraction=self._clipped / kept if kept else 0.0,
-            mean_loss=float(losses.float().mean()) if kept else float("nan"),
+            clipped_fraction=clipped / kept if kept else 0.0,
+            mean_loss=float(counts[3]) / kept if kept else float("nan"),
             methods=dict(self._methods),
-            dropped=self._dropped,
+            dropped=dropped,
         )
 
     def detach(self) -> None:

@@ -4,6 +4,15 @@ The YAML (or JSON) file holds the fields of :class:`dprc_core.training.runner.Jo
 relative paths (``model``, ``train_file``, ``output_dir``) are taken relative to the file's
 folder. A progress bar shows step, loss and ε spent; a run whose ``output_dir`` holds a
 checkpoint resumes from it (``--no-resume`` refuses to, if the folder is not empty).
+
+``--nproc-per-node N`` trains on N processes of this host (data-parallel, see
+:mod:`dprc_core.distributed`): the command re-launches itself under ``torchrun``
+(``torch.distributed.run --standalone``), one rank per device (``cuda:0..N-1`` over NCCL with
+``device: cuda``/``auto`` on a GPU host, else N CPU processes over gloo). Started by
+``torchrun`` itself (``WORLD_SIZE`` set), ``dprc train`` joins that process group — which is
+how several hosts train one job (docs/training.md). Rank 0 prints and writes; when any rank
+dies torchrun stops the others and the command exits non-zero; rerunning it resumes from the
+last checkpoint.
 """
 
 from __future__ import annotations
@@ -23,6 +32,13 @@ def add_subparser(sub: Any) -> None:
         help="never resume; refuse an output_dir that already has checkpoints",
     )
     train.add_argument("--quiet", action="store_true", help="no progress bar")
+    train.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=1,
+        metavar="N",
+        help="train on N processes of this host (data-parallel DP-SGD under torchrun)",
+    )
     train.set_defaults(func=_train)
 
 
@@ -44,13 +60,74 @@ def load_spec(path: str | Path):
     return JobSpec.from_dict(data)
 
 
+def _launch(args: argparse.Namespace) -> int:
+    """Run this command again on ``args.nproc_per_node`` ranks under torchrun."""
+    import subprocess
+    import sys
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={args.nproc_per_node}",
+        "--max-restarts=0",
+        "-m",
+        "dprc_core.cli",
+        "train",
+        str(Path(args.spec).resolve()),
+    ]
+    if args.no_resume:
+        cmd.append("--no-resume")
+    if args.quiet:
+        cmd.append("--quiet")
+    return subprocess.call(cmd)
+
+
+def _join_process_group(spec: Any) -> bool:
+    """Under torchrun (WORLD_SIZE > 1): initialise the process group; True if this call did."""
+    import os
+
+    import torch
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or torch.distributed.is_initialized():
+        return False
+    cuda = spec.device != "cpu" and torch.cuda.is_available()
+    if spec.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {spec.device!r} asked for, but CUDA is not available")
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    torch.distributed.init_process_group(backend="nccl" if cuda else "gloo")
+    return True
+
+
 def _train(args: argparse.Namespace) -> int:
+    import os
+
+    if args.nproc_per_node < 1:
+        raise ValueError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
+    if args.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
+        load_spec(args.spec)  # a bad spec fails here, once, not on every rank
+        return _launch(args)
+    import torch
+
+    spec = load_spec(args.spec)
+    joined = _join_process_group(spec)
+    try:
+        return _train_here(args, spec)
+    finally:
+        if joined:
+            torch.distributed.destroy_process_group()
+
+
+def _train_here(args: argparse.Namespace, spec: Any) -> int:
     from tqdm import tqdm
 
+    from dprc_core.distributed import current_ranks
     from dprc_core.training import checkpoint as ckpt_io
     from dprc_core.training.runner import run_job
 
-    spec = load_spec(args.spec)
+    main = current_ranks().is_main
     if args.no_resume and ckpt_io.list_checkpoints(spec.output_dir):
         raise ValueError(f"{spec.output_dir} already holds checkpoints (--no-resume)")
     bar = None
@@ -70,6 +147,8 @@ def _train(args: argparse.Namespace) -> int:
     result = run_job(spec, on_progress=progress, resume=not args.no_resume)
     if bar is not None:
         bar.close()
+    if not main:
+        return 0
     print(
         json.dumps(
             {

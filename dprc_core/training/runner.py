@@ -13,6 +13,13 @@ saved weights, optimizer, sampler and generator states. Steps after the last che
 crashed run were never released; they are replayed with the same randomness. The ledger counts
 every step of the released chain exactly once, so a run that completes — resumed or not — ends
 with ε equal to the planned ε.
+
+Several processes (``torchrun`` or ``dprc train --nproc-per-node N``, see
+:mod:`dprc_core.training.cli`): inside an initialised process group every rank loads the same
+model and data, draws the same Poisson batch from the seed rank 0 chose and trains on its part
+(:mod:`dprc_core.distributed`); rank 0 alone writes checkpoints and the ledger and reports
+progress, and its stop decision is every rank's. Resume restores every rank from rank 0's
+checkpoint (the same folder: one host, or a shared file system).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import Any
 import torch
 
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger
+from dprc_core.distributed import Ranks, broadcast_flag, broadcast_int, current_ranks
 from dprc_core.engine import PrivacyEngine, accounting_clipping_for, norm_plan
 from dprc_core.losses import causal_lm_per_sample_loss, sequence_classification_per_sample_loss
 from dprc_core.noise import Gaussian, NuDPFTRL
@@ -207,9 +215,10 @@ def run_job(
     Stages: load the data and the model (from the last checkpoint when resuming); plan the
     privacy; build the engine and the sampler; restore their state; run the steps; finish."""
     t0 = time.perf_counter()
+    ranks = current_ranks()
     out = Path(spec.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    device = _device(spec.device)
+    device = _rank_device(_device(spec.device), ranks)
     tokenizer = load_tokenizer(spec.model)
     data, classes = prepare_data(spec, tokenizer)
     latest = ckpt_io.latest_checkpoint(out) if resume else None
@@ -221,11 +230,12 @@ def run_job(
             f"the checkpoint {latest} was written for another plan ({resumed[0]['plan']}); "
             f"this spec plans {plan.to_dict()}. Use a fresh output_dir"
         )
-    seed = spec.seed if spec.seed is not None else fresh_seed()
+    seed = broadcast_int(spec.seed if spec.seed is not None else fresh_seed(), ranks)
     engine, opt = _build_engine(spec, model, plan, seed)
     assert engine.accounting_clipping == clipping
-    sampler = _build_sampler(spec, plan, len(data), seed)
+    sampler = _build_sampler(spec, plan, len(data), seed, ranks)
     run = _Run(spec, plan, clipping, classes, out, model, tokenizer, engine, opt, sampler)
+    run.ranks = ranks
     if resumed is not None:
         run.restore(*resumed)
     run.last_checkpoint = latest
@@ -233,7 +243,7 @@ def run_job(
         status = run.steps(data, device, on_progress, should_stop)
     finally:
         engine.detach()
-    if run.last_checkpoint is None:  # zero steps planned cannot happen (steps >= 1)
+    if run.last_checkpoint is None and ranks.is_main:  # zero steps cannot happen (steps >= 1)
         run.last_checkpoint = run.save()
     return JobResult(
         status=status,
@@ -341,14 +351,24 @@ def _build_engine(
     return engine, opt
 
 
+def _rank_device(device: torch.device, ranks: Ranks) -> torch.device:
+    """One CUDA device per rank: the one the process group's rank was bound to."""
+    if ranks.distributed and device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def _build_sampler(
-    spec: JobSpec, plan: PrivacyPlan, n: int, seed: int
+    spec: JobSpec, plan: PrivacyPlan, n: int, seed: int, ranks: Ranks | None = None
 ) -> PoissonSampler | FixedOrderSampler:
-    """Poisson batches at the planned rate (or ν-DP-FTRL's fixed order), from their own seed."""
+    """Poisson batches at the planned rate (or ν-DP-FTRL's fixed order), from their own seed;
+    with several ranks each takes its part of the same logical batch."""
     sampler_seed = derive_seed(seed, "sampler")
     if spec.noise_mechanism == NuDPFTRL.name:
-        return FixedOrderSampler(n, int(spec.batch_size), steps=plan.steps, seed=sampler_seed)
-    return PoissonSampler(n, plan.sample_rate, plan.steps, seed=sampler_seed)
+        return FixedOrderSampler(
+            n, int(spec.batch_size), steps=plan.steps, seed=sampler_seed, ranks=ranks
+        )
+    return PoissonSampler(n, plan.sample_rate, plan.steps, seed=sampler_seed, ranks=ranks)
 
 
 class _Run:
@@ -365,6 +385,7 @@ class _Run:
         self.losses: list[float] = []
         self.last_checkpoint: Path | None = None
         self._eps: dict[int, float] = {}
+        self.ranks = Ranks()
 
     def restore(self, state: dict, opt_state: dict, rng: dict, ledger_json: str) -> None:
         """Optimizer, engine (generators and noise), sampler and ledger as checkpointed."""
@@ -380,7 +401,7 @@ class _Run:
             }
         )
         if isinstance(self.sampler, FixedOrderSampler):
-            self.sampler = FixedOrderSampler.from_state_dict(state["sampler"])
+            self.sampler = FixedOrderSampler.from_state_dict(state["sampler"], self.ranks)
         else:
             self.sampler.generator.set_state(rng["sampler"])
         self.prior = list(PrivacyLedger.from_json(ledger_json).events)
@@ -475,11 +496,13 @@ class _Run:
                 self.losses.append(stats.mean_loss)
             due = spec.checkpoint_every is not None and self.done % spec.checkpoint_every == 0
             stop = should_stop is not None and should_stop()
+            stop = broadcast_flag(stop, self.ranks)  # rank 0's decision, on every rank
+            main = self.ranks.is_main
             saved = None
-            if due or self.done == plan.steps or stop:
+            if (due or self.done == plan.steps or stop) and main:
                 self.last_checkpoint = self.save()
                 saved = str(self.last_checkpoint)
-            if on_progress is not None:
+            if on_progress is not None and main:
                 on_progress(self._progress(stats, saved))
             if stop and self.done < plan.steps:
                 return "stopped"

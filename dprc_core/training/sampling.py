@@ -9,16 +9,44 @@ see :class:`FixedOrderSampler`.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
 
 import torch
 
+from dprc_core.distributed import Ranks, broadcast_int, check_same_on_all_ranks, shard_indices
+
+
+def _shared_seed(seed: int | None, ranks: Ranks) -> int:
+    """The sampler's seed, rank 0's on every rank (an explicit seed must agree everywhere)."""
+    explicit = seed is not None
+    if seed is None:
+        seed = int.from_bytes(os.urandom(8), "little") >> 1
+    if not ranks.distributed:
+        return seed
+    if explicit:  # a digest, not the secret seed, is compared
+        digest = hashlib.sha256(f"dprc/sampler-seed/{seed}".encode()).hexdigest()[:16]
+        check_same_on_all_ranks("the sampler's seed", digest, ranks)
+    return broadcast_int(seed, ranks)
+
 
 class PoissonSampler:
-    """Yields ``steps`` index tensors; each index is included with probability ``sample_rate``."""
+    """Yields ``steps`` index tensors; each index is included with probability ``sample_rate``.
 
-    def __init__(self, num_examples: int, sample_rate: float, steps: int, seed: int | None = None):
+    With ``ranks`` (several processes), every rank draws the same logical batch from the one
+    shared seed and yields only its part (:func:`dprc_core.distributed.shard_indices`): the
+    parts are disjoint, their union is the batch a single process would draw with that seed,
+    and every rank yields every step (an empty part included)."""
+
+    def __init__(
+        self,
+        num_examples: int,
+        sample_rate: float,
+        steps: int,
+        seed: int | None = None,
+        ranks: Ranks | None = None,
+    ):
         if not (isinstance(num_examples, int) and num_examples > 0):
             raise ValueError(f"num_examples must be a positive integer, got {num_examples!r}")
         if not (0 < sample_rate <= 1):
@@ -28,8 +56,8 @@ class PoissonSampler:
         self.num_examples = num_examples
         self.sample_rate = float(sample_rate)
         self.steps = steps
-        seed = int.from_bytes(os.urandom(8), "little") if seed is None else seed
-        self.generator = torch.Generator().manual_seed(seed)
+        self.ranks = ranks or Ranks()
+        self.generator = torch.Generator().manual_seed(_shared_seed(seed, self.ranks))
 
     @property
     def expected_batch_size(self) -> float:
@@ -41,7 +69,7 @@ class PoissonSampler:
     def __iter__(self) -> Iterator[torch.Tensor]:
         for _ in range(self.steps):
             draws = torch.rand(self.num_examples, generator=self.generator)
-            yield torch.nonzero(draws < self.sample_rate).flatten()
+            yield shard_indices(torch.nonzero(draws < self.sample_rate).flatten(), self.ranks)
 
 
 class FixedOrderSampler:
@@ -71,6 +99,7 @@ class FixedOrderSampler:
         epochs: int | None = None,
         steps: int | None = None,
         seed: int | None = None,
+        ranks: Ranks | None = None,
     ):
         if not (isinstance(num_examples, int) and num_examples > 0):
             raise ValueError(f"num_examples must be a positive integer, got {num_examples!r}")
@@ -87,10 +116,10 @@ class FixedOrderSampler:
             steps = epochs * spe
         if not (isinstance(steps, int) and steps >= 1):
             raise ValueError(f"steps must be a positive integer, got {steps!r}")
-        if seed is None:
-            seed = int.from_bytes(os.urandom(8), "little") >> 1
-        if not (isinstance(seed, int) and 0 <= seed < 2**63):
+        if seed is not None and not (isinstance(seed, int) and 0 <= seed < 2**63):
             raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
+        self.ranks = ranks or Ranks()
+        seed = _shared_seed(seed, self.ranks)
         self.num_examples = num_examples
         self.batch_size = batch_size
         self.steps = steps
@@ -105,7 +134,8 @@ class FixedOrderSampler:
     def batch(self, step: int) -> torch.Tensor:
         """Example indices of ``step`` (0-based)."""
         j = step % self.steps_per_epoch
-        return self.order[j * self.batch_size : (j + 1) * self.batch_size]
+        whole = self.order[j * self.batch_size : (j + 1) * self.batch_size]
+        return shard_indices(whole, self.ranks)
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         while self.step < self.steps:
@@ -132,11 +162,17 @@ class FixedOrderSampler:
         }
 
     @classmethod
-    def from_state_dict(cls, state: dict[str, int]) -> FixedOrderSampler:
+    def from_state_dict(
+        cls, state: dict[str, int], ranks: Ranks | None = None
+    ) -> FixedOrderSampler:
         """Rebuild a sampler (same order) positioned at the saved step."""
         try:
             sampler = cls(
-                state["num_examples"], state["batch_size"], steps=state["steps"], seed=state["seed"]
+                state["num_examples"],
+                state["batch_size"],
+                steps=state["steps"],
+                seed=state["seed"],
+                ranks=ranks,
             )
             step = state["step"]
         except KeyError as exc:

@@ -1,0 +1,148 @@
+"""Per-rank programs for tests/distributed/test_ddp.py, run under ``torchrun`` (gloo, CPU).
+
+``python -m torch.distributed.run --standalone --nproc-per-node 2 ddp_scenarios.py NAME OUT``
+Each rank writes its results to ``OUT/<name>-rank<r>.safetensors`` (tensors) or ``.json``.
+The models and batches are built from fixed seeds, so the test process builds the very same
+ones for its single-process reference (:func:`build_case`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from dprc_core.distributed import current_ranks, shard_indices
+from dprc_core.engine import PrivacyEngine
+from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
+
+N_EXAMPLES = 12
+DIM, CLASSES, SEQ = 6, 3, 5
+# logical batches (example indices): a mixed one, one all on rank 0 (rank 1's part empty)
+BATCHES = [[0, 1, 2, 3, 5, 8, 9], [0, 2, 4, 6, 10]]
+
+
+class TinyNet(nn.Module):
+    """An embedding, a layer norm and two linear layers over a short sequence (float64)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, DIM)
+        self.norm = nn.LayerNorm(DIM)
+        self.hidden = nn.Linear(DIM, DIM)
+        self.out = nn.Linear(DIM, CLASSES)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.hidden(self.norm(self.emb(ids))))
+        return self.out(h).mean(1)
+
+
+def build_case() -> tuple[TinyNet, dict[str, torch.Tensor]]:
+    torch.manual_seed(1234)
+    model = TinyNet().double()
+    data = {
+        "ids": torch.randint(0, 20, (N_EXAMPLES, SEQ)),
+        "y": torch.randint(0, CLASSES, (N_EXAMPLES,)),
+    }
+    return model, data
+
+
+def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return nn.functional.cross_entropy(model(batch["ids"]), batch["y"], reduction="none")
+
+
+def make_engine(model: nn.Module, method: str, sigma: float, seed: int = 7) -> PrivacyEngine:
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    return PrivacyEngine(
+        model,
+        opt,
+        max_grad_norm=0.3,
+        noise_multiplier=sigma,
+        expected_batch_size=4.0,
+        norm_method=method,
+        k=4,
+        seed=seed,
+        check_independence=True,
+    )
+
+
+def run_steps(
+    engine: PrivacyEngine,
+    data: dict[str, torch.Tensor],
+    batches: list[list[int]],
+    micro: int | None,
+    part=lambda idx: idx,
+) -> list[dict]:
+    """One engine step per logical batch (this process's ``part`` of it, in micro-batches)."""
+    stats = []
+    for indices in batches:
+        idx = part(torch.tensor(indices, dtype=torch.long))
+        for chunk in idx.split(micro or max(len(idx), 1)) if len(idx) else []:
+            engine.accumulate(loss_fn, {k: v[chunk] for k, v in data.items()})
+        s = engine.step()
+        stats.append({"batch_size": s.batch_size, "mean_loss": s.mean_loss})
+    return stats
+
+
+def scenario_steps(out: Path) -> None:
+    """σ = 0 steps of exact and hutch, with and without micro-batches."""
+    ranks = current_ranks()
+    for method in ("exact", "hutch"):
+        for micro in (None, 2):
+            model, data = build_case()
+            engine = make_engine(model, method, sigma=0.0)
+            stats = run_steps(engine, data, BATCHES, micro, lambda i: shard_indices(i, ranks))
+            tag = f"steps-{method}-{micro}"
+            tensors = {n: p.detach().contiguous() for n, p in model.named_parameters()}
+            save_file(tensors, str(out / f"{tag}-rank{ranks.rank}.safetensors"))
+            (out / f"{tag}-rank{ranks.rank}.json").write_text(json.dumps(stats))
+
+
+def scenario_noise(out: Path) -> None:
+    """One σ > 0 step of a wide linear layer from zero weights with an empty batch: the update
+    is the noise alone (−lr · noise / (qN))."""
+    ranks = current_ranks()
+    torch.manual_seed(0)
+    model = nn.Linear(400, 250, bias=False).double()
+    with torch.no_grad():
+        model.weight.zero_()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    engine = PrivacyEngine(
+        model, opt, max_grad_norm=2.0, noise_multiplier=1.5, expected_batch_size=3.0, seed=11
+    )
+    engine.step()
+    save_file({"w": model.weight.detach()}, str(out / f"noise-rank{ranks.rank}.safetensors"))
+
+
+def scenario_sampler(out: Path) -> None:
+    """Each rank's parts of Poisson (explicit and rank-0 seeds) and fixed-order batches."""
+    ranks = current_ranks()
+    explicit = [t.tolist() for t in PoissonSampler(50, 0.1, 40, seed=5, ranks=ranks)]
+    fresh = PoissonSampler(50, 0.1, 5, ranks=ranks)
+    fixed = [t.tolist() for t in FixedOrderSampler(23, 5, steps=9, seed=3, ranks=ranks)]
+    (out / f"sampler-rank{ranks.rank}.json").write_text(
+        json.dumps(
+            {
+                "explicit": explicit,
+                "fresh_seed": fresh.generator.initial_seed(),
+                "fixed": fixed,
+            }
+        )
+    )
+
+
+def main() -> None:
+    name, out = sys.argv[1], Path(sys.argv[2])
+    torch.distributed.init_process_group(backend="gloo")
+    try:
+        {"steps": scenario_steps, "noise": scenario_noise, "sampler": scenario_sampler}[name](out)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
