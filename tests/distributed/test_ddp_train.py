@@ -1,0 +1,156 @@
+"""``dprc train --nproc-per-node 2`` (torchrun, gloo) against the single-process run, and a rank
+killed with SIGKILL mid-job: the job ends, a new attempt resumes from the checkpoint, and the
+ledger and ε are exactly the plan's."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from dprc_core.accounting import PrivacyLedger
+from dprc_core.training import checkpoint as ckpt_io
+from dprc_core.training.runner import JobSpec, run_job
+from dprc_core.training.tiny import build_tiny_llama
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory) -> dict:
+    base = tmp_path_factory.mktemp("ddp-train")
+    model = build_tiny_llama(base / "llama", hidden=32)
+    data = base / "train.jsonl"
+    data.write_text(
+        "".join(json.dumps({"text": "ab" * (3 + i % 5) + "."}) + "\n" for i in range(48))
+    )
+    return dict(
+        model=str(model),
+        task="causal_lm",
+        train_file=str(data),
+        epochs=3,
+        batch_size=6,
+        learning_rate=1e-2,
+        max_seq_len=16,
+        seed=3,
+        target_epsilon=4.0,
+        max_physical_batch_size=2,
+        dtype="float64",
+        norm_method="hutch",
+        k=4,
+        checkpoint_every=4,
+    )
+
+
+def write_spec(folder: Path, job: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump({**job, "output_dir": str(folder / "out")}))
+    return path
+
+
+def dprc_train(spec: Path, nproc: int = 2) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "dprc_core.cli", "train", str(spec), "--quiet"]
+    return subprocess.Popen(
+        [*cmd, f"--nproc-per-node={nproc}"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def final_weights(out: Path) -> dict[str, torch.Tensor]:
+    last = ckpt_io.latest_checkpoint(out)
+    assert last is not None
+    return load_file(str(last / "model" / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def single(job, tmp_path_factory) -> tuple:
+    out = tmp_path_factory.mktemp("single") / "out"
+    result = run_job(JobSpec.from_dict({**job, "output_dir": str(out)}))
+    return result, final_weights(out)
+
+
+def assert_same_weights(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for name, w in want.items():
+        err = (got[name] - w).abs().max().item()
+        assert err <= 1e-9 * max(w.abs().max().item(), 1.0), (name, err)
+
+
+def test_two_processes_train_the_single_process_job(job, single, tmp_path):
+    proc = dprc_train(write_spec(tmp_path, job))
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    summary = json.loads(stdout[stdout.index("{") :])  # rank 0 alone prints it
+    result, weights = single
+    assert summary["status"] == "succeeded" and summary["steps"] == result.steps
+    assert summary["epsilon"] == pytest.approx(result.epsilon, rel=1e-12)
+    assert_same_weights(final_weights(tmp_path / "out"), weights)
+
+
+def _rank_pids(root: int) -> dict[int, int]:
+    """LOCAL_RANK -> pid of the torchrun workers below ``root``."""
+    found: dict[int, int] = {}
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        for item in env:
+            if item.startswith(b"LOCAL_RANK="):
+                found[int(item.split(b"=")[1])] = pid
+    return found
+
+
+def test_a_killed_rank_ends_the_job_and_a_new_attempt_resumes_exactly(job, single, tmp_path):
+    spec = write_spec(tmp_path, job)
+    out = tmp_path / "out"
+    proc = dprc_train(spec)
+    deadline = time.monotonic() + 240
+    while not ckpt_io.list_checkpoints(out):  # the first checkpoint (step 4) is written
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    ranks = _rank_pids(proc.pid)
+    assert set(ranks) == {0, 1}
+    os.kill(ranks[1], signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0  # the whole job ended ...
+    for pid in ranks.values():  # ... and no rank is left behind
+        assert (
+            not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+        )
+    done_before = len(ckpt_io.list_checkpoints(out))
+    result, weights = single
+    assert done_before * 4 < result.steps  # killed mid-job
+
+    again = dprc_train(spec)
+    stdout, stderr = again.communicate(timeout=300)
+    assert again.returncode == 0, stderr[-3000:]
+    summary = json.loads(stdout[stdout.index("{") :])
+    assert summary["resumed_from"] > 0 and summary["status"] == "succeeded"
+    last = ckpt_io.latest_checkpoint(out)
+    assert last is not None
+    ledger = PrivacyLedger.from_json((last / "ledger.json").read_text())
+    assert sum(e.steps for e in ledger.events) == result.steps  # each step once
+    assert summary["epsilon"] == pytest.approx(result.epsilon, rel=1e-12)  # the plan's ε
+    assert_same_weights(final_weights(out), weights)
