@@ -63,6 +63,7 @@ bench: bench-install
 	$(PY) benchmarks/dpftrl_lm.py
 	$(PY) benchmarks/audit.py
 	$(PY) benchmarks/budget_contention.py
+	$(PY) benchmarks/distributed.py
 	$(PY) benchmarks/report.py
 
 # Utility of randomized vs exact clipping on real text (about 30 min on 2 cores).

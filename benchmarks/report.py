@@ -22,6 +22,8 @@ SECTIONS = [
     ("utility", "benchmarks/utility.py"),
     ("audit", "benchmarks/audit.py"),
     ("budget", "benchmarks/budget_contention.py"),
+    ("distributed", "benchmarks/distributed.py"),
+    ("distributed_cuda", "benchmarks/distributed.py --device cuda"),
 ]
 
 PREFACE = """# Benchmarks
