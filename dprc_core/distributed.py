@@ -57,6 +57,24 @@ def current_ranks(group: Any = None) -> Ranks:
     return Ranks(dist.get_rank(group), dist.get_world_size(group), group, device)
 
 
+def join_torchrun_group(device: str = "auto") -> bool:
+    """Under torchrun (``WORLD_SIZE`` > 1) initialise the default process group — NCCL with
+    one CUDA device per local rank when ``device`` allows CUDA and it is there, else gloo.
+    True if this call initialised it (the caller then destroys it)."""
+    import os
+
+    dist = torch.distributed
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return False
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but CUDA is not available")
+    cuda = device != "cpu" and torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    return True
+
+
 def shard_indices(indices: torch.Tensor, ranks: Ranks) -> torch.Tensor:
     """The part of a logical batch's example indices that ``ranks.rank`` computes."""
     if not ranks.distributed:

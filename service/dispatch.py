@@ -11,7 +11,9 @@ from typing import Protocol
 
 
 class Dispatcher(Protocol):
-    def submit(self, job_id: str) -> None: ...
+    def submit(self, job_id: str, devices: int = 1) -> None:
+        """Hand ``job_id`` (which trains on ``devices`` devices) to a worker that fits it."""
+        ...
 
     def stop(self) -> None: ...
 
@@ -19,7 +21,7 @@ class Dispatcher(Protocol):
 class NoDispatcher:
     """No worker in this process and no broker: jobs wait for a worker's sweep."""
 
-    def submit(self, job_id: str) -> None:
+    def submit(self, job_id: str, devices: int = 1) -> None:
         return None
 
     def stop(self) -> None:

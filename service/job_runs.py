@@ -38,6 +38,8 @@ class JobRequest:
     noise_multiplier: float
     sample_rate: float
     steps_total: int
+    devices: int = 1
+    attempts: int = 0
 
 
 def job_request(store: Store, job_id: str) -> JobRequest:
@@ -60,13 +62,18 @@ def job_request(store: Store, job_id: str) -> JobRequest:
             noise_multiplier=job.noise_multiplier,
             sample_rate=job.sample_rate,
             steps_total=job.steps_total,
+            devices=job.devices,
+            attempts=job.attempts,
         )
 
 
-def start_job(store: Store, job_id: str, owner: str, lease_seconds: int = 60) -> bool:
+def start_job(
+    store: Store, job_id: str, owner: str, lease_seconds: int = 60, devices: int = 1
+) -> bool:
     """Take the lease on a queued job (or one whose lease expired) and mark it running.
-    Returns False if another live worker holds it or the job is not runnable."""
-    return lifecycle.claim(store, job_id, owner, lease_seconds)
+    Returns False if another live worker holds it, the job needs more than ``devices``, or
+    the job is not runnable."""
+    return lifecycle.claim(store, job_id, owner, lease_seconds, devices)
 
 
 def record_event(store: Store, job_id: str, message: str) -> None:
@@ -145,6 +152,14 @@ def record_checkpoint(
         )
         session.commit()
         return ckpt.id
+
+
+def recorded_progress(store: Store, job_id: str) -> tuple[int, set[int]]:
+    """(steps done, the steps of the checkpoints recorded) of a job."""
+    with store.sessions() as session:
+        done = session.scalar(select(JobRow.steps_done).where(JobRow.id == job_id)) or 0
+        steps = set(session.scalars(select(Checkpoint.step).where(Checkpoint.job_id == job_id)))
+        return int(done), steps
 
 
 def mark_paused(store: Store, job_id: str, owner: str) -> bool:

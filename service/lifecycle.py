@@ -346,17 +346,20 @@ def carry_out_abandoned_request(store: Store, job_id: str, moment: datetime) -> 
     return paused is not None
 
 
-def claim(store: Store, job_id: str, owner: str, lease_seconds: int) -> bool:
+def claim(store: Store, job_id: str, owner: str, lease_seconds: int, devices: int = 1) -> bool:
     """Take the lease on a queued job, or on a running one whose lease expired (its worker
     died), and mark it running. False if another live worker holds it, a cancellation or
     pause is pending (an abandoned one is carried out first:
-    :func:`carry_out_abandoned_request`) or the job is not runnable."""
+    :func:`carry_out_abandoned_request`), the job needs more than the worker's ``devices``,
+    or the job is not runnable."""
     moment = utc_now()
     if carry_out_abandoned_request(store, job_id, moment):
         return False
 
     def claimable(job: JobRow) -> bool:
         if job.status not in (JobStatus.QUEUED, JobStatus.RUNNING) or job.cancel_requested:
+            return False
+        if job.devices > devices:  # another worker (one with enough devices) takes it
             return False
         held_elsewhere = job.lease_owner not in (None, owner)
         return not (
@@ -401,6 +404,22 @@ def renew_lease(store: Store, job_id: str, owner: str, lease_seconds: int) -> bo
         return True
 
 
+def release_lease(store: Store, job_id: str, owner: str) -> bool:
+    """End ``owner``'s lease now (the job stays running): the next sweep starts a new attempt,
+    which resumes from the last checkpoint. False if ``owner`` no longer holds it."""
+    with locked_session(store.sessions) as session:
+        try:
+            job, _ = _lock(session, job_id, None, with_file=False)
+        except NotFound:
+            return False
+        if job.status != JobStatus.RUNNING or job.lease_owner != owner:
+            return False
+        job.lease_owner = None
+        job.lease_expires_at = utc_now()
+        session.commit()
+        return True
+
+
 def lease_expired(expires_at: datetime | None, moment: datetime) -> bool:
     expires = aware(expires_at)
     return expires is None or expires <= moment
@@ -409,19 +428,26 @@ def lease_expired(expires_at: datetime | None, moment: datetime) -> bool:
 def runnable_job_ids(store: Store, queued_older_than: int = 0) -> list[str]:
     """Jobs a worker should (re)start: queued ones (created at least ``queued_older_than``
     seconds ago) and running ones whose lease expired (their worker died)."""
+    return [job_id for job_id, _ in runnable_jobs(store, queued_older_than)]
+
+
+def runnable_jobs(store: Store, queued_older_than: int = 0) -> list[tuple[str, int]]:
+    """(job id, devices) of :func:`runnable_job_ids`' jobs, in submission order."""
     moment = utc_now()
     with store.sessions() as session:
         rows = session.execute(
-            select(JobRow.id, JobRow.status, JobRow.lease_expires_at, JobRow.created_at)
+            select(
+                JobRow.id, JobRow.status, JobRow.lease_expires_at, JobRow.created_at, JobRow.devices
+            )
             .where(or_(JobRow.status == JobStatus.QUEUED, JobRow.status == JobStatus.RUNNING))
             .order_by(JobRow.seq)
         ).all()
     out = []
-    for job_id, status, expires, created in rows:
+    for job_id, status, expires, created, devices in rows:
         if status == JobStatus.QUEUED and now() - created >= queued_older_than:
-            out.append(job_id)
+            out.append((job_id, devices))
         elif status == JobStatus.RUNNING and lease_expired(expires, moment):
-            out.append(job_id)
+            out.append((job_id, devices))
     return out
 
 

@@ -65,6 +65,24 @@ class Settings(BaseSettings):
         description="times learning_rate_multiplier when no learning_rate is given",
     )
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")
+    worker_devices: int = Field(
+        default=1,
+        ge=1,
+        description="devices this worker gives one job (its ranks use cuda:0..N-1, or N CPU "
+        "processes); a worker takes jobs with `devices` up to this and, with Celery, consumes "
+        "the queues gpu, gpu-2, ..., gpu-N",
+    )
+    max_job_devices: int | None = Field(
+        default=None,
+        ge=1,
+        description="the most devices a job may ask for (the largest worker's worker_devices); "
+        "default: worker_devices. A job asking for more is refused at creation",
+    )
+    rank_attempts: int = Field(
+        default=3,
+        ge=1,
+        description="attempts of a multi-device job whose rank was killed before it is failed",
+    )
     log_level: str = Field(
         default="info",
         description="root log level of `dprc serve` and "

@@ -115,6 +115,7 @@ class Job(Base):
     )
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    devices: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
 
     __table_args__ = (Index("ix_jobs_tenant_seq", "tenant_id", "seq"),)
 

@@ -4,6 +4,13 @@ Run one process per GPU::
 
     celery -A worker.celery_app worker -Q gpu --concurrency 1 --prefetch-multiplier 1
 
+Jobs with ``devices: N`` > 1 go to the queue ``gpu-N``; a worker that gives one job D devices
+(``DPRC_WORKER_DEVICES=D``, its ranks on ``cuda:0..D-1``) consumes ``gpu,gpu-2,…,gpu-D``
+(:func:`worker_queues`; ``python -m worker.celery_app queues`` prints that list)::
+
+    DPRC_WORKER_DEVICES=4 celery -A worker.celery_app worker -Q gpu,gpu-2,gpu-3,gpu-4 \
+        --concurrency 1 --prefetch-multiplier 1
+
 ``acks_late`` with ``prefetch_multiplier=1``: a message is acknowledged only after its job has
 finished (or was found held by a live worker), and a worker takes one job at a time. The Redis
 visibility timeout is longer than any job (``DPRC_VISIBILITY_TIMEOUT_SECONDS``, default 7 days),
@@ -26,7 +33,7 @@ from typing import Any
 
 from celery import Celery, signals
 
-from service.lifecycle import runnable_job_ids
+from service.lifecycle import runnable_jobs
 from service.logging_setup import configure_logging
 from service.private_data import restrict_new_files
 from service.settings import Settings
@@ -55,19 +62,30 @@ def make_celery(settings: Settings) -> Celery:
     return celery
 
 
-def enqueue(celery: Celery, job_id: str) -> None:
-    celery.send_task(TASK_NAME, args=[job_id], queue=QUEUE)
+def queue_for(devices: int) -> str:
+    """The queue of jobs that train on ``devices`` devices."""
+    return QUEUE if devices <= 1 else f"{QUEUE}-{devices}"
+
+
+def worker_queues(settings: Settings) -> str:
+    """The ``-Q`` list of a worker that gives one job ``settings.worker_devices`` devices."""
+    return ",".join(queue_for(n) for n in range(1, settings.worker_devices + 1))
+
+
+def enqueue(celery: Celery, job_id: str, devices: int = 1) -> None:
+    celery.send_task(TASK_NAME, args=[job_id], queue=queue_for(devices))
 
 
 class CeleryDispatcher:
-    """The API process's side of the queue: job ids go to the ``gpu`` queue."""
+    """The API process's side of the queue: job ids go to the ``gpu`` queue (``gpu-N`` for
+    jobs on N devices)."""
 
     def __init__(self, settings: Settings):
         self.celery = make_celery(settings)
 
-    def submit(self, job_id: str) -> None:
+    def submit(self, job_id: str, devices: int = 1) -> None:
         try:
-            enqueue(self.celery, job_id)
+            enqueue(self.celery, job_id, devices)
         except Exception:  # the broker is down: the workers' sweep starts the job later
             log.exception("could not enqueue job %s; a worker sweep will pick it up", job_id)
 
@@ -103,8 +121,8 @@ def _sweep_forever(stop: threading.Event) -> None:
     while not stop.is_set():
         try:
             older = store.settings.sweep_seconds
-            for job_id in runnable_job_ids(store, queued_older_than=older):
-                enqueue(app, job_id)
+            for job_id, devices in runnable_jobs(store, queued_older_than=older):
+                enqueue(app, job_id, devices)
         except Exception:
             log.exception("sweep failed")
         stop.wait(store.settings.sweep_seconds)
@@ -129,3 +147,13 @@ def _start_sweeper(**_: object) -> None:
 @signals.worker_shutdown.connect
 def _stop_sweeper(**_: object) -> None:
     _sweeper_stop.set()
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] == ["queues"]:
+        print(worker_queues(Settings()))
+    else:
+        print("usage: python -m worker.celery_app queues", file=sys.stderr)
+        raise SystemExit(2)

@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 
-from service.lifecycle import runnable_job_ids
+from service.lifecycle import runnable_jobs
 from service.store import Store
 from worker.execution import execute_job, worker_id
 
@@ -40,7 +40,15 @@ class EmbeddedWorker:
         log.info("embedded worker %s started", self.owner)
         return self
 
-    def submit(self, job_id: str) -> None:
+    def submit(self, job_id: str, devices: int = 1) -> None:
+        if devices > self.store.settings.worker_devices:
+            log.warning(
+                "job %s needs %d devices, this worker has %d: left for another worker",
+                job_id,
+                devices,
+                self.store.settings.worker_devices,
+            )
+            return
         with self._lock:
             if job_id in self._pending:
                 return
@@ -56,8 +64,8 @@ class EmbeddedWorker:
     def _sweep(self) -> None:
         while not self._stop.is_set():
             try:
-                for job_id in runnable_job_ids(self.store):
-                    self.submit(job_id)
+                for job_id, devices in runnable_jobs(self.store):
+                    self.submit(job_id, devices)
             except Exception:
                 log.exception("embedded worker sweep failed")
             self._stop.wait(self.store.settings.sweep_seconds)

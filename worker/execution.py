@@ -8,6 +8,11 @@ between steps, with a final checkpoint) or ``failed`` with an error code and a m
 settles the file's budget reservation to the steps that ran. A job whose worker dies keeps
 ``running`` with an expiring lease; the next worker's sweep resumes it from its last
 checkpoint (the runner resumes from the job's run folder).
+
+A job with ``devices`` > 1 runs on that many ranks of this host (:mod:`worker.ranks`); the
+worker keeps the lease and records what rank 0 reports. A rank that is killed ends the attempt:
+the lease is released at once and the next sweep resumes the job from its last checkpoint, up
+to ``rank_attempts`` attempts, after which the job fails (``rank_failed``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from service.lifecycle import WorkerOutcome
 from service.model_registry import registry
 from service.private_data import run_folder
 from service.store import Store
+from worker.ranks import RankFailure, RanksDied, run_on_ranks
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +153,7 @@ def execute_job(
     """Run or resume ``job_id``. Returns what happened (:class:`WorkerOutcome`)."""
     owner = owner or worker_id()
     lease = store.settings.lease_seconds
-    if not runs.start_job(store, job_id, owner, lease):
+    if not runs.start_job(store, job_id, owner, lease, store.settings.worker_devices):
         return WorkerOutcome.SKIPPED
     beat = Heartbeat(store, job_id, owner, lease)
     try:
@@ -179,26 +185,28 @@ def execute_job(
                 or any(lifecycle.stop_requested(store, job_id))
             )
 
-        result = run_job(spec, on_progress=on_progress, should_stop=should_stop)
+        result: Any
+        if req.devices > 1:
+            result = run_on_ranks(spec, req.devices, on_progress, should_stop)
+        else:
+            result = run_job(spec, on_progress=on_progress, should_stop=should_stop)
         if result.steps != req.steps_total:
             raise JobFailure(
                 "plan_mismatch",
                 f"the runner planned {result.steps} steps, the job {req.steps_total}",
             )
-    except JobFailure as exc:
+    except RankFailure as exc:
         return _fail(store, job_id, exc.code, str(exc), beat)
-    except DataError as exc:
-        return _fail(store, job_id, "invalid_training_file", str(exc), beat)
-    except ModelLoadError as exc:
-        return _fail(store, job_id, "model_not_found", str(exc), beat)
-    except (ValueError, RuntimeError) as exc:
-        log.exception("job %s failed", job_id)
-        return _fail(store, job_id, "training_error", f"{type(exc).__name__}: {exc}", beat)
-    except Exception as exc:  # anything else: still end the job with a message
-        log.exception("job %s failed", job_id)
-        return _fail(store, job_id, "internal_error", f"{type(exc).__name__}: {exc}", beat)
+    except RanksDied as exc:
+        return _rank_died(store, job_id, owner, str(exc), beat)
+    except Exception as exc:
+        code, message = failure_of(exc)
+        if code in ("training_error", "internal_error"):
+            log.exception("job %s failed", job_id)
+        return _fail(store, job_id, code, message, beat)
     finally:
         beat.stop()
+    _record_missed_checkpoint(store, job_id, Path(spec.output_dir))
     if result.status == "succeeded":
         runs.end_job(store, job_id, lifecycle.JobStatus.SUCCEEDED)
         return WorkerOutcome.SUCCEEDED
@@ -210,6 +218,53 @@ def execute_job(
         return WorkerOutcome.CANCELLED
     if pause and runs.mark_paused(store, job_id, owner):
         return WorkerOutcome.PAUSED
+    return WorkerOutcome.INTERRUPTED
+
+
+def _record_missed_checkpoint(store: Store, job_id: str, out: Path) -> None:
+    """A worker killed after writing a checkpoint but before recording it leaves it on disk
+    only; the next attempt resumes from it (and, if it was the last, runs no step): record it
+    now, so that every ended job's last checkpoint is a downloadable one."""
+    latest = ckpt_io.latest_checkpoint(out)
+    if latest is None:
+        return
+    meta = json.loads((latest / "metadata.json").read_text())
+    step, eps = int(meta["step"]), float(meta["epsilon"])
+    done, recorded = runs.recorded_progress(store, job_id)
+    if step in recorded:
+        return
+    if step > done:
+        runs.record_progress(store, job_id, step, eps, {})
+    runs.record_checkpoint(store, job_id, step, eps, _archive(latest), {})
+
+
+def failure_of(exc: BaseException) -> tuple[str, str]:
+    """The job error (code, message) for an exception raised while running a job."""
+    if isinstance(exc, JobFailure):
+        return exc.code, str(exc)
+    if isinstance(exc, DataError):
+        return "invalid_training_file", str(exc)
+    if isinstance(exc, ModelLoadError):
+        return "model_not_found", str(exc)
+    if isinstance(exc, (ValueError, RuntimeError)):
+        return "training_error", f"{type(exc).__name__}: {exc}"
+    return "internal_error", f"{type(exc).__name__}: {exc}"  # still ends the job, with a message
+
+
+def _rank_died(
+    store: Store, job_id: str, owner: str, message: str, beat: Heartbeat
+) -> WorkerOutcome:
+    """A rank was killed: fail the job after ``rank_attempts`` attempts, else release the
+    lease so that the next sweep resumes it from its last checkpoint."""
+    beat.stop()
+    if beat.lost:
+        return WorkerOutcome.LEASE_LOST
+    attempts = runs.job_request(store, job_id).attempts
+    log.warning("job %s: attempt %d ended: %s", job_id, attempts, message[:500])
+    if attempts >= store.settings.rank_attempts:
+        return _fail(store, job_id, "rank_failed", f"attempt {attempts}: {message}", beat)
+    runs.record_event(store, job_id, f"A rank ended early (attempt {attempts}); resuming")
+    lifecycle.release_lease(store, job_id, owner)
     return WorkerOutcome.INTERRUPTED
 
 

@@ -30,7 +30,7 @@ def create_job(
 ) -> Job:
     job = service.create_job(get_store(request), caller, body, idempotency_key)
     if job.status == JobStatus.QUEUED:
-        get_dispatcher(request).submit(job.id)
+        get_dispatcher(request).submit(job.id, job.devices)
     return job
 
 
@@ -55,7 +55,7 @@ def pause_job(fine_tuning_job_id: str, request: Request, caller: CallerDep) -> J
 @router.post("/{fine_tuning_job_id}/resume", response_model=Job)
 def resume_job(fine_tuning_job_id: str, request: Request, caller: CallerDep) -> Job:
     job = service.resume(get_store(request), caller, fine_tuning_job_id)
-    get_dispatcher(request).submit(job.id)
+    get_dispatcher(request).submit(job.id, job.devices)
     return job
 
 

@@ -148,6 +148,13 @@ class JobCreate(Strict):
     suffix: str | None = Field(default=None, max_length=64)
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
     validation_file: None = Field(default=None, description="not supported (must be null)")
+    devices: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="devices of one worker host the job trains on (data-parallel ranks; one "
+        "Poisson batch per step split between them, the noise added once)",
+    )
 
     @field_validator("suffix")
     @classmethod
@@ -199,6 +206,7 @@ class Job(BaseModel):
     checkpoint_every: int | None
     cancel_requested: bool
     pause_requested: bool = False
+    devices: int = 1
 
 
 class JobList(BaseModel):

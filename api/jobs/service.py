@@ -28,6 +28,7 @@ from service.ids import new_id
 from service.job_events import add_event
 from service.lifecycle import Actor, JobStatus
 from service.pagination import cursor_page
+from service.settings import Settings
 from service.store import Store
 from service.tables import Checkpoint, File, IdempotencyKey, JobEvent, Tenant
 from service.tables import Job as JobRow
@@ -66,6 +67,7 @@ def to_object(row: JobRow, caller_org: str) -> Job:
         checkpoint_every=row.checkpoint_every,
         cancel_requested=row.cancel_requested,
         pause_requested=bool(row.pause_requested),
+        devices=row.devices,
     )
 
 
@@ -111,6 +113,7 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
                 return to_object(existing, _org(caller))
 
     model = models.get_model(store.settings, req.model)
+    _check_devices(store.settings, req.devices)
     with store.sessions() as session:
         file = _training_file(session, caller, req.training_file, locked=False)
         if file.purpose != "fine-tune" or file.n_examples is None:
@@ -149,6 +152,18 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
             if done is not None:
                 return done
             known = stale
+
+
+def _check_devices(settings: Settings, devices: int) -> None:
+    """A job no worker can ever fit is refused now, not left queued for ever."""
+    largest = settings.max_job_devices or settings.worker_devices
+    if devices > largest:
+        raise InvalidInput(
+            f"devices={devices}: the largest worker of this service has {largest} device(s) "
+            "(DPRC_MAX_JOB_DEVICES / DPRC_WORKER_DEVICES)",
+            param="devices",
+            code="devices_unavailable",
+        )
 
 
 _TURNS: dict[str, threading.Lock] = {}
@@ -377,6 +392,7 @@ def _insert_job(session: Session, caller: Caller, req: JobCreate, plan: planning
         result_files=[],
         cancel_requested=False,
         attempts=0,
+        devices=req.devices,
     )
     session.add(row)
     session.flush()

@@ -84,23 +84,6 @@ def _launch(args: argparse.Namespace) -> int:
     return subprocess.call(cmd)
 
 
-def _join_process_group(spec: Any) -> bool:
-    """Under torchrun (WORLD_SIZE > 1): initialise the process group; True if this call did."""
-    import os
-
-    import torch
-
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or torch.distributed.is_initialized():
-        return False
-    cuda = spec.device != "cpu" and torch.cuda.is_available()
-    if spec.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {spec.device!r} asked for, but CUDA is not available")
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    torch.distributed.init_process_group(backend="nccl" if cuda else "gloo")
-    return True
-
-
 def _train(args: argparse.Namespace) -> int:
     import os
 
@@ -111,8 +94,10 @@ def _train(args: argparse.Namespace) -> int:
         return _launch(args)
     import torch
 
+    from dprc_core.distributed import join_torchrun_group
+
     spec = load_spec(args.spec)
-    joined = _join_process_group(spec)
+    joined = join_torchrun_group(spec.device)
     try:
         return _train_here(args, spec)
     finally:

@@ -1,0 +1,232 @@
+"""Jobs on several devices (``devices: 2``): the worker runs their ranks under torchrun (gloo on
+this CPU), keeps the lease, records rank 0's progress; a SIGKILLed rank ends the attempt and a
+new one resumes from the checkpoint with the ledger exact and ε the plan's. Embedded (SQLite)
+and Celery (PostgreSQL, Redis) workers; a job no worker fits is refused at creation."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from dprc_core.accounting import PrivacyLedger, epsilon
+from tests.api.conftest import Server, _serve, _settings
+from tests.worker.conftest import learnable_lines, wait_for
+from tests.worker.test_celery_worker import broker, celery_server  # noqa: F401
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+@pytest.fixture(scope="module")
+def two_devices(tmp_path_factory) -> Iterator[Server]:
+    """SQLite + an embedded worker that gives a job 2 (CPU) devices."""
+    yield from _serve(
+        _settings(
+            tmp_path_factory.mktemp("dprc-devices"),
+            None,
+            embedded_worker=True,
+            lease_seconds=6,
+            sweep_seconds=1,
+            max_physical_batch_size=4,
+            worker_devices=2,
+            device="cpu",
+        )
+    )
+
+
+def _create(client, file_id: str, devices: int, epochs: int = 2, checkpoint_every: int = 4):
+    return client.fine_tuning.jobs.create(
+        model="dprc-tiny-llama",
+        training_file=file_id,
+        hyperparameters={
+            "n_epochs": epochs,
+            "batch_size": 8,
+            "learning_rate": 0.01,
+            "max_seq_len": 32,
+        },
+        extra_body={
+            "privacy": {"target_epsilon": 8.0, "clipping": {"method": "hutch", "k": 16}},
+            "checkpoint_every": checkpoint_every,
+            "devices": devices,
+        },
+    )
+
+
+def _rank_pids(root: int) -> dict[int, int]:
+    """LOCAL_RANK -> pid of torchrun ranks below process ``root``."""
+    found: dict[int, int] = {}
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        for item in env:
+            if item.startswith(b"LOCAL_RANK="):
+                found[int(item.split(b"=")[1])] = pid
+    return found
+
+
+def _wait_ranks(root: int, timeout: float = 120) -> dict[int, int]:
+    deadline = time.monotonic() + timeout
+    while set(ranks := _rank_pids(root)) != {0, 1}:
+        assert time.monotonic() < deadline, ranks
+        time.sleep(0.05)
+    return ranks
+
+
+def _assert_exact_ledger(client, job) -> None:
+    priv = job.model_extra["privacy"]
+    ckpts = client.fine_tuning.jobs.checkpoints.list(job.id).data
+    last = max(ckpts, key=lambda c: c.step_number)
+    assert last.step_number == priv["steps"]
+    archive = client.files.content(last.model_extra["file_id"]).read()
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        member = tar.extractfile("ledger.json")
+        assert member is not None
+        ledger = PrivacyLedger.from_json(member.read().decode())
+    assert sum(e.steps for e in ledger.events) == priv["steps"]  # each step once
+    want = epsilon(
+        priv["noise_multiplier"],
+        priv["sample_rate"],
+        priv["steps"],
+        priv["target_delta"],
+        "hutch",
+        16,
+    )
+    assert abs(priv["epsilon_spent"] - want) <= 1e-9 * want
+    assert abs(priv["planned_epsilon"] - want) <= 1e-9 * want
+
+
+def test_a_job_asking_for_more_devices_than_any_worker_has_is_refused(two_devices):
+    client = two_devices.client(two_devices.key("too-many"))
+    f = client.files.create(file=("train.jsonl", learnable_lines(16)), purpose="fine-tune")
+    with pytest.raises(openai.BadRequestError) as err:
+        _create(client, f.id, devices=3)
+    body = err.value.body
+    assert isinstance(body, dict)
+    assert body["code"] == "devices_unavailable" and body["param"] == "devices"
+    assert not client.fine_tuning.jobs.list().data  # nothing was created
+
+
+def test_a_two_device_job_survives_a_killed_rank(two_devices):
+    client = two_devices.client(two_devices.key("ddp"))
+    f = client.files.create(
+        file=("train.jsonl", learnable_lines(48)),
+        purpose="fine-tune",
+        extra_body={"epsilon_budget": 9.0},
+    )
+    job = _create(client, f.id, devices=2, epochs=4, checkpoint_every=3)
+    assert job.model_extra["devices"] == 2
+    deadline = time.monotonic() + 240
+    while not client.fine_tuning.jobs.checkpoints.list(job.id).data:
+        now = client.fine_tuning.jobs.retrieve(job.id)
+        assert now.status not in TERMINAL, now
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    ranks = _rank_pids(os.getpid())
+    assert set(ranks) == {0, 1}, ranks
+    os.kill(ranks[1], signal.SIGKILL)
+    job = wait_for(client, job.id, TERMINAL, timeout=300)
+    assert job.status == "succeeded", job.model_extra.get("error")
+    for pid in ranks.values():  # the first attempt left no process behind
+        assert not Path(f"/proc/{pid}").exists()
+    assert not _rank_pids(os.getpid())
+    messages = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100).data]
+    assert any(m.startswith("A rank ended early") for m in messages)
+    assert any(m.startswith("Resuming from the checkpoint at step") for m in messages)
+    _assert_exact_ledger(client, job)
+    budget = client.files.retrieve(f.id).model_extra["budget"]
+    assert budget["reserved"] == 0
+    assert abs(budget["spent"] - job.model_extra["privacy"]["epsilon_spent"]) <= 1e-6
+
+
+def _celery_worker(server: Server, queues: str) -> subprocess.Popen:
+    s = server.settings
+    env = {
+        **os.environ,
+        "DPRC_DATA_DIR": str(s.data_dir),
+        "DPRC_DATABASE_URL": s.database_url or "",
+        "DPRC_BROKER_URL": s.broker_url or "",
+        "DPRC_LEASE_SECONDS": "4",
+        "DPRC_SWEEP_SECONDS": "2",
+        "DPRC_MAX_PHYSICAL_BATCH_SIZE": "4",
+        "DPRC_WORKER_DEVICES": "2",
+        "DPRC_DEVICE": "cpu",
+        "PYTHONUNBUFFERED": "1",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", queues]
+        + ["--pool", "solo", "--concurrency", "1", "--prefetch-multiplier", "1"]
+        + ["--without-gossip", "--without-mingle", "-l", "warning"],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+    )
+
+
+def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, sig)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def test_a_celery_worker_killed_mid_job_leaves_no_rank_and_another_resumes(celery_server):  # noqa: F811
+    env = {**os.environ, "DPRC_WORKER_DEVICES": "2"}
+    queues = subprocess.run(
+        [sys.executable, "-m", "worker.celery_app", "queues"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert queues == "gpu,gpu-2"
+    celery_server.settings.max_job_devices = 2  # the API knows a 2-device worker exists
+    first = _celery_worker(celery_server, queues)
+    second = None
+    try:
+        client = celery_server.client(celery_server.key("celery-ddp"))
+        f = client.files.create(file=("train.jsonl", learnable_lines(32)), purpose="fine-tune")
+        job = _create(client, f.id, devices=2, epochs=4, checkpoint_every=3)
+        deadline = time.monotonic() + 240
+        while not client.fine_tuning.jobs.checkpoints.list(job.id).data:
+            assert client.fine_tuning.jobs.retrieve(job.id).status not in TERMINAL
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        ranks = _rank_pids(first.pid)
+        assert set(ranks) == {0, 1}, ranks
+        _stop(first, signal.SIGKILL)  # kill -9 the worker: its ranks must not run on
+        deadline = time.monotonic() + 30
+        while any(Path(f"/proc/{pid}").exists() for pid in ranks.values()):
+            assert time.monotonic() < deadline, "a rank outlived its worker"
+            time.sleep(0.1)
+        second = _celery_worker(celery_server, queues)
+        job = wait_for(client, job.id, TERMINAL, timeout=300)
+        assert job.status == "succeeded", job.model_extra.get("error")
+        messages = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100).data]
+        assert any(m.startswith("Resuming from the checkpoint at step") for m in messages)
+        _assert_exact_ledger(client, job)
+    finally:
+        celery_server.settings.max_job_devices = None
+        _stop(first)
+        if second is not None:
+            _stop(second)

@@ -1,0 +1,88 @@
+"""The processes of a multi-device job (see :mod:`worker.ranks`).
+
+``python -m worker.rank_main launch N CONTROL`` — the launcher: bound to the worker's life, it
+runs torchrun (``--standalone --nproc-per-node N --max-restarts=0``) with the rank program.
+``python -m worker.rank_main rank CONTROL`` — one rank: joins the process group and runs the
+job spec in ``CONTROL/spec.json``; rank 0 reports progress and the end through ``CONTROL``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from worker.ranks import die_with_parent
+
+
+def launch(devices: int, control: Path) -> int:
+    parent = os.getppid()
+    die_with_parent()
+    if os.getppid() != parent:  # the worker died before the binding took effect
+        return 1
+    from torch.distributed.run import main as torchrun
+
+    torchrun(
+        [
+            "--standalone",
+            f"--nproc-per-node={devices}",
+            "--max-restarts=0",
+            "-m",
+            "worker.rank_main",
+            "rank",
+            str(control),
+        ]
+    )
+    return 0
+
+
+def rank(control: Path) -> int:
+    parent = os.getppid()
+    die_with_parent()
+    if os.getppid() != parent:
+        return 1
+    import torch
+
+    from dprc_core.distributed import current_ranks, join_torchrun_group
+    from dprc_core.training.runner import JobSpec, Progress, run_job
+    from worker.execution import failure_of
+
+    spec = JobSpec.from_dict(json.loads((control / "spec.json").read_text()))
+    joined = join_torchrun_group(spec.device)
+    main = current_ranks().is_main
+    progress = control / "progress.jsonl"
+    stop = control / "stop"
+
+    def on_progress(p: Progress) -> None:
+        with progress.open("a") as f:
+            f.write(json.dumps(p.__dict__) + "\n")
+            f.flush()
+
+    try:
+        result = run_job(spec, on_progress=on_progress if main else None, should_stop=stop.exists)
+        if main:
+            (control / "result.json").write_text(
+                json.dumps({"status": result.status, "steps": result.steps})
+            )
+        return 0
+    except Exception as exc:
+        code, message = failure_of(exc)
+        (control / "error.json").write_text(json.dumps({"code": code, "message": message}))
+        raise
+    finally:
+        if joined:
+            torch.distributed.destroy_process_group()
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["launch"] and len(argv) == 3:
+        return launch(int(argv[1]), Path(argv[2]))
+    if argv[:1] == ["rank"] and len(argv) == 2:
+        return rank(Path(argv[1]))
+    print("usage: python -m worker.rank_main launch N CONTROL | rank CONTROL", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

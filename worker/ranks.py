@@ -1,0 +1,159 @@
+"""A job on several devices of this host: its ranks under ``torchrun``, watched by the worker.
+
+The worker process keeps the job's lease and heartbeat and talks to the store; the ranks only
+train (``worker.rank_main``: :func:`dprc_core.training.runner.run_job` in each rank, rank 0
+writing the checkpoints). They talk through files in the job's private run folder
+(``<run>/ranks/``, 0700):
+
+* ``spec.json`` — the job spec (it holds the seed: private, like the rest of the folder);
+* ``progress.jsonl`` — rank 0 appends one :class:`~dprc_core.training.runner.Progress` per step;
+  the worker turns each line into the same progress, checkpoint and event records a
+  single-device job makes;
+* ``stop`` — the worker creates it when the job must stop (cancel, pause, shutdown, lost
+  lease); rank 0 reads it between steps and every rank stops after the same checkpoint;
+* ``result.json`` (rank 0, on a clean end) or ``error.json`` (a rank's Python error: the job
+  fails with its code and message);
+* ``ranks.log`` — torchrun's and the ranks' output.
+
+A rank that dies without ``error.json`` (a signal, the OOM killer) makes torchrun stop the others
+(``--max-restarts=0``); :class:`RanksDied` tells the worker, which ends this attempt and lets a
+new one resume from the last checkpoint. Every process of the tree is bound to its parent's
+life (``PR_SET_PDEATHSIG``: the launcher dies with the worker, each rank with the launcher), and
+the worker stops the launcher on any way out (SIGTERM: torchrun stops its ranks; then SIGKILL),
+so no rank outlives the attempt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dprc_core.training.runner import JobSpec, Progress
+
+POLL_SECONDS = 0.2
+FILES = ("progress.jsonl", "stop", "result.json", "error.json")
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class RanksResult:
+    """What the worker needs of a multi-rank run that ended cleanly."""
+
+    status: str  # "succeeded" | "stopped"
+    steps: int
+
+
+class RanksDied(RuntimeError):
+    """A rank ended without a Python error (killed): the attempt is over, the job resumable."""
+
+
+class RankFailure(RuntimeError):
+    """A rank raised: the job fails with ``code``."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent exits (no orphaned ranks)."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def control_dir(spec: JobSpec) -> Path:
+    return Path(spec.output_dir) / "ranks"
+
+
+def run_on_ranks(
+    spec: JobSpec,
+    devices: int,
+    on_progress: Callable[[Progress], None],
+    should_stop: Callable[[], bool],
+) -> RanksResult:
+    """Run ``spec`` on ``devices`` ranks; returns when they end. Raises :class:`RankFailure`
+    or :class:`RanksDied`."""
+    control = control_dir(spec)
+    control.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for name in FILES:
+        (control / name).unlink(missing_ok=True)
+    (control / "spec.json").write_text(json.dumps(dataclasses.asdict(spec)))
+    cmd = [sys.executable, "-m", "worker.rank_main", "launch", str(devices), str(control)]
+    with open(control / "ranks.log", "ab") as log:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: signalled as one on the way out
+        )
+    try:
+        return _watch(proc, control, on_progress, should_stop)
+    finally:
+        _kill_tree(proc)
+
+
+def _watch(
+    proc: subprocess.Popen,
+    control: Path,
+    on_progress: Callable[[Progress], None],
+    should_stop: Callable[[], bool],
+) -> RanksResult:
+    offset = 0
+    stop = control / "stop"
+    while True:
+        ended = proc.poll() is not None
+        offset = _forward_progress(control / "progress.jsonl", offset, on_progress)
+        if ended:
+            break
+        if not stop.exists() and should_stop():
+            stop.touch()
+        time.sleep(POLL_SECONDS)
+    result, error = control / "result.json", control / "error.json"
+    if result.exists() and proc.returncode == 0:
+        data = json.loads(result.read_text())
+        return RanksResult(status=data["status"], steps=int(data["steps"]))
+    if error.exists():
+        data = json.loads(error.read_text())
+        raise RankFailure(data["code"], data["message"])
+    tail = (control / "ranks.log").read_bytes()[-2000:].decode(errors="replace")
+    raise RanksDied(f"a rank ended without finishing (torchrun exit {proc.returncode}): {tail}")
+
+
+def _forward_progress(path: Path, offset: int, on_progress: Callable[[Progress], None]) -> int:
+    """Hand every complete new line of ``path`` to ``on_progress``; the new offset."""
+    if not path.exists():
+        return offset
+    with path.open("rb") as f:
+        f.seek(offset)
+        chunk = f.read()
+    end = chunk.rfind(b"\n") + 1  # a line rank 0 is still writing waits for the next poll
+    for line in chunk[:end].splitlines():
+        if line.strip():
+            on_progress(Progress(**json.loads(line)))
+    return offset + end
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGTERM the ranks' process group, SIGKILL what is left after a grace period."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the group, if any
+    proc.wait()
