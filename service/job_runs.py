@@ -4,22 +4,42 @@ after running it (progress, checkpoints, the end). Status changes go through
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 
+from dprc_core.training.results import results_csv
 from service import lifecycle
 from service.clock import now
 from service.db import locked_session
-from service.file_storage import store_result_file
+from service.file_storage import storage_dir, store_result_file
 from service.ids import new_id
 from service.job_events import add_event
 from service.lifecycle import Actor, JobStatus
 from service.store import Store
-from service.tables import Checkpoint, File
+from service.tables import Checkpoint, File, JobEvent
 from service.tables import Job as JobRow
+
+# The validation file's id is kept in the job row's ``hyperparameters`` JSON under this key
+# (the jobs table has no column for it yet); the API shows it as the job's
+# ``validation_file``, never among its hyperparameters.
+VALIDATION_FILE_KEY = "validation_file"
+
+# Metrics computed on the private training data (not covered by DP): dropped when the job
+# says ``report_train_loss: false``. ``valid_loss`` is not among them: it is a function of the
+# released model and the validation file only.
+TRAINING_DATA_METRICS = ("train_loss", "clipped_fraction")
+
+PROGRESS_MESSAGE = "Step {step}/{steps}"  # the message of a step's metrics event
+
+
+def validation_file_id(job: JobRow) -> str | None:
+    value = (job.hyperparameters or {}).get(VALIDATION_FILE_KEY)
+    return str(value) if value is not None else None
 
 
 @dataclass(frozen=True)
@@ -40,6 +60,8 @@ class JobRequest:
     steps_total: int
     devices: int = 1
     attempts: int = 0
+    validation_file: str | None = None  # the validation file's id, if the job has one
+    validation_path: Path | None = None  # its data; None when the file was deleted
 
 
 def job_request(store: Store, job_id: str) -> JobRequest:
@@ -49,13 +71,24 @@ def job_request(store: Store, job_id: str) -> JobRequest:
             raise LookupError(f"no such job {job_id}")
         file = session.scalar(select(File).where(File.id == job.training_file_id))
         assert file is not None
+        validation_path = None
+        valid_id = validation_file_id(job)
+        if valid_id is not None:
+            valid = session.scalar(
+                select(File).where(
+                    File.id == valid_id, File.tenant_id == job.tenant_id, File.deleted.is_(False)
+                )
+            )
+            validation_path = Path(valid.storage_path) if valid is not None else None
+        hyperparameters = dict(job.hyperparameters)
+        hyperparameters.pop(VALIDATION_FILE_KEY, None)
         return JobRequest(
             id=job.id,
             tenant_id=job.tenant_id,
             model=job.model,
             file_path=Path(file.storage_path),
             n_examples=int(file.n_examples or 0),
-            hyperparameters=dict(job.hyperparameters),
+            hyperparameters=hyperparameters,
             privacy=dict(job.privacy),
             seed=int(job.seed),
             checkpoint_every=job.checkpoint_every,
@@ -64,6 +97,8 @@ def job_request(store: Store, job_id: str) -> JobRequest:
             steps_total=job.steps_total,
             devices=job.devices,
             attempts=job.attempts,
+            validation_file=valid_id,
+            validation_path=validation_path,
         )
 
 
@@ -84,10 +119,10 @@ def record_event(store: Store, job_id: str, message: str) -> None:
 
 
 def _without_loss(job: JobRow, metrics: dict[str, Any]) -> dict[str, Any]:
-    """Training loss is not covered by DP: dropped when the job says ``report_train_loss:
-    false``."""
+    """Training loss and clipping statistics are not covered by DP: dropped when the job says
+    ``report_train_loss: false`` (:data:`TRAINING_DATA_METRICS`)."""
     if not job.privacy.get("report_train_loss", True):
-        return {k: v for k, v in metrics.items() if "loss" not in k}
+        return {k: v for k, v in metrics.items() if k not in TRAINING_DATA_METRICS}
     return metrics
 
 
@@ -110,7 +145,7 @@ def record_progress(
         add_event(
             session,
             job.id,
-            f"Step {steps_done}/{job.steps_total}",
+            PROGRESS_MESSAGE.format(step=steps_done, steps=job.steps_total),
             type_="metrics",
             data={"step": steps_done, "epsilon_spent": epsilon_spent, **metrics},
         )
@@ -125,12 +160,13 @@ def record_checkpoint(
     archive: Path,
     metrics: dict[str, Any] | None = None,
 ) -> str:
-    """Register a checkpoint archive as a file of the job's tenant."""
+    """Register a checkpoint archive as a file of the job's tenant. Its ``metrics`` are
+    OpenAI's checkpoint metrics (``step``, ``train_loss``, ``valid_loss``) plus ``epsilon``
+    (spent up to ``step``) and the step's other statistics."""
     with locked_session(store.sessions) as session:
         job = session.scalar(select(JobRow).where(JobRow.id == job_id))
         assert job is not None
-        if metrics:
-            metrics = _without_loss(job, metrics)
+        metrics = {**_without_loss(job, dict(metrics or {})), "epsilon": epsilon_at_step}
         row = store_result_file(session, store, job.tenant_id, archive, f"{job.id}-step-{step}.tar")
         ckpt = Checkpoint(
             id=new_id("ftckpt"),
@@ -148,7 +184,11 @@ def record_checkpoint(
             job.id,
             f"Checkpoint at step {step}",
             type_="metrics",
-            data={"step": step, "epsilon_spent": epsilon_at_step, **(metrics or {})},
+            data={
+                "step": step,
+                "epsilon_spent": epsilon_at_step,
+                **{k: v for k, v in metrics.items() if k != "epsilon"},
+            },
         )
         session.commit()
         return ckpt.id
@@ -196,6 +236,7 @@ def end_job(
     target = JobStatus(status)
     if target not in lifecycle.TERMINAL:
         raise ValueError(f"not a terminal status: {status}")
+    record_results(store, job_id)
     lifecycle.move(
         store,
         job_id,
@@ -208,3 +249,52 @@ def end_job(
         error_message=error_message,
         lease_owner=None,
     )
+
+
+def results_rows(session: Any, job_id: str) -> list[dict[str, Any]]:
+    """One row per step (:data:`dprc_core.training.results.RESULT_COLUMNS`) from the job's
+    step events: the last event of a step wins (an attempt that resumed after a crash replays
+    the steps after its checkpoint). ``epsilon`` is the events' ``epsilon_spent``."""
+    events = session.scalars(
+        select(JobEvent)
+        .where(JobEvent.job_id == job_id, JobEvent.type == "metrics")
+        .order_by(JobEvent.seq)
+    )
+    by_step: dict[int, dict[str, Any]] = {}
+    for event in events:
+        data = event.data or {}
+        step = data.get("step")
+        if not isinstance(step, int) or not event.message.startswith("Step "):
+            continue
+        by_step[step] = {
+            "step": step,
+            "train_loss": data.get("train_loss"),
+            "valid_loss": data.get("valid_loss"),
+            "epsilon": data.get("epsilon_spent"),
+            "clipped_fraction": data.get("clipped_fraction"),
+            "batch_size": data.get("batch_size"),
+            "dropped": data.get("dropped"),
+        }
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def record_results(store: Store, job_id: str) -> str | None:
+    """The results CSV of a running job that is ending, as a ``fine-tune-results`` file of
+    its tenant listed in its ``result_files``; None when the job is not running or ran no
+    step. What it holds is what the job's metrics events hold (``report_train_loss: false``
+    leaves ``train_loss`` and ``clipped_fraction`` empty)."""
+    with locked_session(store.sessions) as session:
+        job = session.scalar(select(JobRow).where(JobRow.id == job_id))
+        if job is None or job.status != JobStatus.RUNNING.value:
+            return None
+        rows = results_rows(session, job.id)
+        if not rows:
+            return None
+        fd, name = tempfile.mkstemp(suffix=".csv", dir=storage_dir(store, job.tenant_id))
+        with os.fdopen(fd, "w") as fh:
+            fh.write(results_csv(rows))
+        row = store_result_file(session, store, job.tenant_id, Path(name), f"{job.id}-results.csv")
+        job.result_files = [*list(job.result_files or []), row.id]
+        add_event(session, job.id, f"Results file {row.id}: {len(rows)} steps")
+        session.commit()
+        return row.id

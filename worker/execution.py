@@ -32,6 +32,7 @@ from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.data import DataError
 from dprc_core.training.models import LoraSpec, ModelLoadError
 from dprc_core.training.runner import JobSpec, Progress, run_job
+from dprc_core.training.validation import ValidationDataError
 from service import builtin_models as builtin
 from service import job_runs as runs
 from service import lifecycle
@@ -99,6 +100,13 @@ def build_spec(store: Store, req: runs.JobRequest) -> JobSpec:
         )
     if not req.file_path.is_file():
         raise JobFailure("training_file_missing", "the training file's data is missing on disk")
+    if req.validation_file is not None and (
+        req.validation_path is None or not req.validation_path.is_file()
+    ):
+        raise JobFailure(
+            "validation_file_missing",
+            f"the validation file {req.validation_file} was deleted or its data is missing",
+        )
     hp, pr = req.hyperparameters, req.privacy
     lr = hp.get("learning_rate")
     if lr is None:
@@ -111,6 +119,7 @@ def build_spec(store: Store, req: runs.JobRequest) -> JobSpec:
         model=str(model.path),
         task=model.task,
         train_file=str(req.file_path),
+        validation_file=str(req.validation_path) if req.validation_path is not None else None,
         output_dir=str(run_dir(store, req.id)),
         epochs=int(hp["n_epochs"]),
         batch_size=int(hp["batch_size"]),
@@ -172,6 +181,8 @@ def execute_job(
                 metrics["train_loss"] = p.loss
             if p.clipped_fraction is not None:
                 metrics["clipped_fraction"] = p.clipped_fraction
+            if p.valid_loss is not None:
+                metrics["valid_loss"] = p.valid_loss
             runs.record_progress(store, job_id, p.step, p.epsilon or 0.0, metrics)
             if p.checkpoint is not None:
                 runs.record_checkpoint(
@@ -242,6 +253,8 @@ def failure_of(exc: BaseException) -> tuple[str, str]:
     """The job error (code, message) for an exception raised while running a job."""
     if isinstance(exc, JobFailure):
         return exc.code, str(exc)
+    if isinstance(exc, ValidationDataError):
+        return "invalid_validation_file", str(exc)
     if isinstance(exc, DataError):
         return "invalid_training_file", str(exc)
     if isinstance(exc, ModelLoadError):

@@ -147,7 +147,16 @@ class JobCreate(Strict):
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
     suffix: str | None = Field(default=None, max_length=64)
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
-    validation_file: None = Field(default=None, description="not supported (must be null)")
+    validation_file: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_.:-]+$",
+        description="a fine-tune file of the same tenant and format, other than the training "
+        "file and without a privacy budget: valid_loss (mean per-example loss on all of it) "
+        "at every checkpoint. It costs the training file no privacy budget; valid_loss is not "
+        "private with respect to the validation file",
+    )
     devices: int = Field(
         default=1,
         ge=1,
@@ -236,6 +245,10 @@ class EventList(BaseModel):
 
 
 class Checkpoint(BaseModel):
+    """``metrics``: ``step``, ``epsilon`` (spent up to the step), ``valid_loss`` (with a
+    validation file), ``train_loss`` and ``clipped_fraction`` (unless
+    ``report_train_loss: false``), ``batch_size``, ``dropped``."""
+
     id: str
     object: Literal["fine_tuning.job.checkpoint"] = "fine_tuning.job.checkpoint"
     created_at: int

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -19,7 +20,7 @@ from api.jobs.schemas import Checkpoint as CheckpointObject
 from api.jobs.schemas import Event, Job, JobCreate, JobError, Ledger
 from api.keys.service import Caller
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger
-from service import budget, lifecycle, planning
+from service import budget, job_runs, lifecycle, planning
 from service import model_registry as models
 from service.clock import now
 from service.db import locked_session
@@ -51,7 +52,9 @@ def to_object(row: JobRow, caller_org: str) -> Job:
         error=error,
         fine_tuned_model=row.fine_tuned_model,
         finished_at=row.finished_at,
-        hyperparameters=row.hyperparameters,
+        hyperparameters={
+            k: v for k, v in row.hyperparameters.items() if k != job_runs.VALIDATION_FILE_KEY
+        },
         model=row.model,
         organization_id=caller_org,
         result_files=list(row.result_files or []),
@@ -59,6 +62,7 @@ def to_object(row: JobRow, caller_org: str) -> Job:
         status=JobStatus(row.status),
         trained_tokens=row.trained_tokens,
         training_file=row.training_file_id,
+        validation_file=job_runs.validation_file_id(row),
         metadata=row.job_metadata,
         user_provided_suffix=row.suffix,
         privacy=privacy,
@@ -130,6 +134,8 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
             param="training_file",
             code="invalid_file",
         )
+    if req.validation_file is not None:
+        _check_validation_file(store, caller, req, FORMATS_FOR_TASK[model.task])
     plan = planning.make_plan(plan_request(req), n, store.settings.default_k)
     models.ensure_local(model)  # builds the built-in tiny LM on first use
     new_event = plan.event()  # built before the locks (ν-DP-FTRL's needs its sensitivity)
@@ -283,6 +289,52 @@ def _training_file(session: Session, caller: Caller, file_id: str, *, locked: bo
     return file
 
 
+def _check_validation_file(
+    store: Store, caller: Caller, req: JobCreate, formats: tuple[str, ...]
+) -> None:
+    """The validation file: the caller's fine-tune data set (else 404), of a format the model's
+    task reads, not the training file (its loss would be a non-private statistic of the training
+    data) and without a privacy budget (valid_loss is not a DP release of it)."""
+    assert req.validation_file is not None
+    param = "validation_file"
+    with store.sessions() as session:
+        file = session.scalar(
+            select(File).where(
+                File.id == req.validation_file,
+                File.tenant_id == caller.tenant_id,
+                File.deleted.is_(False),
+            )
+        )
+        if file is None:
+            raise NotFound(
+                f"no such file: {req.validation_file[:64]!r}", param=param, code="file_not_found"
+            )
+        if file.purpose != "fine-tune" or file.n_examples is None:
+            raise InvalidInput(
+                f"file {file.id} is not a fine-tune data set", param=param, code="invalid_file"
+            )
+        if file.id == req.training_file:
+            raise InvalidInput(
+                "the validation file is the training file: its valid_loss would be a "
+                "statistic of the training data that differential privacy does not cover",
+                param=param,
+                code="invalid_file",
+            )
+        if file.data_format not in formats:
+            raise InvalidInput(
+                f"file {file.id} is {file.data_format}; the model needs {' or '.join(formats)}",
+                param=param,
+                code="invalid_file",
+            )
+        if file.epsilon_budget is not None:
+            raise InvalidInput(
+                f"file {file.id} has a privacy budget: valid_loss on it is not a "
+                "differentially private release, so it cannot be a validation file",
+                param=param,
+                code="invalid_file",
+            )
+
+
 def _check_active_jobs(session: Session, caller: Caller, limit: int) -> None:
     active = (
         session.scalar(
@@ -343,7 +395,7 @@ def plan_request(req: JobCreate) -> planning.PlanRequest:
 def _insert_job(session: Session, caller: Caller, req: JobCreate, plan: planning.Plan) -> JobRow:
     hp = req.hyperparameters
     lrm = hp.learning_rate_multiplier
-    hyper = {
+    hyper: dict[str, Any] = {
         "n_epochs": plan.n_epochs,
         "batch_size": plan.batch_size,
         "learning_rate_multiplier": None
@@ -354,6 +406,8 @@ def _insert_job(session: Session, caller: Caller, req: JobCreate, plan: planning
         "lora": hp.lora.model_dump() if hp.lora else None,
         "train_only": hp.train_only,
     }
+    if req.validation_file is not None:
+        hyper[job_runs.VALIDATION_FILE_KEY] = req.validation_file
     pr = req.privacy
     privacy = {
         "target_epsilon": pr.target_epsilon,

@@ -6,6 +6,11 @@ machine-readable object). A job is given either by ``--sample-rate`` and ``--ste
 planner's rule, :func:`dprc_core.accounting.steps.planned_steps`, so the steps calibrated here
 are the steps ``dprc train`` and the service run). ``--mechanism nu_dpftrl`` routes to
 :mod:`dprc_core.accounting.dpftrl_cli`, which computes and returns; this module prints.
+
+``--server [URL]`` sends the same job to a dprc server's ``/v1/accountant`` instead
+(:func:`api_request` builds the request from the same arguments, so q and steps are the
+planner's here too). The server's client is supplied by the ``dprc`` console script as the
+``remote_accountant`` default: this library imports no client.
 """
 
 from __future__ import annotations
@@ -78,6 +83,15 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
         "default: dimension-free envelope)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--server",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="URL",
+        help="ask a dprc server (URL, or the configured one: DPRC_SERVER_URL or the client "
+        "config) instead of computing here",
+    )
 
 
 def _job(args: argparse.Namespace) -> tuple[float, int, dict[str, Any]]:
@@ -134,7 +148,43 @@ def _common(event: PrivacyEvent, delta: float, extra: dict[str, Any]) -> dict[st
     }
 
 
+def api_request(args: argparse.Namespace, kind: str) -> dict[str, Any]:
+    """The ``/v1/accountant`` request body (``kind``: epsilon or sigma) for these arguments,
+    with q and steps derived as the local command derives them."""
+    if args.mechanism == NU_DPFTRL:
+        job = dpftrl_cli._job(args)  # the local command's checks and pattern
+        body: dict[str, Any] = {
+            "mechanism": NU_DPFTRL,
+            "nu": args.nu,
+            "bands": args.bands,
+            "steps": job["steps"],
+            "participations": job["participations"],
+            "min_separation": job["min_separation"],
+        }
+    else:
+        dpftrl_cli.refuse_ftrl_options(args)
+        q, steps, _extra = _job(args)
+        body = {"sample_rate": q, "steps": steps, "clipping": args.clipping}
+        body.update({"k": args.k, "rank": args.rank})
+        if kind == "sigma":
+            body["rel_tol"] = args.rel_tol
+    if kind == "epsilon":
+        body.update({"noise_multiplier": args.noise_multiplier, "delta": args.delta})
+    else:
+        body.update({"target_epsilon": args.epsilon, "target_delta": args.delta})
+    return body
+
+
+def _remote(args: argparse.Namespace, kind: str) -> int:
+    handler = getattr(args, "remote_accountant", None)
+    if handler is None:
+        raise ValueError("--server needs the dprc client (run the `dprc` console script)")
+    return int(handler(kind, api_request(args, kind), args))
+
+
 def _epsilon_command(args: argparse.Namespace) -> int:
+    if args.server is not None:
+        return _remote(args, "epsilon")
     if args.mechanism == NU_DPFTRL:
         result, headline = dpftrl_cli.epsilon(args)
         _report(result, args.json, headline, "epsilon")
@@ -148,6 +198,8 @@ def _epsilon_command(args: argparse.Namespace) -> int:
 
 
 def _sigma_command(args: argparse.Namespace) -> int:
+    if args.server is not None:
+        return _remote(args, "sigma")
     if args.mechanism == NU_DPFTRL:
         result, headline = dpftrl_cli.sigma(args)
         _report(result, args.json, headline, "noise_multiplier")

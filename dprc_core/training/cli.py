@@ -54,7 +54,7 @@ def load_spec(path: str | Path):
         raise ValueError(f"cannot read job spec {path}: {exc}") from exc
     if not isinstance(data, dict):
         raise ValueError(f"job spec {path} must be a mapping of fields")
-    for key in ("model", "train_file", "output_dir"):
+    for key in ("model", "train_file", "validation_file", "output_dir"):
         if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
             data[key] = str((path.parent / data[key]).resolve())
     return JobSpec.from_dict(data)

@@ -6,7 +6,10 @@ wraps LoRA, tokenizes the JSONL file, plans the privacy (q, steps, δ, σ — se
 planned steps; a logical batch is split into micro-batches of at most
 ``max_physical_batch_size`` and noise is added once per logical batch. Every step is recorded
 in the privacy ledger as it runs; checkpoints (:mod:`dprc_core.training.checkpoint`) are written
-every ``checkpoint_every`` steps, when asked to stop, and at the end.
+every ``checkpoint_every`` steps, when asked to stop, and at the end. Each step's row goes to
+``results.csv`` in ``output_dir`` (:mod:`dprc_core.training.results`); with a
+``validation_file`` every checkpoint also scores ``valid_loss`` on it
+(:mod:`dprc_core.training.validation`, evaluation only).
 
 Resume: a run whose ``output_dir`` holds a checkpoint continues at the next step with the
 saved weights, optimizer, sampler and generator states. Steps after the last checkpoint of a
@@ -46,7 +49,9 @@ from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.data import TASKS, TokenizedData, label_names, load_jsonl, tokenize
 from dprc_core.training.models import LoraSpec, load_model, load_tokenizer
 from dprc_core.training.plan import PrivacyPlan, plan_privacy
+from dprc_core.training.results import ResultsFile
 from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
+from dprc_core.training.validation import prepare_validation, validation_loss
 
 OPTIMIZERS = ("adam", "sgd")
 
@@ -59,6 +64,8 @@ class JobSpec:
     task: str  # causal_lm | classification
     train_file: str
     output_dir: str
+    # a held-out JSONL file of the same format: valid_loss at every checkpoint (validation.py)
+    validation_file: str | None = None
     epochs: float = 1.0
     batch_size: float = 32  # expected Poisson batch size
     learning_rate: float = 1e-3
@@ -161,6 +168,7 @@ class Progress:
     # `epsilon_every` steps, else ε at the next multiple of `epsilon_every` (never stale)
     epsilon: float | None
     checkpoint: str | None = None
+    valid_loss: float | None = None  # at checkpoints, with a validation file (validation.py)
 
 
 @dataclass
@@ -221,6 +229,9 @@ def run_job(
     device = _rank_device(_device(spec.device), ranks)
     tokenizer = load_tokenizer(spec.model)
     data, classes = prepare_data(spec, tokenizer)
+    valid = prepare_validation(
+        spec.validation_file, spec.task, tokenizer, spec.max_seq_len, classes
+    )
     latest = ckpt_io.latest_checkpoint(out) if resume else None
     resumed = ckpt_io.load_resume(latest) if latest is not None else None
     model = _load_model(spec, classes, latest, data, device)
@@ -239,8 +250,12 @@ def run_job(
     if resumed is not None:
         run.restore(*resumed)
     run.last_checkpoint = latest
+    run.validation = valid
+    recording = (  # rank 0 alone writes results.csv (and reports progress)
+        _recording(ResultsFile(out, run.resumed_from), on_progress) if ranks.is_main else None
+    )
     try:
-        status = run.steps(data, device, on_progress, should_stop)
+        status = run.steps(data, device, recording, should_stop)
     finally:
         engine.detach()
     if run.last_checkpoint is None and ranks.is_main:  # zero steps cannot happen (steps >= 1)
@@ -257,6 +272,29 @@ def run_job(
         resumed_from=run.resumed_from,
         losses=run.losses if spec.report_train_loss else [],
     )
+
+
+def _recording(
+    results: ResultsFile, on_progress: Callable[[Progress], None] | None
+) -> Callable[[Progress], None]:
+    """``on_progress`` that first appends the step's row to ``results.csv``."""
+
+    def record(p: Progress) -> None:
+        results.append(
+            {
+                "step": p.step,
+                "train_loss": p.loss,
+                "valid_loss": p.valid_loss,
+                "epsilon": p.epsilon,
+                "clipped_fraction": p.clipped_fraction,
+                "batch_size": p.batch_size,
+                "dropped": p.dropped,
+            }
+        )
+        if on_progress is not None:
+            on_progress(p)
+
+    return record
 
 
 def _load_model(
@@ -386,6 +424,7 @@ class _Run:
         self.last_checkpoint: Path | None = None
         self._eps: dict[int, float] = {}
         self.ranks = Ranks()
+        self.validation: TokenizedData | None = None  # scored at checkpoints
 
     def restore(self, state: dict, opt_state: dict, rng: dict, ledger_json: str) -> None:
         """Optimizer, engine (generators and noise), sampler and ledger as checkpointed."""
@@ -519,7 +558,14 @@ class _Run:
             dropped=stats.dropped,
             epsilon=self.epsilon_at(self.done) if saved else self.epsilon_bound(),
             checkpoint=saved,
+            valid_loss=self._valid_loss() if saved else None,
         )
+
+    def _valid_loss(self) -> float | None:
+        if self.validation is None:
+            return None
+        size = self.spec.max_physical_batch_size
+        return validation_loss(self.model, self.validation, self.spec.task, size)
 
 
 @torch.no_grad()

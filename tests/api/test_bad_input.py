@@ -143,7 +143,7 @@ BAD_JOBS = [
     ({"hyperparameters": {"n_epochs": 1000, "batch_size": 1}}, 400, "hyperparameters.n_epochs"),
     ({"hyperparameters": {"warmup": 3}}, 422, "hyperparameters.warmup"),
     ({"unknown_field": 1}, 422, "unknown_field"),
-    ({"validation_file": "file-x"}, 422, "validation_file"),
+    ({"validation_file": "file-x"}, 404, "validation_file"),
     ({"suffix": "../x"}, 422, "suffix"),
     ({"training_file": "file-missing"}, 404, "training_file"),
     ({"privacy": None}, 422, "privacy"),

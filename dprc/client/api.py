@@ -1,0 +1,151 @@
+"""The client: the official ``openai`` package against ``<server>/v1`` (files, jobs, events,
+checkpoints, cancel, pause, resume) and its raw ``get``/``post`` with the same base URL and key
+for dprc's own endpoints (budget, ledger, accountant). Every answer is a plain JSON-like dict;
+every failure is a :class:`ClientError` with one line for the user."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from dprc.client.config import ClientConfig
+
+
+class ClientError(RuntimeError):
+    """An HTTP error (the server's OpenAI-style error, in one line) or no connection."""
+
+
+def _plain(obj: Any) -> Any:
+    """An SDK object (extras included) as plain JSON data."""
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump(mode="json")
+    return obj
+
+
+def describe_error(exc: openai.APIError, server_url: str) -> str:
+    if isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__ or exc
+        return f"cannot reach the dprc server at {server_url}: {cause}"
+    if isinstance(exc, openai.APIStatusError):
+        body = exc.body if isinstance(exc.body, dict) else {}
+        message = body.get("message") or exc.response.text[:300] or exc.message
+        code = body.get("code")
+        param = body.get("param")
+        where = f" (param {param})" if param else ""
+        return f"HTTP {exc.status_code}{' ' + code if code else ''}: {message}{where}"
+    return str(exc)
+
+
+class Client:
+    def __init__(self, config: ClientConfig, timeout: float = 120.0, max_retries: int = 2):
+        self.config = config
+        self.sdk = openai.OpenAI(
+            base_url=f"{config.server_url}/v1",
+            api_key=config.api_key,
+            timeout=timeout,
+            max_retries=max_retries,
+        )
+
+    def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
+        try:
+            return _plain(fn(*args, **kw))
+        except openai.APIError as exc:
+            raise ClientError(describe_error(exc, self.config.server_url)) from None
+
+    def _get(self, path: str, **params: Any) -> Any:
+        query = {k: v for k, v in params.items() if v is not None}
+        return self._call(self.sdk.get, path, cast_to=object, options={"params": query})
+
+    def _post(self, path: str, body: dict[str, Any] | None = None, **kw: Any) -> Any:
+        return self._call(self.sdk.post, path, body=body, cast_to=object, **kw)
+
+    # -- files
+    def upload(
+        self, path: Path, purpose: str, epsilon_budget: float | None, delta: float | None
+    ) -> dict[str, Any]:
+        extra = {
+            k: str(v)
+            for k, v in (("epsilon_budget", epsilon_budget), ("delta", delta))
+            if v is not None
+        }
+        try:
+            content = path.read_bytes()
+        except OSError as exc:
+            raise ClientError(f"cannot read {path}: {exc}") from None
+        return self._call(
+            self.sdk.files.create,
+            file=(path.name, content),
+            purpose=purpose,  # dprc accepts its own purposes
+            extra_body=extra or None,
+        )
+
+    def list_files(self, purpose: str | None = None) -> list[dict[str, Any]]:
+        return self._get("/files", purpose=purpose)["data"]
+
+    def get_file(self, file_id: str) -> dict[str, Any]:
+        return self._call(self.sdk.files.retrieve, file_id)
+
+    def delete_file(self, file_id: str) -> dict[str, Any]:
+        return self._call(self.sdk.files.delete, file_id)
+
+    def file_content(self, file_id: str) -> bytes:
+        try:
+            return self.sdk.files.content(file_id).read()
+        except openai.APIError as exc:
+            raise ClientError(describe_error(exc, self.config.server_url)) from None
+
+    def set_budget(self, file_id: str, epsilon: float, delta: float | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"epsilon_budget": epsilon}
+        if delta is not None:
+            body["delta"] = delta
+        return self._post(f"/files/{file_id}/budget", body)
+
+    # -- jobs
+    def create_job(self, body: dict[str, Any], idempotency_key: str | None) -> dict[str, Any]:
+        """``POST /fine_tuning/jobs`` with an Idempotency-Key (a fresh one by default), so the
+        SDK's retries after a time-out never create or reserve twice."""
+        key = idempotency_key or f"dprc-cli-{uuid.uuid4()}"
+        return self._post("/fine_tuning/jobs", body, options={"headers": {"Idempotency-Key": key}})
+
+    def list_jobs(self, limit: int, after: str | None = None) -> dict[str, Any]:
+        return self._get("/fine_tuning/jobs", limit=limit, after=after)
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        return self._call(self.sdk.fine_tuning.jobs.retrieve, job_id)
+
+    def events(self, job_id: str, limit: int = 20, after: str | None = None) -> dict[str, Any]:
+        kw: dict[str, Any] = {"limit": limit}
+        if after is not None:
+            kw["after"] = after
+        return self._call(self.sdk.fine_tuning.jobs.list_events, job_id, **kw)
+
+    def checkpoints(self, job_id: str) -> list[dict[str, Any]]:
+        """Every checkpoint of the job (all pages)."""
+        out: list[dict[str, Any]] = []
+        after: str | None = None
+        while True:
+            page = self._get(f"/fine_tuning/jobs/{job_id}/checkpoints", limit=100, after=after)
+            out += page["data"]
+            if not page["has_more"] or not page["data"]:
+                return out
+            after = page["data"][-1]["id"]
+
+    def ledger(self, job_id: str) -> dict[str, Any]:
+        return self._get(f"/fine_tuning/jobs/{job_id}/ledger")
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._call(self.sdk.fine_tuning.jobs.cancel, job_id)
+
+    def pause(self, job_id: str) -> dict[str, Any]:  # raw: older SDKs have no jobs.pause
+        return self._post(f"/fine_tuning/jobs/{job_id}/pause")
+
+    def resume(self, job_id: str) -> dict[str, Any]:
+        return self._post(f"/fine_tuning/jobs/{job_id}/resume")
+
+    # -- accountant
+    def accountant(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        path = {"epsilon": "/accountant/epsilon", "sigma": "/accountant/noise_multiplier"}[kind]
+        return self._post(path, body)

@@ -1,0 +1,473 @@
+"""The client's sub-commands: ``dprc login``, ``dprc files …`` and ``dprc jobs …``.
+
+Every command takes ``--server URL`` (else ``DPRC_SERVER_URL`` or the client config, see
+:mod:`dprc.client.config`) and ``--json`` (the server's objects as JSON, for scripts; tables
+otherwise). Errors are one line on stderr and exit status 2; ``jobs get --follow`` exits with
+the job's outcome (:mod:`dprc.client.follow`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import io
+import json
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from dprc.client import follow as follow_mod
+from dprc.client.api import Client, ClientError
+from dprc.client.config import load_config, save_config
+from dprc.client.tables import fields, number, table, when
+
+CLIENT_COMMANDS = ("login", "files", "jobs")
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--server", metavar="URL", help="server URL (default: DPRC_SERVER_URL or the client config)"
+    )
+    common.add_argument("--json", action="store_true", help="print the server's JSON")
+    return common
+
+
+def add_subparsers(sub: Any) -> None:
+    """Register ``login``, ``files`` and ``jobs`` on the ``dprc`` command's sub-parsers."""
+    common = _common()
+    login = sub.add_parser(
+        "login",
+        help="save the server URL and an API key (read from stdin) in the client config",
+    )
+    login.add_argument("--server", metavar="URL", required=True)
+    login.set_defaults(func=_login)
+    _add_files(sub, common)
+    _add_jobs(sub, common)
+
+
+def _add_files(sub: Any, common: argparse.ArgumentParser) -> None:
+    files = sub.add_parser("files", help="data sets and result files on a dprc server")
+    fsub = files.add_subparsers(dest="files_command", required=True)
+    up = fsub.add_parser("upload", parents=[common], help="upload a JSONL data set")
+    up.add_argument("path", type=Path)
+    up.add_argument("--purpose", default="fine-tune")
+    up.add_argument("--epsilon-budget", type=float, help="privacy budget of the data set")
+    up.add_argument("--delta", type=float, help="δ of the budget (default: 1/N^1.1)")
+    up.set_defaults(func=_files_upload)
+    ls = fsub.add_parser("list", parents=[common], help="list files")
+    ls.add_argument("--purpose")
+    ls.set_defaults(func=_files_list)
+    for name, func, text in (
+        ("get", _files_get, "show a file"),
+        ("delete", _files_delete, "delete a file"),
+    ):
+        p = fsub.add_parser(name, parents=[common], help=text)
+        p.add_argument("file_id")
+        p.set_defaults(func=func)
+    bud = fsub.add_parser("budget", parents=[common], help="show or set a data set's budget")
+    bud.add_argument("file_id")
+    bud.add_argument("--set", type=float, dest="epsilon", metavar="EPSILON")
+    bud.add_argument("--delta", type=float)
+    bud.set_defaults(func=_files_budget)
+    dl = fsub.add_parser("download", parents=[common], help="download a file's content")
+    dl.add_argument("file_id")
+    dl.add_argument("-o", "--output", help="path (default: the file's name; - for stdout)")
+    dl.set_defaults(func=_files_download)
+
+
+def _add_jobs(sub: Any, common: argparse.ArgumentParser) -> None:
+    jobs = sub.add_parser("jobs", help="fine-tuning jobs on a dprc server")
+    jsub = jobs.add_subparsers(dest="jobs_command", required=True)
+    create = jsub.add_parser("create", parents=[common], help="create a fine-tuning job")
+    _job_arguments(create)
+    create.set_defaults(func=_jobs_create)
+    ls = jsub.add_parser("list", parents=[common], help="list jobs, newest first")
+    ls.add_argument("--limit", type=int, default=20)
+    ls.set_defaults(func=_jobs_list)
+    get = jsub.add_parser("get", parents=[common], help="show a job (--follow: live)")
+    get.add_argument("job_id")
+    _follow_arguments(get)
+    get.set_defaults(func=_jobs_get)
+    ev = jsub.add_parser("events", parents=[common], help="a job's events, oldest first")
+    ev.add_argument("job_id")
+    ev.add_argument("--limit", type=int, default=100)
+    ev.set_defaults(func=_jobs_events)
+    for name, func, text in (
+        ("checkpoints", _jobs_checkpoints, "a job's checkpoints and their metrics"),
+        ("ledger", _jobs_ledger, "a job's privacy ledger"),
+        ("cancel", _jobs_move, "cancel a job"),
+        ("pause", _jobs_move, "pause a job (it stops at a checkpoint)"),
+        ("resume", _jobs_move, "resume a paused job"),
+    ):
+        p = jsub.add_parser(name, parents=[common], help=text)
+        p.add_argument("job_id")
+        p.set_defaults(func=func, move=name)
+    dl = jsub.add_parser(
+        "download", parents=[common], help="download a checkpoint archive or the results CSV"
+    )
+    dl.add_argument("job_id")
+    which = dl.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, help="the checkpoint at this step (default: last)")
+    which.add_argument("--results", action="store_true", help="the results CSV")
+    dl.add_argument("-o", "--output", help="path (default: <job>-step-N.tar or -results.csv)")
+    dl.add_argument("--extract", type=Path, metavar="DIR", help="extract the archive here")
+    dl.set_defaults(func=_jobs_download)
+
+
+def _job_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="an allow-listed model (see GET /v1/models)")
+    p.add_argument("--training-file", help="file id")
+    p.add_argument("--validation-file", help="file id: valid_loss at every checkpoint")
+    p.add_argument(
+        "--body",
+        type=Path,
+        help="a JSON file with the whole request (the options here override its fields)",
+    )
+    hp = p.add_argument_group("hyperparameters")
+    hp.add_argument("--epochs", type=int, dest="n_epochs")
+    hp.add_argument("--batch-size", type=int, help="expected Poisson batch size")
+    hp.add_argument("--learning-rate", type=float)
+    hp.add_argument("--learning-rate-multiplier", type=float)
+    hp.add_argument("--max-seq-len", type=int)
+    priv = p.add_argument_group("privacy")
+    priv.add_argument("--target-epsilon", type=float)
+    priv.add_argument("--target-delta", type=float)
+    priv.add_argument("--max-grad-norm", type=float)
+    priv.add_argument("--norm-method", help="exact | hutch | hutchpp | auto")
+    priv.add_argument("--k", type=int, help="projection dimension (randomized methods)")
+    priv.add_argument(
+        "--no-train-loss",
+        action="store_true",
+        help="report_train_loss: false (training loss is not covered by DP)",
+    )
+    p.add_argument("--checkpoint-every", type=int)
+    p.add_argument("--seed", type=int, help="keep a chosen seed as secret as the data")
+    p.add_argument("--suffix")
+    p.add_argument("--idempotency-key", help="default: a fresh one (safe retries)")
+    _follow_arguments(p)
+
+
+def _follow_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--follow", action="store_true", help="follow the job until it ends")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between polls")
+    p.add_argument("--timeout", type=float, help="stop following after this many seconds")
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(load_config(args.server))
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=True))
+
+
+def _budget(f: dict[str, Any]) -> str:
+    b = f.get("budget")
+    if not b:
+        return "-"
+    return f"ε {number(b['epsilon'])} (remaining {number(b['remaining'])})"
+
+
+FILE_COLUMNS = [
+    ("ID", lambda f: f["id"]),
+    ("FILENAME", lambda f: f["filename"]),
+    ("PURPOSE", lambda f: f["purpose"]),
+    ("EXAMPLES", lambda f: f.get("n_examples")),
+    ("FORMAT", lambda f: f.get("format")),
+    ("BUDGET", _budget),
+    ("CREATED", lambda f: when(f["created_at"])),
+]
+JOB_COLUMNS = [
+    ("ID", lambda j: j["id"]),
+    ("STATUS", lambda j: j["status"]),
+    ("MODEL", lambda j: j["model"]),
+    ("STEP", lambda j: f"{j['steps_done']}/{j['steps_total']}"),
+    ("EPSILON", lambda j: j["privacy"].get("epsilon_spent")),
+    ("TARGET", lambda j: j["privacy"].get("target_epsilon")),
+    ("CREATED", lambda j: when(j["created_at"])),
+]
+
+
+def _show_file(f: dict[str, Any]) -> None:
+    print(table([f], FILE_COLUMNS))
+
+
+# -- login and files --------------------------------------------------------------------------
+
+
+def _login(args: argparse.Namespace) -> int:
+    if sys.stdin.isatty():
+        key = getpass.getpass("API key: ")
+    else:
+        key = sys.stdin.readline()
+    if not key.strip():
+        raise ValueError("no API key given on stdin")
+    path = save_config(args.server, key)
+    print(f"saved the server URL and key in {path} (mode 0600)", file=sys.stderr)
+    return 0
+
+
+def _files_upload(args: argparse.Namespace) -> int:
+    f = _client(args).upload(args.path, args.purpose, args.epsilon_budget, args.delta)
+    _print_json(f) if args.json else _show_file(f)
+    return 0
+
+
+def _files_list(args: argparse.Namespace) -> int:
+    data = _client(args).list_files(args.purpose)
+    _print_json(data) if args.json else print(table(data, FILE_COLUMNS))
+    return 0
+
+
+def _files_get(args: argparse.Namespace) -> int:
+    f = _client(args).get_file(args.file_id)
+    _print_json(f) if args.json else _show_file(f)
+    return 0
+
+
+def _files_delete(args: argparse.Namespace) -> int:
+    out = _client(args).delete_file(args.file_id)
+    _print_json(out) if args.json else print(f"deleted {out['id']}")
+    return 0
+
+
+def _files_budget(args: argparse.Namespace) -> int:
+    client = _client(args)
+    if args.epsilon is not None:
+        f = client.set_budget(args.file_id, args.epsilon, args.delta)
+    elif args.delta is not None:
+        raise ValueError("--delta goes with --set EPSILON")
+    else:
+        f = client.get_file(args.file_id)
+    budget = f.get("budget")
+    if args.json:
+        _print_json(budget)
+    elif budget is None:
+        print(f"file {f['id']} has no privacy budget")
+    else:
+        names = ["epsilon", "delta", "spent", "reserved", "committed", "remaining"]
+        print(fields(budget, names))
+    return 0
+
+
+def _write(data: bytes, output: str) -> None:
+    if output == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
+    Path(output).write_bytes(data)
+    print(f"wrote {output} ({len(data)} bytes)", file=sys.stderr)
+
+
+def _files_download(args: argparse.Namespace) -> int:
+    client = _client(args)
+    output = args.output or Path(client.get_file(args.file_id)["filename"]).name
+    _write(client.file_content(args.file_id), output)
+    return 0
+
+
+# -- jobs -------------------------------------------------------------------------------------
+
+
+def job_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The create request: ``--body`` (if given) with the options set on top."""
+    body: dict[str, Any] = {}
+    if args.body is not None:
+        try:
+            body = json.loads(args.body.read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot read --body {args.body}: {exc}") from exc
+        if not isinstance(body, dict):
+            raise ValueError(f"--body {args.body} must hold a JSON object")
+    for name in ("model", "training_file", "validation_file", "checkpoint_every", "seed", "suffix"):
+        if getattr(args, name) is not None:
+            body[name] = getattr(args, name)
+    hp = body.setdefault("hyperparameters", {})
+    for name in ("n_epochs", "batch_size", "learning_rate", "learning_rate_multiplier"):
+        if getattr(args, name) is not None:
+            hp[name] = getattr(args, name)
+    if args.max_seq_len is not None:
+        hp["max_seq_len"] = args.max_seq_len
+    priv = body.setdefault("privacy", {})
+    for name in ("target_epsilon", "target_delta", "max_grad_norm"):
+        if getattr(args, name) is not None:
+            priv[name] = getattr(args, name)
+    if args.norm_method is not None or args.k is not None:
+        clip = priv.setdefault("clipping", {})
+        if args.norm_method is not None:
+            clip["method"] = args.norm_method
+        if args.k is not None:
+            clip["k"] = args.k
+    if args.no_train_loss:
+        priv["report_train_loss"] = False
+    missing = [
+        flag
+        for flag, have in (
+            ("--model", "model" in body),
+            ("--training-file", "training_file" in body),
+            ("--target-epsilon", "target_epsilon" in priv),
+        )
+        if not have
+    ]
+    if missing:
+        raise ValueError(f"jobs create needs {', '.join(missing)} (or them in --body)")
+    return body
+
+
+def _show_job(job: dict[str, Any]) -> None:
+    p = job["privacy"]
+    flat = {
+        "id": job["id"],
+        "status": job["status"],
+        "model": job["model"],
+        "training_file": job["training_file"],
+        "validation_file": job.get("validation_file"),
+        "steps": f"{job['steps_done']}/{job['steps_total']}",
+        "epsilon_spent": p.get("epsilon_spent"),
+        "planned_epsilon": p.get("planned_epsilon"),
+        "target": f"ε {number(p.get('target_epsilon'))} at δ {number(p.get('target_delta'))}",
+        "noise_multiplier": p.get("noise_multiplier"),
+        "sample_rate": p.get("sample_rate"),
+        "result_files": ", ".join(job.get("result_files") or []) or None,
+        "fine_tuned_model": job.get("fine_tuned_model"),
+        "created": when(job["created_at"]),
+        "finished": when(job.get("finished_at")),
+    }
+    err = job.get("error")
+    if err:
+        flat["error"] = f"{err.get('code')}: {err.get('message')}"
+    print(fields(flat, list(flat)))
+
+
+def _jobs_create(args: argparse.Namespace) -> int:
+    client = _client(args)
+    job = client.create_job(job_body(args), args.idempotency_key)
+    if args.follow:
+        if not args.json:
+            print(f"created {job['id']}", file=sys.stderr)
+        return follow_mod.follow(client, job["id"], args.json, args.interval, args.timeout)
+    _print_json(job) if args.json else _show_job(job)
+    return 0
+
+
+def _jobs_list(args: argparse.Namespace) -> int:
+    page = _client(args).list_jobs(args.limit)
+    _print_json(page["data"]) if args.json else print(table(page["data"], JOB_COLUMNS))
+    return 0
+
+
+def _jobs_get(args: argparse.Namespace) -> int:
+    client = _client(args)
+    if args.follow:
+        return follow_mod.follow(client, args.job_id, args.json, args.interval, args.timeout)
+    job = client.get_job(args.job_id)
+    _print_json(job) if args.json else _show_job(job)
+    return 0
+
+
+def _jobs_events(args: argparse.Namespace) -> int:
+    data = list(reversed(_client(args).events(args.job_id, limit=args.limit)["data"]))
+    if args.json:
+        _print_json(data)
+        return 0
+    for e in data:
+        extra = ""
+        if e.get("data") and e.get("type") == "metrics":
+            extra = "  " + " ".join(f"{k}={number(v)}" for k, v in e["data"].items())
+        print(f"{when(e['created_at'])}  {e['level']:<5}  {e['message']}{extra}")
+    return 0
+
+
+def _jobs_checkpoints(args: argparse.Namespace) -> int:
+    data = sorted(_client(args).checkpoints(args.job_id), key=lambda c: c["step_number"])
+    if args.json:
+        _print_json(data)
+        return 0
+    columns = [
+        ("STEP", lambda c: c["step_number"]),
+        ("EPSILON", lambda c: c["epsilon"]),
+        ("TRAIN_LOSS", lambda c: c["metrics"].get("train_loss")),
+        ("VALID_LOSS", lambda c: c["metrics"].get("valid_loss")),
+        ("FILE", lambda c: c["file_id"]),
+        ("CHECKPOINT", lambda c: c["id"]),
+    ]
+    print(table(data, columns))
+    return 0
+
+
+def _getter(key: str) -> Any:
+    return lambda row: row.get(key)
+
+
+def _jobs_ledger(args: argparse.Namespace) -> int:
+    led = _client(args).ledger(args.job_id)
+    if args.json:
+        _print_json(led)
+        return 0
+    print(f"epsilon spent {number(led['epsilon_spent'], 6)} at delta {number(led['delta'])}")
+    rows = led["ledger"].get("events", [])
+    if rows:
+        keys = [k for k in rows[0] if k not in ("format",)]
+        print(table(rows, [(k.upper(), _getter(k)) for k in keys]))
+    planned = led["planned"]
+    print("planned: " + ", ".join(f"{k}={number(v)}" for k, v in planned.items()))
+    return 0
+
+
+def _jobs_move(args: argparse.Namespace) -> int:
+    client = _client(args)
+    job = getattr(client, args.move)(args.job_id)
+    if args.json:
+        _print_json(job)
+    else:
+        pending = (
+            " (requested: the worker stops after its step)"
+            if (job.get("cancel_requested") or job.get("pause_requested"))
+            and job["status"] == "running"
+            else ""
+        )
+        print(f"{job['id']}: {job['status']}{pending}")
+    return 0
+
+
+def _results_file(client: Client, job: dict[str, Any]) -> dict[str, Any]:
+    for file_id in reversed(job.get("result_files") or []):
+        f = client.get_file(file_id)
+        if f["filename"].endswith("-results.csv"):
+            return f
+    raise ClientError(f"job {job['id']} has no results file yet (it is written when it ends)")
+
+
+def _jobs_download(args: argparse.Namespace) -> int:
+    client = _client(args)
+    if args.results:
+        if args.extract is not None:
+            raise ValueError("--extract is for checkpoint archives")
+        f = _results_file(client, client.get_job(args.job_id))
+        _write(client.file_content(f["id"]), args.output or f["filename"])
+        return 0
+    ckpts = client.checkpoints(args.job_id)
+    if not ckpts:
+        raise ClientError(f"job {args.job_id} has no checkpoint yet")
+    if args.step is None:
+        ckpt = max(ckpts, key=lambda c: c["step_number"])
+    else:
+        found = [c for c in ckpts if c["step_number"] == args.step]
+        if not found:
+            steps = sorted(c["step_number"] for c in ckpts)
+            raise ClientError(f"job {args.job_id} has no checkpoint at step {args.step} ({steps})")
+        ckpt = found[0]
+    data = client.file_content(ckpt["file_id"])
+    if args.extract is not None:
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            tar.extractall(args.extract, filter="data")  # no links out, no absolute paths
+        print(f"extracted step {ckpt['step_number']} into {args.extract}", file=sys.stderr)
+        if args.output is None:
+            return 0
+    _write(data, args.output or f"{args.job_id}-step-{ckpt['step_number']}.tar")
+    return 0
