@@ -397,11 +397,58 @@ class PrivacyEngine:
             for p in self.params:
                 p.grad = None
         self._add_noise_and_normalise()
+        before = self._fingerprints()
         self.optimizer.step()
+        self._check_update(before)
         self.steps += 1
         stats = self._step_stats()
         self._reset_batch()
         return stats
+
+    @torch.no_grad()
+    def _fingerprints(self) -> list[torch.Tensor]:
+        """(Σp, ‖p‖) accumulated in float64 for each trainable parameter the model has *now*:
+        two reductions, no copy of the weights kept, and changed by any update short of one
+        that cancels exactly in both."""
+        return [
+            torch.stack(
+                (p.sum(dtype=torch.float64), torch.linalg.vector_norm(p, dtype=torch.float64))
+            )
+            for p in trainable_parameters(self.model)
+        ]
+
+    @torch.no_grad()
+    def _check_update(self, before: list[torch.Tensor]) -> None:
+        """After ``optimizer.step()``: when the learning rate is non-zero and the (noised)
+        update is not zero, at least one trainable parameter of the model must have changed.
+
+        A run whose weights never move while its loss and ε look normal is what happens when
+        the model's parameters are replaced after the optimizer was built (Opacus #820: peft
+        LoRA with ``.to(device)`` after the wrapping; also ``load_state_dict(assign=True)``):
+        the optimizer then updates tensors the model no longer uses."""
+        lr = [float(g.get("lr", 0.0)) for g in self.optimizer.param_groups if g["params"]]
+        if not any(v != 0 for v in lr):
+            return
+        if not any(p.grad is not None and bool(p.grad.any()) for p in self.params):
+            return  # σ = 0 and an empty (or all-zero) batch: nothing to move
+        after = self._fingerprints()
+        if len(after) == len(before) and not all(map(torch.equal, before, after)):
+            return
+        current = {id(p) for p in trainable_parameters(self.model)}
+        stepped = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
+        why = (
+            "the model's trainable parameters are not the tensors the optimizer holds: they "
+            "were replaced after the optimizer and the engine were built (e.g. by .to(), "
+            "get_peft_model or load_state_dict(assign=True)); build the optimizer and the "
+            "engine from the model as it will train"
+            if current != stepped
+            else "the optimizer step left every parameter unchanged (learning rate too small "
+            "for the parameters' precision?)"
+        )
+        raise RuntimeError(
+            f"step {self.steps + 1}: no trainable parameter of the model changed although the "
+            f"learning rate is {max(lr, key=abs):g} and the update is non-zero; {why}"
+        )
 
     def _add_noise_and_normalise(self) -> None:
         """Noise once for the logical batch, then divide by the expected batch size; refuse to

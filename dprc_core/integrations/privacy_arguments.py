@@ -1,0 +1,111 @@
+"""``PrivacyArguments``: the DP settings of a :class:`~dprc_core.integrations.hf_trainer.DPTrainer`.
+
+A plain dataclass, usable on its own or with ``transformers.HfArgumentParser`` beside
+``TrainingArguments`` (``parser = HfArgumentParser((TrainingArguments, PrivacyArguments))``).
+Field names follow dp-transformers where they mean the same: ``per_sample_max_grad_norm``,
+``target_epsilon`` xor ``noise_multiplier``, ``target_delta`` (default: our rule, 1/N^1.1
+rounded down). Importing this module does not import transformers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from dprc_core.mechanism_names import canonical_mechanism
+from dprc_core.norm_methods import method_names
+
+
+def _positive_number(name: str, value: object, *, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value <= 0:  # type: ignore[arg-type, operator]
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+@dataclass
+class PrivacyArguments:
+    """How a :class:`DPTrainer` privatises training (docs/training.md, "DPTrainer")."""
+
+    per_sample_max_grad_norm: float = field(
+        default=1.0, metadata={"help": "C: each example's gradient is clipped to this L2 norm"}
+    )
+    target_epsilon: float | None = field(
+        default=None,
+        metadata={"help": "calibrate the noise multiplier for this ε (xor noise_multiplier)"},
+    )
+    noise_multiplier: float | None = field(
+        default=None, metadata={"help": "σ, used as given (xor target_epsilon)"}
+    )
+    target_delta: float | None = field(
+        default=None, metadata={"help": "δ; default 1/N^1.1 rounded down (always < 1/N)"}
+    )
+    norm_method: str = field(
+        default="hutch",
+        metadata={"help": "per-sample norm method: exact | fgc | ghost | hutch | hutchpp | auto"},
+    )
+    k: int = field(default=32, metadata={"help": "sketch dimension of hutch / hutchpp"})
+    noise_mechanism: str = field(
+        default="gaussian",
+        metadata={"help": "gaussian (Poisson DP-SGD) | nu_dpftrl (fixed-order, exact norms)"},
+    )
+    nu: float | None = field(default=None, metadata={"help": "nu_dpftrl: the damping in [0, 1]"})
+    bands: int | None = field(default=None, metadata={"help": "nu_dpftrl: banding (None: none)"})
+    max_epsilon: float | None = field(
+        default=None,
+        metadata={"help": "stop training (with a message) before ε spent would exceed this"},
+    )
+    max_seq_len: int | None = field(
+        default=None, metadata={"help": "norm_method=auto: the longest sequence the model sees"}
+    )
+    clipping_mode: str = field(
+        default="bookkeeping", metadata={"help": "bookkeeping (one backward) | two_pass"}
+    )
+    dp_seed: int | None = field(
+        default=None,
+        metadata={
+            "help": "seed of the noise, projections and Poisson sampling; default: a fresh secret "
+            "one (never TrainingArguments.seed: noise from a known seed is no noise)"
+        },
+    )
+
+    def __post_init__(self) -> None:
+        _positive_number(
+            "per_sample_max_grad_norm", self.per_sample_max_grad_norm, allow_none=False
+        )
+        if (self.target_epsilon is None) == (self.noise_multiplier is None):
+            raise ValueError(
+                "give exactly one of target_epsilon (σ is calibrated for it) and "
+                f"noise_multiplier (σ as given); got target_epsilon={self.target_epsilon!r}, "
+                f"noise_multiplier={self.noise_multiplier!r}"
+            )
+        _positive_number("target_epsilon", self.target_epsilon)
+        nm = self.noise_multiplier
+        if nm is not None and (
+            isinstance(nm, bool)
+            or not isinstance(nm, (int, float))
+            or not math.isfinite(nm)
+            or nm < 0
+        ):
+            raise ValueError(f"noise_multiplier must be a finite number >= 0, got {nm!r}")
+        _positive_number("target_delta", self.target_delta)
+        _positive_number("max_epsilon", self.max_epsilon)
+        if self.norm_method not in method_names():
+            raise ValueError(
+                f"norm_method must be one of {method_names()}, got {self.norm_method!r}"
+            )
+        self.noise_mechanism = canonical_mechanism(self.noise_mechanism)  # raises if unknown
+        for name in ("k", "max_seq_len", "bands"):
+            v = getattr(self, name)
+            if v is None and name != "k":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.clipping_mode not in ("bookkeeping", "two_pass"):
+            raise ValueError(
+                f"clipping_mode must be 'bookkeeping' or 'two_pass', got {self.clipping_mode!r}"
+            )
+        s = self.dp_seed
+        if s is not None and (isinstance(s, bool) or not isinstance(s, int) or s < 0):
+            raise ValueError(f"dp_seed must be a non-negative integer, got {s!r}")
