@@ -32,7 +32,9 @@ VALIDATION_FILE_KEY = "validation_file"
 # Metrics computed on the private training data (not covered by DP): dropped when the job
 # says ``report_train_loss: false``. ``valid_loss`` is not among them: it is a function of the
 # released model and the validation file only.
-TRAINING_DATA_METRICS = ("train_loss", "clipped_fraction")
+# computed on the private training data and not covered by DP: the realised Poisson batch size
+# and the dropped count reveal (±1) whether an example was in the batch, like the loss
+TRAINING_DATA_METRICS = ("train_loss", "clipped_fraction", "batch_size", "dropped")
 
 PROGRESS_MESSAGE = "Step {step}/{steps}"  # the message of a step's metrics event
 
@@ -119,7 +121,8 @@ def record_event(store: Store, job_id: str, message: str) -> None:
 
 
 def _without_loss(job: JobRow, metrics: dict[str, Any]) -> dict[str, Any]:
-    """Training loss and clipping statistics are not covered by DP: dropped when the job says
+    """Training loss, clipping statistics and the realised batch sizes are not covered by DP:
+    dropped when the job says
     ``report_train_loss: false`` (:data:`TRAINING_DATA_METRICS`)."""
     if not job.privacy.get("report_train_loss", True):
         return {k: v for k, v in metrics.items() if k not in TRAINING_DATA_METRICS}
