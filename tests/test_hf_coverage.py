@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import grad_norms, torch_func_per_sample_grads, trainable_named
-from hf_zoo import ARCHS, with_lora
 
 import dprc_core
+from tests.conftest import grad_norms, torch_func_per_sample_grads, trainable_named
+from tests.hf_zoo import ARCHS, with_lora
 
 MODES = ("full", "lora")
 RTOL = 1e-10

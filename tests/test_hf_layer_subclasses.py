@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import grad_norms, torch_func_per_sample_grads, trainable_named
 from torch import nn
 
 import dprc_core
 from dprc_core import UnsupportedModuleError
 from dprc_core.layers import scaled_embedding
 from dprc_core.losses import causal_lm_per_sample_loss
+from tests.conftest import grad_norms, torch_func_per_sample_grads, trainable_named
 
 
 def _load(model, cls, path):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import grad_norms, torch_func_per_sample_grads, trainable_named
 
 import dprc_core
 from dprc_core.losses import causal_lm_per_sample_loss, sequence_classification_per_sample_loss
+from tests.conftest import grad_norms, torch_func_per_sample_grads, trainable_named
 
 EXACT = ["fgc", "ghost", "exact"]
 

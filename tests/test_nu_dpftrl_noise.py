@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from dense_reference import dense_b
 from safetensors.torch import load_file, save_file
 
 from dprc_core.noise import NuDPFTRLNoise
+from tests.dense_reference import dense_b
 
 
 def run(noise: NuDPFTRLNoise, shapes, steps: int, gen: torch.Generator, dtype=torch.float32):

@@ -12,7 +12,6 @@ import math
 
 import numpy as np
 import pytest
-from dense_reference import dense_b
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
 from scipy import special
@@ -30,6 +29,7 @@ from dprc_core.accounting.dpftrl import (
     nu_dpftrl_coefficients,
     toeplitz_sensitivity,
 )
+from tests.dense_reference import dense_b
 
 
 def patterns(steps: int, k: int, sep: int):

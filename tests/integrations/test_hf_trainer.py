@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import grad_norms, minilm_path, torch_func_per_sample_grads, trainable_named
 from dp_accounting.pld import privacy_loss_distribution as dpl
 from transformers import (
     DataCollatorWithFlattening,
@@ -35,6 +34,7 @@ from dprc_core.accounting import PrivacyLedger
 from dprc_core.engine import PrivacyWarning
 from dprc_core.integrations import DPTrainer, DPTrainerError, PrivacyArguments
 from dprc_core.losses import causal_lm_per_sample_loss, sequence_classification_per_sample_loss
+from tests.conftest import grad_norms, minilm_path, torch_func_per_sample_grads, trainable_named
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "demo"
 N_LM = 24

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import minilm_path
 
 from dprc_core.training.data import load_jsonl, tokenize
 from dprc_core.training.models import load_model, load_tokenizer
 from dprc_core.training.runner import JobSpec, evaluate, run_job
+from tests.conftest import minilm_path
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "demo"
 
