@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install bench-install test test-fast test-api services serve schemathesis lint demo demo-library bench bench-evidence clean
+.PHONY: install bench-install test test-fast test-api services browser serve schemathesis lint demo demo-library bench bench-evidence clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,11 @@ lint: install
 services:
 	./scripts/services.sh
 
-test: lint services
+# Debian's Chromium for the dashboard's browser tests (tests/browser), installed when missing
+browser:
+	./scripts/browser.sh
+
+test: lint services browser
 	$(PY) -m pytest -q tests
 
 # The suite without the tests marked slow (for the edit-test loop; CI runs `make test`).

@@ -16,6 +16,7 @@ from sqlalchemy import text
 import dprc_core
 from api.accountant.router import router as accountant_router
 from api.body_limit import BodyLimit
+from api.dashboard.router import mount_dashboard
 from api.errors import error_body, install_handlers
 from api.files.router import router as files_router
 from api.jobs.router import router as jobs_router
@@ -86,6 +87,7 @@ def create_app(
 
     for router in (files_router, jobs_router, models_router, accountant_router, keys_router):
         app.include_router(router)
+    mount_dashboard(app)  # the web dashboard: pages at /, static files, its own CSP
 
     @app.get("/healthz", tags=["health"])
     def healthz(request: Request) -> JSONResponse:

@@ -87,6 +87,8 @@ def _serve(args: argparse.Namespace) -> int:
     level = args.log_level or settings.log_level
     configure_logging(level)
     restrict_new_files(settings.data_dir)
+    host = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(args.host, args.host)  # a reachable one
+    print(f"dprc dashboard: http://{host}:{args.port}/", file=sys.stderr, flush=True)
     uvicorn.run(build_app(), host=args.host, port=args.port, log_level=level.lower())
     return 0
 

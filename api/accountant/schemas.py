@@ -74,3 +74,38 @@ class AccountantResult(BaseModel):
     envelope: str
     adjacency: str
     accountant: dict[str, Any]
+
+
+class PlanBudget(BaseModel):
+    """The training file's budget if the job were created now (composed ε's at its δ)."""
+
+    epsilon: float
+    delta: float
+    committed: float | None = Field(description="composed ε of the file's jobs now")
+    committed_with_job: float | None = Field(description="the same with this job's plan")
+    remaining_after: float | None = Field(
+        description="epsilon − committed_with_job (negative: the job would be refused)"
+    )
+    fits: bool
+
+
+class JobPlanPreview(BaseModel):
+    """What ``POST /v1/fine_tuning/jobs`` would plan for the same body, without creating it."""
+
+    object: Literal["accountant.job_plan"] = "accountant.job_plan"
+    training_file: str
+    n_examples: int
+    n_epochs: int
+    batch_size: int
+    sample_rate: float
+    steps: int
+    target_epsilon: float
+    target_delta: float
+    noise_multiplier: float
+    planned_epsilon: float
+    mechanism: str
+    clipping: str = Field(description="the job's clipping method")
+    k: int | None
+    accounting_clipping: str = Field(description="what the accountant charges (auto: hutch)")
+    accounting_k: int | None
+    budget: PlanBudget | None = Field(description="null: the file has no budget")

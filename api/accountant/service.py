@@ -1,4 +1,5 @@
-"""ε for a noise multiplier and σ for a target ε, with every setting used in the answer."""
+"""ε for a noise multiplier and σ for a target ε, with every setting used in the answer; the
+plan a job would get (a preview, nothing stored)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,17 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, Literal, TypeVar
 
-from api.accountant.schemas import AccountantResult, EpsilonRequest, NoiseMultiplierRequest
+from api.accountant.schemas import (
+    AccountantResult,
+    EpsilonRequest,
+    JobPlanPreview,
+    NoiseMultiplierRequest,
+    PlanBudget,
+)
+from api.files import service as files_service
+from api.jobs import service as jobs_service
+from api.jobs.schemas import JobCreate
+from api.keys.service import Caller
 from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent, account, noise_multiplier
 from dprc_core.accounting.describe import (
     ADJACENCY,
@@ -32,7 +43,10 @@ from dprc_core.accounting.events import (
     check_steps,
 )
 from dprc_core.mechanism_names import NU_DPFTRL
+from service import lifecycle, planning
+from service import model_registry as models
 from service.errors import InvalidInput
+from service.store import Store
 
 T = TypeVar("T")
 
@@ -228,3 +242,51 @@ def calibrate(req: NoiseMultiplierRequest) -> AccountantResult:
         "accountant.noise_multiplier", PrivacyEvent(sigma, q, steps, clipping, k, rank), delta
     )
     return out.model_copy(update={"target_epsilon": target, "rel_tol": float(req.rel_tol)})
+
+
+def job_plan(store: Store, caller: Caller, req: JobCreate) -> JobPlanPreview:
+    """The plan job creation would make for ``req`` (:func:`service.planning.make_plan`, the
+    same call) and the training file's composed budget with it; nothing is stored."""
+    models.get_model(store.settings, req.model)
+    with store.sessions() as session:
+        file = files_service.get_row(session, caller, req.training_file)
+        if file.purpose != "fine-tune" or file.n_examples is None:
+            raise InvalidInput(
+                f"file {file.id} is not a fine-tune data set",
+                param="training_file",
+                code="invalid_file",
+            )
+        n = file.n_examples
+        events = lifecycle.file_events(session, file)
+        eps_b, delta_b = file.epsilon_budget, file.delta
+    plan = planning.make_plan(jobs_service.plan_request(req), n, store.settings.default_k)
+    preview_budget = None
+    if eps_b is not None and delta_b is not None:
+        committed = lifecycle.totals(events, delta_b)[1]
+        with_job = lifecycle.totals(events, delta_b, plan.event())[1]
+        preview_budget = PlanBudget(
+            epsilon=eps_b,
+            delta=delta_b,
+            committed=committed if math.isfinite(committed) else None,
+            committed_with_job=with_job if math.isfinite(with_job) else None,
+            remaining_after=eps_b - with_job if math.isfinite(with_job) else None,
+            fits=with_job <= eps_b,
+        )
+    return JobPlanPreview(
+        training_file=req.training_file,
+        n_examples=n,
+        n_epochs=plan.n_epochs,
+        batch_size=plan.batch_size,
+        sample_rate=plan.sample_rate,
+        steps=plan.steps,
+        target_epsilon=plan.target_epsilon,
+        target_delta=plan.target_delta,
+        noise_multiplier=plan.noise_multiplier,
+        planned_epsilon=plan.planned_epsilon,
+        mechanism=plan.mechanism,
+        clipping=plan.method,
+        k=plan.k,
+        accounting_clipping=plan.accounting_clipping,
+        accounting_k=plan.accounting_k,
+        budget=preview_budget,
+    )

@@ -1,4 +1,4 @@
-"""``/v1/files``: upload, list, retrieve, delete, content, budget."""
+"""``/v1/files``: upload, list, retrieve, delete, content, budget, budget history."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from fastapi.responses import FileResponse
 
 from api.app_state import get_store
 from api.files import service
-from api.files.schemas import BudgetRequest, FileDeleted, FileList, FileObject
+from api.files.schemas import BudgetHistory, BudgetRequest, FileDeleted, FileList, FileObject
 from api.keys.dependencies import CallerDep
 from service.errors import NotFound
 
@@ -88,3 +88,9 @@ def set_budget(
     file_id: str, body: BudgetRequest, request: Request, caller: CallerDep
 ) -> FileObject:
     return service.set_budget(get_store(request), caller, file_id, body.epsilon_budget, body.delta)
+
+
+@router.get("/{file_id}/budget/history", response_model=BudgetHistory)
+def budget_history(file_id: str, request: Request, caller: CallerDep) -> BudgetHistory:
+    """The file's composed ε after each of its jobs, in creation order."""
+    return service.budget_history(get_store(request), caller, file_id)

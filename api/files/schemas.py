@@ -60,3 +60,25 @@ class BudgetRequest(BaseModel):
         allow_inf_nan=False,
         description="default: 1/N^1.1 rounded down (never above 1/N)",
     )
+
+
+class BudgetPoint(BaseModel):
+    """The file's composed ε once its jobs up to and including ``job_id`` (in creation order)
+    are counted: ``spent`` composes the steps that ran, ``committed`` also the reservations of
+    the jobs among them that are still active."""
+
+    job_id: str
+    job_status: str
+    created_at: int
+    finished_at: int | None
+    job_epsilon_spent: float | None = Field(description="this job alone, at the file's δ")
+    spent: float | None = Field(description="null: no finite bound")
+    committed: float | None
+
+
+class BudgetHistory(BaseModel):
+    object: Literal["file.budget_history"] = "file.budget_history"
+    file_id: str
+    delta: float = Field(description="the budget's δ (unbudgeted: the default 1/N^1.1)")
+    epsilon_budget: float | None
+    data: list[BudgetPoint]

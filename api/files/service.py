@@ -9,8 +9,9 @@ from typing import IO, Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.files.schemas import Budget, FileObject
+from api.files.schemas import Budget, BudgetHistory, BudgetPoint, FileObject
 from api.keys.service import Caller
+from dprc_core.accounting import PrivacyEvent
 from dprc_core.training.data import DataError, decode_json_line, jsonl_lines
 from dprc_core.training.plan import default_delta
 from service import budget, lifecycle
@@ -291,3 +292,44 @@ def set_budget(
             )
         session.commit()
         return to_object(row)
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def budget_history(store: Store, caller: Caller, file_id: str) -> BudgetHistory:
+    """The file's composed ε after each of its jobs, in creation order (the dashboard's step
+    line): at job i, the composition (:func:`service.budget.compose`, never a sum) of the
+    spent and committed events of jobs 1..i."""
+    with store.sessions() as session:
+        row = get_row(session, caller, file_id)
+        if row.n_examples is None:
+            raise InvalidInput(
+                "only fine-tune data sets have a budget history",
+                param="file_id",
+                code="invalid_value",
+            )
+        delta = row.delta if row.delta is not None else default_delta(row.n_examples)
+        jobs = sorted(budget.file_jobs(session, row.id), key=lambda j: j.seq)  # creation order
+        spent: list[PrivacyEvent | None] = []
+        committed: list[PrivacyEvent | None] = []
+        points: list[BudgetPoint] = []
+        for job in jobs:
+            own = budget.spent_event(job)
+            spent.append(own)
+            committed.append(lifecycle.committed_event(job))
+            points.append(
+                BudgetPoint(
+                    job_id=job.id,
+                    job_status=job.status,
+                    created_at=job.created_at,
+                    finished_at=job.finished_at,
+                    job_epsilon_spent=_finite(budget.compose([own], delta)),
+                    spent=_finite(budget.compose(spent, delta)),
+                    committed=_finite(budget.compose(committed, delta)),
+                )
+            )
+        return BudgetHistory(
+            file_id=row.id, delta=delta, epsilon_budget=row.epsilon_budget, data=points
+        )

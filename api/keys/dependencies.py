@@ -1,4 +1,5 @@
-"""The request's caller (tenant), from its bearer key."""
+"""The request's caller (tenant), from its bearer key or, for the dashboard, its session
+cookie (:mod:`api.dashboard.session`; the bearer key wins when both are sent)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from api.dashboard.session import check_csrf, session_caller
 from api.keys.service import Caller, authenticate
 
 _bearer = HTTPBearer(auto_error=False, description="an API key from `dprc keys create`")
@@ -16,8 +18,14 @@ def current_caller(
     request: Request,
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Caller:
+    authorization = request.headers.get("authorization")
+    if not authorization:
+        caller = session_caller(request)
+        if caller is not None:
+            check_csrf(request)
+            return caller
     with request.app.state.store.sessions() as session:
-        return authenticate(session, request.headers.get("authorization"))
+        return authenticate(session, authorization)
 
 
 CallerDep = Annotated[Caller, Depends(current_caller)]

@@ -1,0 +1,132 @@
+"""The dashboard's pages: sign in and out, home, data sets, jobs, a job, new job, accountant.
+
+A page checks the session cookie (:mod:`api.dashboard.session`) and, for one data set or job,
+that the caller owns it (the same service functions as the JSON API: another tenant's is a
+404 page); everything else on a page is fetched by its script from the JSON API."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, FastAPI, Form, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from api.app_state import get_store
+from api.dashboard import pages
+from api.dashboard.security import SecureStaticFiles, secure
+from api.dashboard.session import COOKIE, SESSION_SECONDS, issue, same_origin, session_caller
+from api.files import service as files_service
+from api.jobs import service as jobs_service
+from api.keys.service import Caller, authenticate
+from service.errors import NotFound, Unauthenticated
+
+router = APIRouter(include_in_schema=False)
+STATIC = Path(__file__).parent / "static"
+
+
+def _to_sign_in(clear: bool = False) -> Response:
+    response = secure(RedirectResponse("/sign-in", status_code=303))
+    if clear:
+        response.delete_cookie(COOKIE, path="/")
+    return response
+
+
+def _caller(request: Request) -> Caller | Response:
+    """The signed-in caller, or a redirect to the sign-in page."""
+    try:
+        caller = session_caller(request)
+    except Unauthenticated:
+        return _to_sign_in(clear=True)
+    return caller if caller is not None else _to_sign_in()
+
+
+def _sign_in_page(error: str | None, status: int = 200) -> HTMLResponse:
+    box = "" if error is None else f'<p class="error" id="sign-in-error">{html.escape(error)}</p>'
+    return pages.render("sign_in", "Sign in", None, fill={"error": box}, status=status)
+
+
+@router.get("/sign-in")
+def sign_in_form() -> HTMLResponse:
+    return _sign_in_page(None)
+
+
+@router.post("/sign-in")
+def sign_in(request: Request, api_key: Annotated[str, Form(max_length=256)] = "") -> Response:
+    if not same_origin(request):
+        return _sign_in_page("sign-in refused: the form was posted from another site", 403)
+    try:
+        with get_store(request).sessions() as session:
+            caller = authenticate(session, f"Bearer {api_key.strip()}")
+    except Unauthenticated as exc:
+        return _sign_in_page(f"Sign-in failed: {exc.message}", 401)
+    response = secure(RedirectResponse("/", status_code=303))
+    response.set_cookie(
+        COOKIE,
+        issue(get_store(request).settings.data_dir, caller.key_id),
+        max_age=SESSION_SECONDS,
+        path="/",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+    return response
+
+
+@router.post("/sign-out")
+def sign_out(request: Request) -> Response:
+    if not same_origin(request):
+        return _sign_in_page("sign-out refused: the form was posted from another site", 403)
+    return _to_sign_in(clear=True)
+
+
+def _simple(page: str, title: str) -> Callable[[Request], Response]:
+    def view(request: Request) -> Response:
+        caller = _caller(request)
+        if isinstance(caller, Response):
+            return caller
+        return pages.render(page, title, caller)
+
+    return view
+
+
+for _path, _page, _title in (
+    ("/", "home", "Home"),
+    ("/data-sets", "data_sets", "Data sets"),
+    ("/jobs", "jobs", "Jobs"),
+    ("/jobs/new", "new_job", "New job"),
+    ("/accountant", "accountant", "Accountant"),
+):
+    router.add_api_route(_path, _simple(_page, _title), methods=["GET"], name=f"page_{_page}")
+
+
+@router.get("/data-sets/{file_id}")
+def data_set_page(file_id: str, request: Request) -> Response:
+    caller = _caller(request)
+    if isinstance(caller, Response):
+        return caller
+    try:
+        file = files_service.retrieve(get_store(request), caller, file_id)
+    except NotFound as exc:
+        return pages.not_found(caller, exc.message)
+    return pages.render("data_set", file.filename, caller, data={"file-id": file.id})
+
+
+@router.get("/jobs/{job_id}")
+def job_page(job_id: str, request: Request) -> Response:
+    caller = _caller(request)
+    if isinstance(caller, Response):
+        return caller
+    try:
+        job = jobs_service.retrieve(get_store(request), caller, job_id)
+    except NotFound as exc:
+        return pages.not_found(caller, exc.message)
+    return pages.render("job", job.id, caller, data={"job-id": job.id})
+
+
+def mount_dashboard(app: FastAPI) -> None:
+    """The pages and their static files (``/dashboard/static``) on ``app``."""
+    app.include_router(router)
+    app.mount(pages.STATIC_URL, SecureStaticFiles(directory=STATIC), name="dashboard-static")

@@ -1,0 +1,40 @@
+"use strict";
+(async () => {
+  const { api, el, eps, num, when } = dprc;
+  const id = dprc.main().dataset.fileId;
+  const summary = document.getElementById("file-summary");
+  try {
+    const [f, history] = await Promise.all([
+      api(`/v1/files/${encodeURIComponent(id)}`),
+      api(`/v1/files/${encodeURIComponent(id)}/budget/history`),
+    ]);
+    document.getElementById("file-name").textContent = f.filename;
+    summary.replaceChildren(
+      el("p", { class: "muted", text: `${f.id} · ${f.n_examples} examples · ${f.format} · uploaded ${when(f.created_at)}` }),
+      ...(f.budget ? [dprc.budgetBar(f.budget), dprc.budgetWords(f.budget)]
+        : [el("p", { class: "muted", text: `No privacy budget; ε below is at the default δ ${num(history.delta, 3)}.` })]));
+    const t = (p) => (p.created_at - f.created_at) / 60;
+    dprcChart.line(document.getElementById("history-chart"), {
+      xLabel: "time since upload (minutes)", yLabel: `composed ε (δ = ${num(history.delta, 3)})`,
+      xMin: 0, xMax: Math.max(t({ created_at: Date.now() / 1000 }), 1),
+      series: [
+        { key: "committed", label: "committed", step: true, color: 3, points: history.data.map((p) => [t(p), p.committed]) },
+        { key: "spent", label: "spent", step: true, color: 2, points: history.data.map((p) => [t(p), p.spent]) },
+      ],
+      budget: f.budget ? { y: f.budget.epsilon, label: `budget ε ${num(f.budget.epsilon)}` } : null,
+      empty: "no job has used this data set yet",
+    });
+    const rows = history.data.map((p) => el("tr", {},
+      el("td", {}, el("a", { href: `/jobs/${encodeURIComponent(p.job_id)}`, text: p.job_id })),
+      el("td", {}, el("span", { class: `status ${p.job_status}`, text: p.job_status })),
+      el("td", { text: when(p.created_at) }),
+      el("td", { text: eps(p.job_epsilon_spent) }),
+      el("td", { text: eps(p.spent) }),
+      el("td", { text: eps(p.committed) })));
+    document.getElementById("file-jobs").replaceChildren(rows.length
+      ? el("div", { class: "table-wrap" }, el("table", { id: "charges" },
+        el("thead", {}, el("tr", {}, ["Job", "Status", "Created", "ε of the job (ran)", "composed ε spent", "composed ε committed"].map((h) => el("th", { text: h })))),
+        el("tbody", {}, rows)))
+      : el("p", { class: "muted", text: "None yet." }));
+  } catch (err) { dprc.showError(summary, err); }
+})();

@@ -1,0 +1,12 @@
+"use strict";
+(async () => {
+  try {
+    const [me, files, jobs] = await Promise.all([
+      dprc.api("/v1/me"), dprc.api("/v1/files?purpose=fine-tune"), dprc.api("/v1/fine_tuning/jobs?limit=100"),
+    ]);
+    document.getElementById("who").textContent = `Signed in as tenant ${me.tenant} (key ${me.key_id}).`;
+    document.getElementById("n-files").textContent = `${files.data.length} data set${files.data.length === 1 ? "" : "s"}`;
+    const active = jobs.data.filter((j) => !dprc.TERMINAL.has(j.status)).length;
+    document.getElementById("n-jobs").textContent = `${jobs.data.length}${jobs.has_more ? "+" : ""} jobs, ${active} active`;
+  } catch (err) { dprc.showError(document.getElementById("who"), err); }
+})();
