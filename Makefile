@@ -39,7 +39,7 @@ test: lint services browser
 	$(PY) -m pytest -q tests
 
 # The suite without the tests marked slow (for the edit-test loop; CI runs `make test`).
-test-fast: lint services
+test-fast: lint services browser
 	$(PY) -m pytest -q -m "not slow" tests
 
 test-api: install services
