@@ -18,6 +18,7 @@ from torch import nn
 
 from dprc_core.distributed import current_ranks, shard_indices
 from dprc_core.engine import PrivacyEngine
+from dprc_core.noise import NuDPFTRL
 from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
 
 N_EXAMPLES = 12
@@ -55,7 +56,9 @@ def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return nn.functional.cross_entropy(model(batch["ids"]), batch["y"], reduction="none")
 
 
-def make_engine(model: nn.Module, method: str, sigma: float, seed: int = 7) -> PrivacyEngine:
+def make_engine(
+    model: nn.Module, method: str, sigma: float, seed: int = 7, mechanism: object = "gaussian"
+) -> PrivacyEngine:
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     return PrivacyEngine(
         model,
@@ -67,6 +70,7 @@ def make_engine(model: nn.Module, method: str, sigma: float, seed: int = 7) -> P
         k=4,
         seed=seed,
         check_independence=True,
+        noise_mechanism=mechanism,  # type: ignore[arg-type]
     )
 
 
@@ -100,6 +104,17 @@ def scenario_steps(out: Path) -> None:
             tensors = {n: p.detach().contiguous() for n, p in model.named_parameters()}
             save_file(tensors, str(out / f"{tag}-rank{ranks.rank}.safetensors"))
             (out / f"{tag}-rank{ranks.rank}.json").write_text(json.dumps(stats))
+
+
+def scenario_dpftrl(out: Path) -> None:
+    """σ > 0 ν-DP-FTRL steps over fixed-order batches: the correlated state is rank 0's."""
+    ranks = current_ranks()
+    model, data = build_case()
+    engine = make_engine(model, "exact", sigma=0.8, mechanism=NuDPFTRL(nu=0.3))
+    batches = [b.tolist() for b in FixedOrderSampler(N_EXAMPLES, 4, steps=5, seed=2)]
+    run_steps(engine, data, batches, 2, lambda i: shard_indices(i, ranks))
+    tensors = {n: p.detach().contiguous() for n, p in model.named_parameters()}
+    save_file(tensors, str(out / f"dpftrl-rank{ranks.rank}.safetensors"))
 
 
 def scenario_noise(out: Path) -> None:
@@ -139,7 +154,12 @@ def main() -> None:
     name, out = sys.argv[1], Path(sys.argv[2])
     torch.distributed.init_process_group(backend="gloo")
     try:
-        {"steps": scenario_steps, "noise": scenario_noise, "sampler": scenario_sampler}[name](out)
+        {
+            "steps": scenario_steps,
+            "noise": scenario_noise,
+            "sampler": scenario_sampler,
+            "dpftrl": scenario_dpftrl,
+        }[name](out)
     finally:
         torch.distributed.destroy_process_group()
 

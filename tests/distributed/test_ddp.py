@@ -103,6 +103,21 @@ def test_the_noise_is_drawn_once_with_the_single_process_law(tmp_path):
     assert torch.equal(model.weight.detach(), w0)
 
 
+def test_nu_dpftrl_on_two_ranks_is_the_single_process_run(tmp_path):
+    """The correlated noise exists once (rank 0's state), so 2 ranks on fixed-order batches
+    take the single process's noisy steps."""
+    torchrun("dpftrl", tmp_path)
+    model, data = sc.build_case()
+    engine = sc.make_engine(model, "exact", sigma=0.8, mechanism=sc.NuDPFTRL(nu=0.3))
+    batches = [b.tolist() for b in FixedOrderSampler(sc.N_EXAMPLES, 4, steps=5, seed=2)]
+    sc.run_steps(engine, data, batches, micro=None)
+    for rank in (0, 1):
+        got = load_file(str(tmp_path / f"dpftrl-rank{rank}.safetensors"))
+        for name, want in model.named_parameters():
+            err = (got[name] - want.detach()).abs().max().item()
+            assert err <= 1e-12 * max(want.abs().max().item(), 1.0), (rank, name, err)
+
+
 def test_the_ranks_parts_are_exactly_the_single_process_batches(tmp_path):
     torchrun("sampler", tmp_path)
     parts = [json.loads((tmp_path / f"sampler-rank{r}.json").read_text()) for r in (0, 1)]
