@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from fastapi import FastAPI, Request, Response
@@ -54,8 +55,11 @@ def create_app(
         description="Differentially private fine-tuning: an OpenAI-compatible fine-tuning API "
         "with privacy budgets and a privacy accountant.",
         lifespan=lifespan,
+        docs_url=None,  # served below from local assets: no CDN
+        redoc_url=None,
     )
     install_handlers(app)
+    _add_docs_pages(app)
 
     @app.middleware("http")
     async def refuse_nul(
@@ -107,6 +111,54 @@ def create_app(
         )
 
     return app
+
+
+DOCS_ASSETS = "/docs-assets"
+
+
+def _add_docs_pages(app: FastAPI) -> None:
+    """``/docs`` (Swagger UI) and ``/redoc`` (ReDoc) from assets served by this app (the
+    ``fastapi-offline`` package's copies, MIT), so both work with no Internet access; no
+    external host is referenced (no CDN, no Google fonts)."""
+    import fastapi_offline
+    from fastapi.openapi.docs import (
+        get_redoc_html,
+        get_swagger_ui_html,
+        get_swagger_ui_oauth2_redirect_html,
+    )
+    from fastapi.responses import HTMLResponse
+    from fastapi.staticfiles import StaticFiles
+
+    static = Path(fastapi_offline.__file__).parent / "static"
+    app.mount(DOCS_ASSETS, StaticFiles(directory=static), name="docs-assets")
+    openapi_url = app.openapi_url or "/openapi.json"
+    favicon = f"{DOCS_ASSETS}/favicon.png"
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=openapi_url,
+            title=f"{app.title} - Swagger UI",
+            oauth2_redirect_url="/docs/oauth2-redirect",
+            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=favicon,
+            swagger_ui_parameters={"validatorUrl": None},  # else it calls validator.swagger.io
+        )
+
+    @app.get("/docs/oauth2-redirect", include_in_schema=False)
+    def swagger_ui_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc() -> HTMLResponse:
+        return get_redoc_html(
+            openapi_url=openapi_url,
+            title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{DOCS_ASSETS}/redoc.standalone.js",
+            redoc_favicon_url=favicon,
+            with_google_fonts=False,
+        )
 
 
 def _ping_broker(url: str) -> str:

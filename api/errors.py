@@ -83,15 +83,42 @@ def _loc_param(loc: tuple[Any, ...]) -> str | None:
     return ".".join(parts) or None
 
 
+def _not_json_body(request: Request, first: Any) -> JSONResponse | None:
+    """415 for a JSON endpoint's body sent without ``Content-Type: application/json`` (as
+    ``curl -d`` does: it sends ``application/x-www-form-urlencoded``), which FastAPI does not
+    parse, instead of a vague 422 about the body's type."""
+    if tuple(first.get("loc", ())) != ("body",) or first.get("type") == "missing":
+        return None
+    content_type = request.headers.get("content-type", "")
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media == "application/json" or media.endswith("+json"):
+        return None
+    got = f"Content-Type {content_type[:80]!r}" if content_type else "no Content-Type"
+    return JSONResponse(
+        error_body(
+            f"this endpoint takes a JSON body with Content-Type: application/json; the request "
+            f"has {got} (with curl: -H 'Content-Type: application/json' -d '{{...}}')",
+            INVALID_REQUEST,
+            None,
+            "unsupported_media_type",
+        ),
+        status_code=415,
+        headers=dict(NO_RETRY),
+    )
+
+
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(DomainError)
     async def _domain_error(_request: Request, exc: DomainError) -> JSONResponse:
         return _render(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        not_json = _not_json_body(request, first)
+        if not_json is not None:
+            return not_json
         param = _loc_param(tuple(first.get("loc", ())))
         msg = str(first.get("msg", "invalid request"))
         message = f"{param}: {msg}" if param else msg

@@ -11,6 +11,9 @@ accountant (``epsilon_for_events``) under a lock on the file row; ε's are never
 from __future__ import annotations
 
 import math
+import threading
+import time
+from collections import OrderedDict
 from functools import lru_cache
 from typing import Any
 
@@ -71,6 +74,42 @@ def _composed(events: tuple[PrivacyEvent, ...], delta: float) -> float:
         return epsilon_for_events(list(events), delta)
     except ValueError:
         return math.inf
+
+
+# The file's ``spent`` as its jobs run: the stored value is refreshed when a job is created,
+# ends or the budget changes; a read composes the steps that ran so far instead, at most once
+# every SPENT_REFRESH_SECONDS per file (the composition of a changed set of events costs
+# accountant time; unchanged sets come from the cache of :func:`compose`).
+SPENT_REFRESH_SECONDS = 2.0
+_LIVE_MAX = 4096
+_live: OrderedDict[str, tuple[float, tuple[PrivacyEvent, ...], float]] = OrderedDict()
+_live_guard = threading.Lock()
+
+
+def live_spent(session: Session, file: File) -> float:
+    """ε spent on a budgeted file now, at its δ: the composition of the events of the steps
+    each of its jobs has run (a running job's ``steps_done`` so far), as the settlement
+    composes them; at most SPENT_REFRESH_SECONDS old."""
+    if file.delta is None:
+        return 0.0
+    t = time.monotonic()
+    with _live_guard:
+        hit = _live.get(file.id)
+    if hit is not None and t - hit[0] < SPENT_REFRESH_SECONDS:
+        return hit[2]
+    events = tuple(
+        sorted((e for j in file_jobs(session, file.id) if (e := spent_event(j))), key=repr)
+    )
+    if hit is not None and hit[1] == events:
+        value = hit[2]
+    else:
+        value = compose(list(events), file.delta)
+    with _live_guard:
+        _live[file.id] = (t, events, value)
+        _live.move_to_end(file.id)
+        while len(_live) > _LIVE_MAX:
+            _live.popitem(last=False)
+    return value
 
 
 def lock_file(session: Session, file_id: str, tenant_id: int | None = None) -> File | None:

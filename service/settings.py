@@ -38,6 +38,13 @@ class Settings(BaseSettings):
         "authentication; a larger one is refused with 413 without being read",
     )
     max_active_jobs_per_tenant: int = 16
+    tenant_storage_bytes: int = Field(
+        default=20 * 1024**3,
+        ge=1,
+        description="the most bytes a tenant's files (uploads and checkpoint archives, not "
+        "deleted) may hold; an upload that would go beyond is refused with 413 "
+        "storage_quota_exceeded (archives written by the worker count, but are never refused)",
+    )
     models: dict[str, ModelSpec] = Field(
         default_factory=dict,
         description='extra allow-listed models, JSON: {"name": {"path": "/dir", "task": "..."}}',

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api.files.schemas import Budget, BudgetHistory, BudgetPoint, FileObject
 from api.keys.service import Caller
+<<<<<<< HEAD
 from dprc_core.accounting import PrivacyEvent
 from dprc_core.training.data import DataError, decode_json_line, jsonl_lines
+=======
+from dprc_core.training.data import DataError, summarize_jsonl
+>>>>>>> h-svc
 from dprc_core.training.plan import default_delta
 from service import budget, lifecycle
 from service.clock import now
@@ -23,87 +28,26 @@ from service.ids import new_id
 from service.pagination import cursor_page
 from service.private_data import remove_run_folders
 from service.store import Store
-from service.tables import File, Job
+from service.tables import File, Job, Tenant
 
 UPLOAD_PURPOSES = ("fine-tune",)
-TEXT_KEYS = {"text"}
-CLASSIFICATION_KEYS = {"text", "label"}
-ROLES = ("system", "user", "assistant")
 
 
 # -- JSONL ------------------------------------------------------------------------------------
 
 
-def _line_format(obj: Any, lineno: int) -> str:
-    def bad(why: str) -> InvalidInput:
-        return InvalidInput(f"line {lineno}: {why}", param="file", code="invalid_jsonl")
-
-    if not isinstance(obj, dict):
-        raise bad("each line must be a JSON object")
-    keys = set(obj)
-    if keys == {"messages"}:
-        msgs = obj["messages"]
-        if not isinstance(msgs, list) or not msgs:
-            raise bad("'messages' must be a non-empty list")
-        for m in msgs:
-            if not isinstance(m, dict) or not {"role", "content"} <= set(m):
-                raise bad("each message needs 'role' and 'content'")
-            if m["role"] not in ROLES or not isinstance(m["content"], str):
-                raise bad(f"message role must be one of {ROLES} with string content")
-        return "chat"
-    if keys == TEXT_KEYS or keys == CLASSIFICATION_KEYS:
-        if not isinstance(obj["text"], str) or not obj["text"].strip():
-            raise bad("'text' must be a non-empty string (not only whitespace)")
-        if "label" not in obj:
-            return "text"
-        label = obj["label"]
-        if isinstance(label, bool) or not isinstance(label, int | str):
-            raise bad("'label' must be an integer or a string")
-        return "classification"
-    raise bad(
-        'expected {"text": ...}, {"text": ..., "label": ...} or {"messages": [...]}, '
-        f"got keys {sorted(keys)[:5]}"
-    )
-
-
 def validate_jsonl(data: bytes) -> tuple[int, str]:
     """(number of examples, format) of a fine-tune JSONL file, or :class:`InvalidInput`
-    naming the first bad line. Lines and JSON are read by the same code the worker uses
-    (``dprc_core.training.data``: lines end at ``\n`` only; nesting, huge integers and unpaired
-    surrogates refused); blank lines are skipped; every line must have the same format; a
-    classification file needs two classes or more."""
-    n, fmt = 0, None
-    labels: set[Any] = set()
-    for lineno, line in jsonl_lines(data):
-        try:
-            obj = decode_json_line(line, lineno)
-        except DataError as exc:
-            raise InvalidInput(str(exc), param="file", code="invalid_jsonl") from exc
-        this = _line_format(obj, lineno)
-        if this == "classification":
-            labels.add(obj["label"])
-        if fmt is None:
-            fmt = this
-        elif this != fmt:
-            raise InvalidInput(
-                f"line {lineno}: {this} line in a {fmt} file (formats mixed)",
-                param="file",
-                code="invalid_jsonl",
-            )
-        n += 1
-    if fmt is None:
-        raise InvalidInput("file has no examples", param="file", code="invalid_jsonl")
-    if n < 2:
-        raise InvalidInput(
-            "a data set needs at least 2 examples", param="file", code="invalid_jsonl"
-        )
-    if fmt == "classification" and len(labels) < 2:
-        raise InvalidInput(
-            f"a classification data set needs at least 2 classes, this one has {len(labels)}",
-            param="file",
-            code="invalid_jsonl",
-        )
-    return n, fmt
+    (400, ``param: file``) naming the first bad line and why. The file is read line by line
+    by the code the worker loads it with (``dprc_core.training.data.summarize_jsonl``: lines
+    end at ``\n`` only, so U+2028 is a character of its line; nesting, huge integers, unpaired
+    surrogates, whitespace-only text, mixed formats refused; a classification file needs two
+    classes); nothing is tokenized here."""
+    try:
+        summary = summarize_jsonl(io.BytesIO(data))
+    except DataError as exc:
+        raise InvalidInput(str(exc), param="file", code="invalid_jsonl") from exc
+    return summary.n_examples, summary.format
 
 
 def read_capped(stream: IO[bytes], cap: int) -> bytes:
@@ -118,10 +62,14 @@ def read_capped(stream: IO[bytes], cap: int) -> bytes:
 # -- objects ----------------------------------------------------------------------------------
 
 
-def to_object(f: File) -> FileObject:
+def to_object(f: File, live_spent: float | None = None) -> FileObject:
+    """The file object; ``live_spent`` (:func:`service.budget.live_spent`) replaces the
+    stored ``spent``, which is refreshed only when a job is created or ends."""
     b = None
     if f.epsilon_budget is not None and f.delta is not None:
         spent, committed = f.epsilon_spent, f.epsilon_committed
+        if live_spent is not None:
+            spent = live_spent
         b = Budget(
             epsilon=f.epsilon_budget,
             delta=f.delta,
@@ -176,7 +124,8 @@ def create_file(
     file_id = new_id("file")
     path = write_atomic(storage_dir(store, caller.tenant_id), f"{file_id}.jsonl", data)
     try:
-        with store.sessions() as session:
+        with locked_session(store.sessions) as session:
+            _check_quota(session, caller, len(data), store.settings.tenant_storage_bytes)
             row = File(
                 id=file_id,
                 tenant_id=caller.tenant_id,
@@ -201,6 +150,32 @@ def create_file(
         raise
 
 
+def storage_used(session: Session, tenant_id: int) -> int:
+    """Bytes held by the tenant's files that are not deleted (uploads and archives)."""
+    used = session.scalar(
+        select(func.coalesce(func.sum(File.bytes), 0)).where(
+            File.tenant_id == tenant_id, File.deleted.is_(False)
+        )
+    )
+    return int(used or 0)
+
+
+def _check_quota(session: Session, caller: Caller, size: int, quota: int) -> None:
+    """Refuse an upload of ``size`` bytes that would take the tenant beyond ``quota``; under
+    the tenant's lock (its row FOR UPDATE on PostgreSQL; the write lock on SQLite), so
+    concurrent uploads are counted one after the other."""
+    session.get(Tenant, caller.tenant_id, with_for_update=True)
+    used = storage_used(session, caller.tenant_id)
+    if used + size > quota:
+        raise TooLarge(
+            f"storage quota exceeded: this tenant's files hold {used} bytes, this upload of "
+            f"{size} bytes would bring them beyond the quota of {quota} bytes; delete files "
+            "(GET /v1/files, DELETE /v1/files/{id}) to make room",
+            param="file",
+            code="storage_quota_exceeded",
+        )
+
+
 def get_row(session: Session, caller: Caller, file_id: str) -> File:
     row = session.scalar(
         select(File).where(
@@ -212,9 +187,16 @@ def get_row(session: Session, caller: Caller, file_id: str) -> File:
     return row
 
 
+def _read_object(session: Session, f: File) -> FileObject:
+    """A read's file object: ``spent`` composed from the steps its jobs ran so far."""
+    if f.epsilon_budget is None or f.delta is None:
+        return to_object(f)
+    return to_object(f, budget.live_spent(session, f))
+
+
 def retrieve(store: Store, caller: Caller, file_id: str) -> FileObject:
     with store.sessions() as session:
-        return to_object(get_row(session, caller, file_id))
+        return _read_object(session, get_row(session, caller, file_id))
 
 
 def list_files(
@@ -225,7 +207,7 @@ def list_files(
         if purpose:
             q = q.where(File.purpose == purpose)
         rows, more = cursor_page(session, q, File, after, limit, "file", descending=order == "desc")
-        return [to_object(r) for r in rows], more
+        return [_read_object(session, r) for r in rows], more
 
 
 def content_path(store: Store, caller: Caller, file_id: str) -> tuple[Path, str]:

