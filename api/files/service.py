@@ -12,12 +12,8 @@ from sqlalchemy.orm import Session
 
 from api.files.schemas import Budget, BudgetHistory, BudgetPoint, FileObject
 from api.keys.service import Caller
-<<<<<<< HEAD
 from dprc_core.accounting import PrivacyEvent
-from dprc_core.training.data import DataError, decode_json_line, jsonl_lines
-=======
 from dprc_core.training.data import DataError, summarize_jsonl
->>>>>>> h-svc
 from dprc_core.training.plan import default_delta
 from service import budget, lifecycle
 from service.clock import now

@@ -12,10 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-<<<<<<< HEAD
-=======
 from pathlib import Path
->>>>>>> h-svc
 from typing import Any
 
 from sqlalchemy import func, select
@@ -25,17 +22,13 @@ from api.jobs.schemas import Checkpoint as CheckpointObject
 from api.jobs.schemas import Event, Job, JobCreate, JobError, Ledger
 from api.keys.service import Caller
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger
-<<<<<<< HEAD
-from service import budget, job_runs, lifecycle, planning
-=======
 from dprc_core.training.models import (
     LoraSpec,
     ModelSettingError,
     check_max_seq_len,
     check_trainable,
 )
-from service import budget, lifecycle, planning
->>>>>>> h-svc
+from service import budget, job_runs, lifecycle, planning
 from service import model_registry as models
 from service.clock import now
 from service.db import locked_session
@@ -175,7 +168,6 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
             known = stale
 
 
-<<<<<<< HEAD
 def _check_devices(settings: Settings, devices: int) -> None:
     """A job no worker can ever fit is refused now, not left queued for ever."""
     largest = settings.max_job_devices or settings.worker_devices
@@ -186,7 +178,8 @@ def _check_devices(settings: Settings, devices: int) -> None:
             param="devices",
             code="devices_unavailable",
         )
-=======
+
+
 # -- the job's settings against its model --------------------------------------------------
 
 
@@ -240,7 +233,6 @@ def _check_trainable_cached(
     except ModelSettingError as exc:
         return exc.field, str(exc)
     return None
->>>>>>> h-svc
 
 
 _TURNS: dict[str, threading.Lock] = {}
