@@ -21,6 +21,7 @@ from service.db import locked_session
 from service.errors import Conflict, InvalidInput, NotFound, TooLarge
 from service.file_storage import clean_filename, storage_dir, write_atomic
 from service.ids import new_id
+from service.job_runs import validation_file_id
 from service.pagination import cursor_page
 from service.private_data import remove_run_folders
 from service.store import Store
@@ -223,6 +224,14 @@ def delete(store: Store, caller: Caller, file_id: str) -> str:
             select(func.count())
             .select_from(Job)
             .where(Job.training_file_id == row.id, Job.status.in_(lifecycle.ACTIVE))
+        )
+        active = (active or 0) + sum(  # jobs that score valid_loss on it
+            validation_file_id(job) == row.id
+            for job in session.scalars(
+                select(Job).where(
+                    Job.tenant_id == caller.tenant_id, Job.status.in_(lifecycle.ACTIVE)
+                )
+            )
         )
         if active:
             raise Conflict(

@@ -47,7 +47,13 @@ from dprc_core.norm_methods import method_names
 from dprc_core.seeding import derive_seed, fresh_seed
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.data import TASKS, TokenizedData, label_names, load_jsonl, tokenize
-from dprc_core.training.models import LoraSpec, load_model, load_tokenizer
+from dprc_core.training.models import (
+    LoraSpec,
+    check_max_seq_len,
+    load_model,
+    load_tokenizer,
+    matches_train_only,
+)
 from dprc_core.training.plan import PrivacyPlan, plan_privacy
 from dprc_core.training.results import ResultsFile
 from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
@@ -227,6 +233,7 @@ def run_job(
     out = Path(spec.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     device = _rank_device(_device(spec.device), ranks)
+    check_max_seq_len(spec.model, spec.max_seq_len)  # the API's check at create, again
     tokenizer = load_tokenizer(spec.model)
     data, classes = prepare_data(spec, tokenizer)
     valid = prepare_validation(
@@ -329,7 +336,7 @@ def _load_model(
     if spec.train_only is not None:
         matched = 0
         for name, p in model.named_parameters():
-            keep = any(part in name for part in spec.train_only)
+            keep = matches_train_only(name, spec.train_only)
             p.requires_grad_(keep and p.requires_grad if lora is not None else keep)
             matched += keep
         if not matched:
