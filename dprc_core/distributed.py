@@ -127,6 +127,20 @@ def broadcast_int(value: int | None, ranks: Ranks) -> int:
     return int(t.item())
 
 
+def broadcast_bytes(value: bytes | None, ranks: Ranks, size: int) -> bytes:
+    """Rank 0's ``size`` bytes on every rank (e.g. a secret key, which stays in the group)."""
+    if not ranks.distributed:
+        assert value is not None and len(value) == size
+        return value
+    if ranks.is_main:
+        assert value is not None and len(value) == size
+        t = torch.tensor(list(value), dtype=torch.uint8, device=ranks.device)
+    else:
+        t = torch.zeros(size, dtype=torch.uint8, device=ranks.device)
+    torch.distributed.broadcast(t, src=_global_rank(ranks, 0), group=ranks.group)
+    return bytes(t.cpu().tolist())
+
+
 def broadcast_flag(flag: bool, ranks: Ranks) -> bool:
     """Rank 0's ``flag`` on every rank (e.g. "stop after this step")."""
     if not ranks.distributed:

@@ -33,7 +33,14 @@ from dprc_core.distributed import (
 from dprc_core.estimators import MatrixContribution, auto_method
 from dprc_core.hooks import PerSampleHooks, trainable_parameters
 from dprc_core.independence import check_sample_independence
-from dprc_core.noise import GaussianNoise, NoiseMechanism, NuDPFTRLNoise, as_noise_mechanism
+from dprc_core.noise import (
+    GaussianNoise,
+    NoiseMechanism,
+    NuDPFTRLNoise,
+    SecureGaussianNoise,
+    SecureStream,
+    as_noise_mechanism,
+)
 from dprc_core.norm_methods import envelope_for, get_norm_method
 from dprc_core.seeding import derive_seed, fresh_seed
 
@@ -180,6 +187,8 @@ class PrivacyEngine:
         nu: float | None = None,
         bands: int | None = None,
         process_group: Any = None,
+        secure_rng: bool = False,
+        secure_stream: SecureStream | None = None,
     ):
         """``noise_mechanism``: ``Gaussian()`` / ``"gaussian"`` (default), or
         ``dprc_core.noise.NuDPFTRL(nu=..., bands=...)``; ``nu`` / ``bands`` beside the name
@@ -189,7 +198,12 @@ class PrivacyEngine:
         the default group) every rank builds the same engine for its copy of the (unwrapped)
         model; ``expected_batch_size`` is the *global* q·N. Each rank accumulates its own part
         of the logical batch; ``step()`` adds rank 0's single noise draw and SUM-reduces the
-        clipped sums across ranks, so every rank takes the same update. The seed is rank 0's."""
+        clipped sums across ranks, so every rank takes the same update. The seed is rank 0's.
+
+        ``secure_rng=True`` (secure mode, docs/engine.md): the Gaussian noise comes from a
+        ChaCha20 keystream keyed from the OS (``secure_stream``: a given root stream, e.g. to
+        resume), as a float64 sum of normals generated one step ahead in a background thread;
+        ``seed`` then no longer determines the noise. Gaussian mechanism only."""
         if clipping_mode not in CLIPPING_MODES:
             raise ValueError(
                 f"clipping_mode must be one of {CLIPPING_MODES}, got {clipping_mode!r}"
@@ -240,9 +254,21 @@ class PrivacyEngine:
                 "refused: randomized clipping with correlated noise has no privacy analysis; "
                 "use an exact method (exact, ghost, fgc)"
             )
-        self.noise: GaussianNoise | NuDPFTRLNoise = self.mechanism.sampler(
-            self.noise_multiplier * self.max_grad_norm
-        )
+        self.secure_rng = bool(secure_rng)
+        self.noise: GaussianNoise | NuDPFTRLNoise | SecureGaussianNoise
+        std = self.noise_multiplier * self.max_grad_norm
+        if self.secure_rng:
+            if self.mechanism.name != "gaussian":
+                raise ValueError(
+                    f"secure_rng=True covers the Gaussian mechanism only, not "
+                    f"{self.mechanism.name!r}: its noise would come from torch's generator"
+                )
+            # rank 0 alone draws the noise: only there is it generated (ahead, in a thread)
+            self.noise = SecureGaussianNoise(std, stream=secure_stream, prefetch=self.ranks.is_main)
+            if self.ranks.is_main:
+                self.noise.expect(self.params)
+        else:
+            self.noise = self.mechanism.sampler(std)
         self.hooks = PerSampleHooks(model, verified_layouts=self.check_independence)
         self._independence_checked = False
         self.norm_plan = self._make_plan()
@@ -502,8 +528,14 @@ class PrivacyEngine:
         )
 
     def detach(self) -> None:
-        """Remove the hooks from the model."""
+        """Remove the hooks from the model (and stop secure mode's noise thread)."""
         self.hooks.remove()
+        self.close()
+
+    def close(self) -> None:
+        """Stop secure mode's background noise generation (a no-op otherwise)."""
+        if isinstance(self.noise, SecureGaussianNoise):
+            self.noise.close()
 
     # ------------------------------------------------------------------ internals
     def _reset_batch(self) -> None:

@@ -85,6 +85,12 @@ class Settings(BaseSettings):
         description="the most devices a job may ask for (the largest worker's worker_devices); "
         "default: worker_devices. A job asking for more is refused at creation",
     )
+    secure_rng: bool = Field(
+        default=True,
+        description="secure mode: Gaussian noise and Poisson batches from a ChaCha20 stream "
+        "keyed from the OS, not torch's generator (docs/engine.md); ν-DP-FTRL jobs keep "
+        "torch's generator and say so in an event",
+    )
     rank_attempts: int = Field(
         default=3,
         ge=1,

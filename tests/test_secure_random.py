@@ -437,9 +437,8 @@ def _noise_only_update(seed: int, secure: bool) -> torch.Tensor:
             norm_method="exact",
             seed=seed,
             check_independence=False,
+            secure_rng=secure,
         )
-    if secure:  # what the engine's secure mode will construct (see docs/engine.md)
-        engine.noise = SecureGaussianNoise(engine.noise.std)
     engine.step()  # an empty logical batch: the update is the noise alone
     return -model.weight.detach()[0].clone()
 

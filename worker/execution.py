@@ -17,6 +17,7 @@ to ``rank_attempts`` attempts, after which the job fails (``rank_failed``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -140,6 +141,7 @@ def build_spec(store: Store, req: runs.JobRequest) -> JobSpec:
         device=settings.device,
         report_train_loss=bool(pr.get("report_train_loss", True)),
         noise_mechanism=noise["mechanism"],
+        secure_rng=settings.secure_rng and noise["mechanism"] == "gaussian",
         nu=noise.get("nu"),
         bands=noise.get("bands"),
     )
@@ -170,6 +172,17 @@ def execute_job(
         spec = build_spec(store, req)
         if spec.task == "causal_lm" and req.n_examples < 2:
             raise JobFailure("invalid_training_file", "the training file needs >= 2 examples")
+        spec = _keep_checkpoint_mode(spec)
+        if settings_secure_but_not(store, spec):
+            runs.record_event(
+                store,
+                job_id,
+                "Secure mode covers Gaussian noise only: this job's ν-DP-FTRL noise and batch "
+                "order come from torch's generator, seeded from the OS"
+                if spec.noise_mechanism != "gaussian"
+                else "Secure mode is on, but this job resumes from a checkpoint written without "
+                "it: its noise and batches continue from torch's generator",
+            )
         latest = ckpt_io.latest_checkpoint(Path(spec.output_dir))
         if latest is not None and (latest / "resume").is_dir():
             step = json.loads((latest / "metadata.json").read_text())["step"]
@@ -247,6 +260,22 @@ def _record_missed_checkpoint(store: Store, job_id: str, out: Path) -> None:
     if step > done:
         runs.record_progress(store, job_id, step, eps, {})
     runs.record_checkpoint(store, job_id, step, eps, _archive(latest), {})
+
+
+def _keep_checkpoint_mode(spec: JobSpec) -> JobSpec:
+    """A job resumes in the randomness mode its checkpoint was written in, even if the
+    worker's ``DPRC_SECURE_RNG`` changed meanwhile (the resume state holds that mode's keys)."""
+    latest = ckpt_io.latest_checkpoint(Path(spec.output_dir))
+    state_file = latest / "resume" / "state.json" if latest is not None else None
+    if state_file is None or not state_file.is_file():
+        return spec
+    written = bool(json.loads(state_file.read_text()).get("secure_rng", False))
+    return spec if written == spec.secure_rng else dataclasses.replace(spec, secure_rng=written)
+
+
+def settings_secure_but_not(store: Store, spec: JobSpec) -> bool:
+    """Secure mode is on but does not cover this job's mechanism (said in an event)."""
+    return store.settings.secure_rng and not spec.secure_rng
 
 
 def failure_of(exc: BaseException) -> tuple[str, str]:

@@ -67,12 +67,24 @@ def rank(control: Path) -> int:
             )
         return 0
     except Exception as exc:
-        code, message = failure_of(exc)
-        (control / "error.json").write_text(json.dumps({"code": code, "message": message}))
+        if not _lost_a_peer(exc):  # a peer's death is the attempt's end, not the job's error
+            code, message = failure_of(exc)
+            (control / "error.json").write_text(json.dumps({"code": code, "message": message}))
         raise
     finally:
         if joined:
             torch.distributed.destroy_process_group()
+
+
+PEER_LOST = ("gloo/transport", "Connection closed by peer", "Connection reset by peer", "NCCL")
+
+
+def _lost_a_peer(exc: BaseException) -> bool:
+    """A collective failed because another rank went away (gloo raises a plain RuntimeError
+    naming its transport; torch's own DistError otherwise)."""
+    import torch
+
+    return isinstance(exc, torch.distributed.DistError) or any(m in str(exc) for m in PEER_LOST)
 
 
 def main(argv: list[str]) -> int:

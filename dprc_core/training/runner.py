@@ -39,10 +39,17 @@ from typing import Any
 import torch
 
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger
-from dprc_core.distributed import Ranks, broadcast_flag, broadcast_int, current_ranks
+from dprc_core.distributed import (
+    Ranks,
+    broadcast_bytes,
+    broadcast_flag,
+    broadcast_int,
+    current_ranks,
+)
 from dprc_core.engine import PrivacyEngine, accounting_clipping_for, norm_plan
 from dprc_core.losses import causal_lm_per_sample_loss, sequence_classification_per_sample_loss
-from dprc_core.noise import Gaussian, NuDPFTRL
+from dprc_core.noise import Gaussian, NuDPFTRL, SecureStream
+from dprc_core.noise.secure_stream import new_key
 from dprc_core.norm_methods import method_names
 from dprc_core.seeding import derive_seed, fresh_seed
 from dprc_core.training import checkpoint as ckpt_io
@@ -57,6 +64,7 @@ from dprc_core.training.models import (
 from dprc_core.training.plan import PrivacyPlan, plan_privacy
 from dprc_core.training.results import ResultsFile
 from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
+from dprc_core.training.secure_sampling import SecurePoissonSampler
 from dprc_core.training.validation import prepare_validation, validation_loss
 
 OPTIMIZERS = ("adam", "sgd")
@@ -90,6 +98,9 @@ class JobSpec:
     device: str = "auto"
     dtype: str = "float32"
     report_train_loss: bool = True
+    # secure mode: Gaussian noise and Poisson batches from a ChaCha20 stream keyed from the OS
+    # (docs/engine.md, "Secure mode"); the seed then drives only the sketches' projections
+    secure_rng: bool = False
     epsilon_every: int = 10  # compute ε spent for progress every this many steps
     classes: list[str] | None = None  # classification: class names (default: from the file)
     # train only the parameters whose names contain one of these strings (e.g. ["classifier"]
@@ -117,6 +128,9 @@ class JobSpec:
             )
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        for flag in ("secure_rng", "report_train_loss"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         for name in ("max_seq_len", "max_physical_batch_size", "k", "epsilon_every"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -249,9 +263,12 @@ def run_job(
             f"this spec plans {plan.to_dict()}. Use a fresh output_dir"
         )
     seed = broadcast_int(spec.seed if spec.seed is not None else fresh_seed(), ranks)
-    engine, opt = _build_engine(spec, model, plan, seed)
+    root = None  # secure mode's root stream: rank 0's OS key, shared by the ranks
+    if spec.secure_rng:
+        root = SecureStream(broadcast_bytes(new_key() if ranks.is_main else None, ranks, 32))
+    engine, opt = _build_engine(spec, model, plan, seed, root)
     assert engine.accounting_clipping == clipping
-    sampler = _build_sampler(spec, plan, len(data), seed, ranks)
+    sampler = _build_sampler(spec, plan, len(data), seed, ranks, root)
     run = _Run(spec, plan, clipping, classes, out, model, tokenizer, engine, opt, sampler)
     run.ranks = ranks
     if resumed is not None:
@@ -369,7 +386,11 @@ def _plan(spec: JobSpec, model: torch.nn.Module, n: int) -> tuple[PrivacyPlan, s
 
 
 def _build_engine(
-    spec: JobSpec, model: torch.nn.Module, plan: PrivacyPlan, seed: int
+    spec: JobSpec,
+    model: torch.nn.Module,
+    plan: PrivacyPlan,
+    seed: int,
+    root: SecureStream | None = None,
 ) -> tuple[PrivacyEngine, torch.optim.Optimizer]:
     params = [p for p in model.parameters() if p.requires_grad]
     opt: torch.optim.Optimizer
@@ -392,6 +413,8 @@ def _build_engine(
         seed=seed,
         max_seq_len=spec.max_seq_len if spec.norm_method == "auto" else None,
         noise_mechanism=mechanism,
+        secure_rng=spec.secure_rng,
+        secure_stream=root,
     )
     return engine, opt
 
@@ -404,8 +427,13 @@ def _rank_device(device: torch.device, ranks: Ranks) -> torch.device:
 
 
 def _build_sampler(
-    spec: JobSpec, plan: PrivacyPlan, n: int, seed: int, ranks: Ranks | None = None
-) -> PoissonSampler | FixedOrderSampler:
+    spec: JobSpec,
+    plan: PrivacyPlan,
+    n: int,
+    seed: int,
+    ranks: Ranks | None = None,
+    root: SecureStream | None = None,
+) -> PoissonSampler | FixedOrderSampler | SecurePoissonSampler:
     """Poisson batches at the planned rate (or ν-DP-FTRL's fixed order), from their own seed;
     with several ranks each takes its part of the same logical batch."""
     sampler_seed = derive_seed(seed, "sampler")
@@ -413,6 +441,8 @@ def _build_sampler(
         return FixedOrderSampler(
             n, int(spec.batch_size), steps=plan.steps, seed=sampler_seed, ranks=ranks
         )
+    if root is not None:
+        return SecurePoissonSampler(n, plan.sample_rate, plan.steps, stream=root, ranks=ranks)
     return PoissonSampler(n, plan.sample_rate, plan.steps, seed=sampler_seed, ranks=ranks)
 
 
@@ -435,6 +465,11 @@ class _Run:
 
     def restore(self, state: dict, opt_state: dict, rng: dict, ledger_json: str) -> None:
         """Optimizer, engine (generators and noise), sampler and ledger as checkpointed."""
+        if bool(state.get("secure_rng", False)) != self.spec.secure_rng:
+            raise ValueError(
+                f"the checkpoint was written with secure_rng={not self.spec.secure_rng}, this "
+                f"spec has secure_rng={self.spec.secure_rng}: resume with the same setting"
+            )
         self.opt.load_state_dict(opt_state)
         self.engine.load_state_dict(
             {
@@ -446,7 +481,11 @@ class _Run:
                 "noise": {k[len("noise:") :]: v for k, v in rng.items() if k.startswith("noise:")},
             }
         )
-        if isinstance(self.sampler, FixedOrderSampler):
+        if isinstance(self.sampler, SecurePoissonSampler):
+            self.sampler.load_state_dict(
+                {k[len("sampler:") :]: v for k, v in rng.items() if k.startswith("sampler:")}
+            )
+        elif isinstance(self.sampler, FixedOrderSampler):
             self.sampler = FixedOrderSampler.from_state_dict(state["sampler"], self.ranks)
         else:
             self.sampler.generator.set_state(rng["sampler"])
@@ -480,6 +519,8 @@ class _Run:
         rng_out.update({f"noise:{k}": v for k, v in est["noise"].items()})
         if isinstance(self.sampler, PoissonSampler):
             rng_out["sampler"] = self.sampler.generator.get_state()
+        elif isinstance(self.sampler, SecurePoissonSampler):  # its key: private, like the rest
+            rng_out.update({f"sampler:{k}": v for k, v in self.sampler.state_dict().items()})
         return ckpt_io.save_checkpoint(
             self.out,
             step=done,
@@ -508,6 +549,7 @@ class _Run:
                 "steps_done": done,
                 "plan": plan.to_dict(),
                 "engine": {"steps": est["steps"], "seed": est["seed"]},
+                "secure_rng": self.spec.secure_rng,
                 "sampler": self.sampler.state_dict()
                 if isinstance(self.sampler, FixedOrderSampler)
                 else None,

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from dprc_core.distributed import Ranks, shard_indices
 from dprc_core.noise.secure_stream import STATE_VERSION, SecureStream
 
 
@@ -33,6 +34,7 @@ class SecurePoissonSampler:
         sample_rate: float,
         steps: int,
         stream: SecureStream | None = None,
+        ranks: Ranks | None = None,
     ):
         if isinstance(num_examples, bool) or not (
             isinstance(num_examples, int) and num_examples > 0
@@ -48,6 +50,7 @@ class SecurePoissonSampler:
         self.sample_rate = float(sample_rate)
         self.steps = steps
         self.step = 0
+        self.ranks = ranks or Ranks()  # several ranks: each yields its part (a shared stream)
         self._stream = (SecureStream() if stream is None else stream).derive("sampling")
 
     @property
@@ -62,8 +65,8 @@ class SecurePoissonSampler:
         return self._stream.at(step).bernoulli(self.num_examples, self.sample_rate)
 
     def batch(self, step: int) -> torch.Tensor:
-        """The example indices of ``step`` (int64, ascending)."""
-        return torch.nonzero(self.mask(step)).flatten()
+        """The example indices of ``step`` (int64, ascending); this rank's part of them."""
+        return shard_indices(torch.nonzero(self.mask(step)).flatten(), self.ranks)
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         while self.step < self.steps:

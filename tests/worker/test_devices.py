@@ -142,7 +142,7 @@ def test_a_two_device_job_survives_a_killed_rank(two_devices):
     assert set(ranks) == {0, 1}, ranks
     os.kill(ranks[1], signal.SIGKILL)
     job = wait_for(client, job.id, TERMINAL, timeout=300)
-    assert job.status == "succeeded", job.model_extra.get("error")
+    assert job.status == "succeeded", job.error
     for pid in ranks.values():  # the first attempt left no process behind
         assert not Path(f"/proc/{pid}").exists()
     assert not _rank_pids(os.getpid())
@@ -221,7 +221,7 @@ def test_a_celery_worker_killed_mid_job_leaves_no_rank_and_another_resumes(celer
             time.sleep(0.1)
         second = _celery_worker(celery_server, queues)
         job = wait_for(client, job.id, TERMINAL, timeout=300)
-        assert job.status == "succeeded", job.model_extra.get("error")
+        assert job.status == "succeeded", job.error
         messages = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100).data]
         assert any(m.startswith("Resuming from the checkpoint at step") for m in messages)
         _assert_exact_ledger(client, job)
