@@ -6,7 +6,10 @@ numbers that built the initial weights, so the noise would be a function of the 
 initialisation. Every stream is instead seeded with SHA-256(tag, user seed, index), a different
 63-bit value per purpose. That removes accidental correlation; it does not make a known seed
 safe: whoever knows the seed can regenerate the noise and the batches. Keep a fixed seed as
-secret as the data, or leave it ``None`` (63 bits from ``os.urandom``).
+secret as the data, or leave it ``None`` (63 bits from ``os.urandom``). In secure mode
+(``secure_rng=True``, the service's default) the noise and the batches come from an OS-keyed
+ChaCha20 stream instead (:mod:`dprc_core.noise.secure_stream`) and a seed only drives the
+sketches' projections.
 """
 
 from __future__ import annotations
