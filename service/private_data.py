@@ -9,13 +9,20 @@
   state, never served. A job's resume state is removed when the job ends — the released
   checkpoints stay, as the job's result files — and its whole run folder is removed when its
   training file is deleted (:func:`remove_run_folders`).
+* **The engine's seed** is not the job's ``seed`` (which the API returns): the worker derives
+  it as HMAC-SHA256(the data folder's run secret, job seed) (:func:`engine_seed`), so whoever
+  reads the job object cannot regenerate what the seed still drives (the sketches'
+  projections; ν-DP-FTRL's noise and order, which secure mode does not cover). The run secret
+  is ``secrets/run.key`` (0600), made once per data folder and shared by every worker on it.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import shutil
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -29,6 +36,35 @@ def restrict_new_files(data_dir: Path) -> None:
     os.umask(PRIVATE_UMASK)
     data_dir.mkdir(parents=True, exist_ok=True)
     data_dir.chmod(0o700)
+
+
+def run_secret(data_dir: Path) -> bytes:
+    """The data folder's 32-byte run secret, created (0600, exclusively) on first use."""
+    path = data_dir / "secrets" / "run.key"
+    if not path.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another worker made it meanwhile
+            pass
+        else:
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(32))
+                f.flush()
+                os.fsync(f.fileno())
+    for _ in range(100):  # a concurrent creator may not have written it yet
+        key = path.read_bytes()
+        if len(key) == 32:
+            return key
+        time.sleep(0.01)
+    raise RuntimeError(f"the run secret {path} is not 32 bytes long")
+
+
+def engine_seed(data_dir: Path, job_seed: int) -> int:
+    """The 63-bit seed the worker gives the engine for a job whose (API-visible) seed is
+    ``job_seed``: a keyed hash, stable across the job's attempts."""
+    digest = hmac.new(run_secret(data_dir), f"dprc/job-seed/{job_seed}".encode(), "sha256")
+    return int.from_bytes(digest.digest()[:8], "little") >> 1
 
 
 def run_folder(data_dir: Path, job_id: str) -> Path:

@@ -39,7 +39,7 @@ from service import job_runs as runs
 from service import lifecycle
 from service.lifecycle import WorkerOutcome
 from service.model_registry import registry
-from service.private_data import run_folder
+from service.private_data import engine_seed, run_folder
 from service.store import Store
 from worker.ranks import RankFailure, RanksDied, run_on_ranks
 
@@ -136,7 +136,7 @@ def build_spec(store: Store, req: runs.JobRequest) -> JobSpec:
         norm_method=clip["method"],
         k=int(k),
         checkpoint_every=req.checkpoint_every,
-        seed=req.seed,
+        seed=engine_seed(settings.data_dir, req.seed),  # not the API-visible seed
         max_physical_batch_size=settings.max_physical_batch_size,
         device=settings.device,
         report_train_loss=bool(pr.get("report_train_loss", True)),
