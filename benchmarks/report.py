@@ -17,6 +17,7 @@ SECTIONS = [
     ("step", "benchmarks/step.py"),
     ("step_cuda", "benchmarks/step.py --device cuda"),
     ("accountant", "benchmarks/accountant.py"),
+    ("sketch_sigma", "benchmarks/sketch_sigma.py"),
     ("dpftrl", "benchmarks/dpftrl_linear.py"),
     ("dpftrl_lm", "benchmarks/dpftrl_lm.py"),
     ("utility", "benchmarks/utility.py"),

@@ -3,7 +3,9 @@
 Public API::
 
     epsilon(noise_multiplier, sample_rate, steps, delta, clipping="exact", k=None, rank=None)
-    noise_multiplier(target_epsilon, target_delta, sample_rate, steps, clipping="exact", ...)
+    noise_multiplier(target_epsilon, target_delta, sample_rate, steps, clipping="exact", ...,
+                     sketch="shared")   # "per_example": hidden-scale model (§10)
+    PrivacyEvent(sigma, q, steps, "hutch", 32, sketch="per_example")   # ledger / epsilon_for_events
     envelope_cdf(x, k, rank=None)     # F(x; Y), an upper bound on P(Y ≤ x) for every spectrum
     x_plus(k, rank)                    # Proposition 1 threshold
     PrivacyLedger().record(...); .epsilon(delta); .to_json(); PrivacyLedger.from_json(s)
@@ -34,6 +36,9 @@ from dprc_core.accounting.dpftrl import (
 from dprc_core.accounting.envelope import RANK_ENVELOPE_MAX, envelope_cdf, x_plus
 from dprc_core.accounting.events import (
     CLIPPINGS,
+    PER_EXAMPLE_SKETCH,
+    SHARED_SKETCH,
+    SKETCHES,
     PrivacyEvent,
     UnsupportedMechanismError,
 )
@@ -42,7 +47,10 @@ from dprc_core.accounting.ledger import PrivacyLedger
 __all__ = [
     "CLIPPINGS",
     "DEFAULT_SETTINGS",
+    "PER_EXAMPLE_SKETCH",
     "RANK_ENVELOPE_MAX",
+    "SHARED_SKETCH",
+    "SKETCHES",
     "AccountingResult",
     "AccountingSettings",
     "PrivacyEvent",

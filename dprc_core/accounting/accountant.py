@@ -12,7 +12,9 @@ Pipeline for a list of events and a target δ (docs/accounting.md has the soundn
    bulk of the loss drives ε, the connect-the-dots error of the composition scales as
    √n·h²/std², so this keeps it at a fixed small level (a few 0.01%); when a long loss tail
    drives it (tiny q), a grid of 2^17 points over the step's loss range is ample.
-4. Per-step PLD (both adjacencies) by connect-the-dots on that grid, ``self_compose(steps)``
+4. Per-step PLD (both adjacencies) by connect-the-dots on that grid — the revealed-scale
+   mixture (:mod:`random_scale_pld`) for exact norms and shared sketches, the hidden-scale
+   mixture (:mod:`hidden_scale_pld`) for ``sketch="per_example"`` events — ``self_compose(steps)``
    and ``compose`` across events with ``dp_accounting``; ε from the composed PMFs.
 
 A ν-DP-FTRL event is one Gaussian mechanism for its whole run (μ = sensitivity/σ, no
@@ -32,7 +34,8 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
 from dprc_core.accounting.dpftrl import gaussian_epsilon
-from dprc_core.accounting.events import NU_DPFTRL, PrivacyEvent, check_delta
+from dprc_core.accounting.events import NU_DPFTRL, PER_EXAMPLE_SKETCH, PrivacyEvent, check_delta
+from dprc_core.accounting.hidden_scale_pld import hidden_step_geometry, hidden_step_pld
 from dprc_core.accounting.pld_epsilon import epsilon_from_pld
 from dprc_core.accounting.random_scale_pld import (
     StepGeometry,
@@ -103,14 +106,27 @@ class _Prepared:
     geometry: StepGeometry
 
 
+def _hidden_scale(event: PrivacyEvent) -> bool:
+    """Per-example sketches are accounted with the hidden-scale model (hidden_scale_pld.py);
+    everything else — shared sketches, exact norms — with the revealed-scale mixture."""
+    return event.sketch == PER_EXAMPLE_SKETCH
+
+
 def _prepare(event: PrivacyEvent, tail: float, settings: AccountingSettings) -> _Prepared:
     inf_budget = tail / (4.0 * event.sample_rate)
     fine = scale_distribution(event, inf_budget, settings.scale_width)
     coarse = scale_distribution(event, inf_budget, max(_COARSE_WIDTH, settings.scale_width))
-    geometry = step_geometry(StepMechanism(event.noise_multiplier, event.sample_rate, coarse), tail)
+    geometry_of = hidden_step_geometry if _hidden_scale(event) else step_geometry
+    geometry = geometry_of(StepMechanism(event.noise_multiplier, event.sample_rate, coarse), tail)
     return _Prepared(
         event, StepMechanism(event.noise_multiplier, event.sample_rate, fine), geometry
     )
+
+
+def _step_pld(p: _Prepared, h: float, tail: float) -> PrivacyLossDistribution:
+    """The per-step PLD of a prepared DP-SGD event in its own model (see :func:`_hidden_scale`)."""
+    build = hidden_step_pld if _hidden_scale(p.event) else step_pld
+    return build(p.mech, h, tail, p.geometry)
 
 
 def choose_grid(
@@ -153,11 +169,11 @@ def _merge(events: Sequence[PrivacyEvent]) -> list[PrivacyEvent]:
         if e.mechanism == NU_DPFTRL:
             others.append(e)
             continue
-        key = (e.noise_multiplier, e.sample_rate, e.clipping, e.k, e.rank, e.mechanism)
+        key = (e.noise_multiplier, e.sample_rate, e.clipping, e.k, e.rank, e.mechanism, e.sketch)
         merged[key] = merged.get(key, 0) + e.steps
     return [
-        PrivacyEvent(sig, q, steps, clip, k, rank, mech)
-        for (sig, q, clip, k, rank, mech), steps in merged.items()
+        PrivacyEvent(sig, q, steps, clip, k, rank, mech, sketch=sketch)
+        for (sig, q, clip, k, rank, mech, sketch), steps in merged.items()
     ] + others
 
 
@@ -220,7 +236,7 @@ def compose_events(
     h = choose_grid(prepared, settings, [e.mu for e in gaussians])
     result: PrivacyLossDistribution | None = None
     plds: list[tuple[PrivacyLossDistribution, int]] = [
-        (step_pld(p.mech, h, tail, p.geometry), p.event.steps) for p in prepared
+        (_step_pld(p, h, tail), p.event.steps) for p in prepared
     ]
     plds += [(_gaussian_pld(e.mu, h, tail), 1) for e in gaussians]
     for pld, steps in plds:

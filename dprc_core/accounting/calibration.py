@@ -6,7 +6,12 @@ import math
 from collections.abc import Callable
 
 from dprc_core.accounting.accountant import DEFAULT_SETTINGS, AccountingSettings, account
-from dprc_core.accounting.events import PrivacyEvent, check_delta, check_epsilon
+from dprc_core.accounting.events import (
+    SHARED_SKETCH,
+    PrivacyEvent,
+    check_delta,
+    check_epsilon,
+)
 
 SIGMA_MIN = 0.01
 SIGMA_MAX = 1e3
@@ -138,6 +143,7 @@ def noise_multiplier(
     k: int | None = None,
     rank: int | None = None,
     *,
+    sketch: str = SHARED_SKETCH,
     rel_tol: float = 0.005,
     sigma_max: float = SIGMA_MAX,
     settings: AccountingSettings = DEFAULT_SETTINGS,
@@ -146,16 +152,18 @@ def noise_multiplier(
 
     The returned σ satisfies ``epsilon(σ, …) ≤ target_epsilon`` exactly as computed by
     :func:`dprc_core.accounting.epsilon`, and ``epsilon(σ / (1 + rel_tol), …)`` exceeds it.
-    Raises ``ValueError`` if even ``sigma_max`` does not reach the target.
+    Raises ``ValueError`` if even ``sigma_max`` does not reach the target. ``sketch``:
+    ``"shared"`` (the revealed-scale model) or ``"per_example"`` (the hidden-scale model of
+    independent per-example sketches, randomized clipping only; docs/accounting.md §10).
     """
     target = check_epsilon(target_epsilon)
     delta = check_delta(target_delta)
     rel_tol = check_rel_tol(rel_tol)
     sigma_max = _check_sigma_max(sigma_max)
-    PrivacyEvent(1.0, sample_rate, steps, clipping, k, rank)  # validate the other inputs
+    PrivacyEvent(1.0, sample_rate, steps, clipping, k, rank, sketch=sketch)  # validate the rest
 
     def eps_of(sigma: float) -> float:
-        event = PrivacyEvent(sigma, sample_rate, steps, clipping, k, rank)
+        event = PrivacyEvent(sigma, sample_rate, steps, clipping, k, rank, sketch=sketch)
         return account([event], delta, settings).epsilon
 
     return _calibrate(eps_of, target, rel_tol, sigma_max)

@@ -3,7 +3,12 @@ endpoint returns, from one place."""
 
 from __future__ import annotations
 
-from dprc_core.accounting.events import NU_DPFTRL, PrivacyEvent
+from dprc_core.accounting.events import (
+    NU_DPFTRL,
+    PER_EXAMPLE_SKETCH,
+    SHARED_SKETCH,
+    PrivacyEvent,
+)
 
 ADJACENCY = {
     "gaussian": "add/remove, Poisson sampling, max over both directions",
@@ -25,9 +30,25 @@ def envelope_words(clipping: str, k: int | None, rank: int | None) -> str:
     return f"{clipping}, k={k}, rank-dependent envelope with total rank D={rank}"
 
 
+SKETCH_WORDS = {
+    SHARED_SKETCH: "shared sketch (one projection per layer per step for the whole batch): "
+    "revealed-scale model, the adversary is given each step's scale a",
+    PER_EXAMPLE_SKETCH: "per-example sketches (independent projections per example, layer and "
+    "step): hidden-scale model, one mixture over a per step (docs/accounting.md §10)",
+}
+
+
+def sketch_words(clipping: str, sketch: str) -> str:
+    """How the accountant modelled the sketch (nothing to say for exact norms)."""
+    if clipping == "exact":
+        return "none (exact norms draw no sketch)"
+    return SKETCH_WORDS[sketch]
+
+
 def describe_event(event: PrivacyEvent) -> dict[str, str]:
-    """``envelope`` and ``adjacency`` of an event, in words."""
+    """``envelope``, ``sketch`` and ``adjacency`` of an event, in words."""
     return {
         "envelope": envelope_words(event.clipping, event.k, event.rank),
+        "sketch": sketch_words(event.clipping, event.sketch),
         "adjacency": ADJACENCY[event.mechanism],
     }

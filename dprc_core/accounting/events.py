@@ -25,6 +25,15 @@ SUPPORTED_MECHANISMS = NOISE_MECHANISMS
 # Fields only a ν-DP-FTRL event has; they are left out of a DP-SGD event's JSON, so ledgers
 # holding DP-SGD events only are written exactly as before (ledger JSON v1).
 DPFTRL_FIELDS = ("nu", "bands", "participations", "min_separation", "sensitivity")
+# How the randomized-clipping sketch was drawn (docs/accounting.md §10): "shared" — one
+# projection per layer per step for the whole batch, accounted with the revealed-scale model
+# (the adversary is given the scale a); "per_example" — an independent projection per example,
+# per layer, per step, accounted with the hidden-scale model. "shared" is the default and what
+# ledgers without the field mean; it is written only when it is not the default, so ledgers of
+# shared-sketch and exact events are written exactly as before.
+SHARED_SKETCH = "shared"
+PER_EXAMPLE_SKETCH = "per_example"
+SKETCHES = (SHARED_SKETCH, PER_EXAMPLE_SKETCH)
 
 
 class UnsupportedMechanismError(NotImplementedError):
@@ -93,11 +102,26 @@ def check_mechanism(mechanism: Any) -> str:
     return canonical_mechanism(mechanism)
 
 
+def check_sketch(sketch: Any, clipping: str) -> str:
+    """Validate how the sketch was drawn; ``per_example`` needs randomized clipping."""
+    if sketch not in SKETCHES:
+        raise ValueError(f"sketch must be one of {SKETCHES}, got {sketch!r}")
+    if sketch == PER_EXAMPLE_SKETCH and clipping == "exact":
+        raise ValueError(
+            "sketch='per_example' applies to randomized clipping (hutch/hutchpp) only: exact "
+            "norms draw no sketch"
+        )
+    return str(sketch)
+
+
 @dataclass(frozen=True)
 class PrivacyEvent:
     """``steps`` Poisson-subsampled (rate ``sample_rate``) DP-SGD steps with noise multiplier
     σ and the given clipping (``exact``, or randomized ``hutch`` / ``hutchpp`` with projection
     dimension ``k`` and optional total rank D for the Hutch rank-dependent envelope).
+    ``sketch`` says how a randomized method drew its projections: ``"shared"`` (one per layer
+    per step for the batch; the revealed-scale model) or ``"per_example"`` (independent per
+    example; the hidden-scale model, docs/accounting.md §10).
 
     ``mechanism="nu_dpftrl"``: one whole ν-DP-FTRL run of ``steps`` steps with per-step noise
     std σ·C (before correlation), damping ``nu``, ``bands`` (None: un-banded), fixed-order
@@ -120,6 +144,7 @@ class PrivacyEvent:
     participations: int | None = None
     min_separation: int | None = None
     sensitivity: float | None = None
+    sketch: str = SHARED_SKETCH
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mechanism", check_mechanism(self.mechanism))
@@ -136,6 +161,7 @@ class PrivacyEvent:
         object.__setattr__(self, "clipping", clipping)
         object.__setattr__(self, "k", k)
         object.__setattr__(self, "rank", rank)
+        object.__setattr__(self, "sketch", check_sketch(self.sketch, clipping))
 
     def _check_dpftrl(self) -> None:
         # imported here: dpftrl.py is pure numpy/scipy and does not import this module
@@ -144,6 +170,8 @@ class PrivacyEvent:
         dpftrl.check_dpftrl_clipping(self.clipping)
         if self.k is not None or self.rank is not None:
             raise ValueError("k and rank are only meaningful for randomized clipping")
+        if self.sketch != SHARED_SKETCH:
+            raise ValueError("sketch is only meaningful for randomized clipping")
         if self.sample_rate != 1.0:
             raise ValueError(
                 "nu_dpftrl claims no amplification by sampling: sample_rate must be 1 "
@@ -226,6 +254,8 @@ class PrivacyEvent:
         if self.mechanism != NU_DPFTRL:
             for f in DPFTRL_FIELDS:
                 del data[f]
+        if self.sketch == SHARED_SKETCH:
+            del data["sketch"]
         return data
 
     @classmethod
@@ -233,7 +263,7 @@ class PrivacyEvent:
         if not isinstance(data, dict):
             raise ValueError(f"an event must be a JSON object, got {type(data).__name__}")
         allowed = {"noise_multiplier", "sample_rate", "steps", "clipping", "k", "rank", "mechanism"}
-        allowed |= set(DPFTRL_FIELDS)
+        allowed |= set(DPFTRL_FIELDS) | {"sketch"}
         unknown = set(data) - allowed
         if unknown:
             raise ValueError(f"unknown event fields: {sorted(unknown)}")
