@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,13 +65,18 @@ def locked_session(factory: sessionmaker[Session]) -> Iterator[Session]:
         yield session
 
 
+_UPGRADE_LOCK = threading.Lock()
+
+
 def upgrade(engine: Engine) -> None:
-    """Apply the Alembic migrations up to head on ``engine``."""
+    """Apply the Alembic migrations up to head on ``engine``. One thread at a time: Alembic's
+    ``context`` is a module-global proxy, so two threads of one process (a Celery task and the
+    worker's sweeper opening the store together) would corrupt each other's run."""
     from alembic import command
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as conn:
+    with _UPGRADE_LOCK, engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")

@@ -117,15 +117,15 @@ def run_job_task(job_id: str) -> str:
 
 
 def _sweep_forever(stop: threading.Event) -> None:
-    store = _store()
     while not stop.is_set():
-        try:
+        try:  # opening the store too: a failure here must not end the sweeps for good
+            store = _store()
             older = store.settings.sweep_seconds
             for job_id, devices in runnable_jobs(store, queued_older_than=older):
                 enqueue(app, job_id, devices)
         except Exception:
             log.exception("sweep failed")
-        stop.wait(store.settings.sweep_seconds)
+        stop.wait(Settings().sweep_seconds)
 
 
 _sweeper_stop = threading.Event()
