@@ -659,7 +659,12 @@ def _zero_samples(c: Any, keep: torch.Tensor) -> Any:
 
 
 def _dense_dtype(c: MatrixContribution) -> torch.dtype:
-    for f in (c.left, c.right):
-        if isinstance(f, torch.Tensor):
-            return f.dtype
-    raise AssertionError("a contribution has at least one dense factor")
+    """The dtype a contribution's clipped sum is formed in: its dense factors' promoted one
+    (under autocast they can differ, e.g. bf16 activations and fp32 output gradients)."""
+    dense = [f.dtype for f in (c.left, c.right) if isinstance(f, torch.Tensor)]
+    if not dense:
+        raise AssertionError("a contribution has at least one dense factor")
+    out = dense[0]
+    for d in dense[1:]:
+        out = torch.promote_types(out, d)
+    return out

@@ -161,8 +161,10 @@ class MatrixContribution:
             return out.index_add_(0, left.indices.reshape(-1)[valid], rows[valid])
         if isinstance(right, OneHot):
             return self.t().weighted_sum(weights).t()
-        lw = left * weights[:, None, None]
-        return lw.reshape(-1, left.shape[-1]).t() @ right.reshape(-1, right.shape[-1])
+        # under autocast the two factors can differ (bf16 activations, fp32 output grads)
+        dtype = torch.promote_types(left.dtype, right.dtype)
+        lw = left.to(dtype) * weights.to(dtype)[:, None, None]
+        return lw.reshape(-1, left.shape[-1]).t() @ right.to(dtype).reshape(-1, right.shape[-1])
 
 
 def _sq(x: torch.Tensor) -> torch.Tensor:

@@ -495,3 +495,27 @@ def test_dp_sft_trainer_trains_and_refuses_packing(tmp_path):
                 processing_class=tok,
                 privacy_args=privacy,
             )
+
+
+def test_bf16_autocast_as_the_trainer_sets_it(tiny_llama_path, tmp_path):
+    """``bf16=True``: the Trainer's autocast reaches the engine's passes (the layers compute in
+    bfloat16), the weights stay float32 and move, ε is logged."""
+    model = llama(tiny_llama_path)
+    seen: set[torch.dtype] = set()
+    proj = model.model.layers[0].self_attn.q_proj
+    handle = proj.register_forward_hook(lambda m, i, o: seen.add(o.dtype))
+    before = {k: v.detach().clone() for k, v in trainable_named(model).items()}
+    trainer = DPTrainer(
+        model=model,
+        args=targs(tmp_path, max_steps=2, bf16=True, learning_rate=0.01),
+        train_dataset=lm_examples(),
+        data_collator=default_data_collator,
+        privacy_args=PrivacyArguments(noise_multiplier=1.0, norm_method="hutch", dp_seed=4),
+    )
+    out = trainer.train()
+    handle.remove()
+    assert torch.bfloat16 in seen  # autocast was on in the passes the engine ran
+    after = trainable_named(trainer.model)
+    assert all(p.dtype == torch.float32 for p in after.values())
+    assert any(not torch.equal(after[k], before[k]) for k in before)
+    assert math.isfinite(out.metrics["epsilon"]) and out.metrics["epsilon"] > 0
