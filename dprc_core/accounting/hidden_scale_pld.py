@@ -45,7 +45,6 @@ from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from scipy import special
 
 from dprc_core.accounting.hockey_stick import (
-    DIRECTIONS,
     Direction,
     log1p_expm1_over,
     loss_bounds,
@@ -53,15 +52,15 @@ from dprc_core.accounting.hockey_stick import (
 from dprc_core.accounting.random_scale_pld import (
     StepGeometry,
     StepMechanism,
-    _support_indices,
-    connect_dots_probabilities,
+    step_geometry,
+    step_pld,
+    step_pmf,
 )
 
 _CHUNK = 512  # thresholds per vectorised block (bounds memory to ~bins × 512 doubles)
 _NEWTON_MAX = 200  # Newton iterations per block at most (typically 5–10 from the start point)
 _NEWTON_TOL = 1e-10  # relative step below which the iteration stops (the bracket covers the rest)
 _BRACKET_MARGIN = 1e-12  # relative widening of the root bracket against round-off
-_BULK_TAIL = 1e-3  # bulk of the per-step loss: its 0.1% … 99.9% quantiles (as random_scale_pld)
 
 ProfileFn = Callable[[np.ndarray, Direction], np.ndarray]
 
@@ -301,41 +300,10 @@ def hidden_loss_range(
     return float(min(lo, hi)), float(hi)
 
 
-def _bulk(
-    mech: StepMechanism, direction: Direction, lims: tuple[float, float], n_probe: int = 2048
-) -> tuple[float, float, float, float]:
-    """(bulk_lo, bulk_hi, mean, std) of the per-step loss from a coarse connect-the-dots PMF."""
-    lo, hi = lims
-    eps = np.unique(np.linspace(lo, hi, n_probe))
-    if hi <= lo or eps.size < 2:
-        return lo, hi, lo, 0.0
-    probs, _ = connect_dots_probabilities(eps, hidden_delta(eps, mech, direction))
-    total = probs.sum()
-    if total <= 0:
-        return lo, hi, lo, 0.0
-    p = probs / total
-    cdf = np.cumsum(p)
-    b_lo = eps[max(int(np.searchsorted(cdf, _BULK_TAIL)) - 1, 0)]
-    b_hi = eps[min(int(np.searchsorted(cdf, 1.0 - _BULK_TAIL)) + 1, eps.size - 1)]
-    mean = float(np.dot(p, eps))
-    std = float(np.sqrt(max(np.dot(p, (eps - mean) ** 2), 0.0)))
-    return float(b_lo), float(b_hi), mean, std
-
-
 def hidden_step_geometry(mech: StepMechanism, tail: float) -> StepGeometry:
     """Loss ranges, bulk, mean and std of the hidden-scale step in both directions. ``mech``
     may use a coarser (still dominating) scale than the PLD: only accuracy depends on it."""
-    lims: dict[str, tuple[float, float]] = {}
-    bulk: dict[str, tuple[float, float]] = {}
-    mean: dict[str, float] = {}
-    std: dict[str, float] = {}
-    for direction in DIRECTIONS:
-        lims[direction] = hidden_loss_range(mech, direction, tail)
-        b_lo, b_hi, mu, sd = _bulk(mech, direction, lims[direction])
-        bulk[direction] = (b_lo, b_hi)
-        mean[direction] = mu
-        std[direction] = sd
-    return StepGeometry(lims, bulk, mean, std)
+    return step_geometry(mech, tail, profile=hidden_delta, loss_range_of=hidden_loss_range)
 
 
 def hidden_step_pmf(
@@ -346,17 +314,7 @@ def hidden_step_pmf(
     bulk: tuple[float, float] | None = None,
 ) -> pld_pmf.DensePLDPmf:
     """Pessimistic (connect-the-dots) per-step PMF on the grid h·ℤ for one direction."""
-    lo, hi = lims
-    i_lo, i_hi = math.floor(lo / h), math.ceil(hi / h)
-    if bulk is None:
-        idx = np.arange(i_lo, i_hi + 1, dtype=np.int64)
-    else:
-        idx = _support_indices(i_lo, i_hi, math.floor(bulk[0] / h), math.ceil(bulk[1] / h))
-    eps = idx * h
-    probs, inf_mass = connect_dots_probabilities(eps, hidden_delta(eps, mech, direction))
-    dense = np.zeros(i_hi - i_lo + 1)
-    dense[idx - i_lo] = probs
-    return pld_pmf.DensePLDPmf(h, i_lo, dense, inf_mass, pessimistic_estimate=True)
+    return step_pmf(mech, direction, h, 0.0, lims, bulk, profile=hidden_delta)
 
 
 def hidden_step_pld(
@@ -368,11 +326,7 @@ def hidden_step_pld(
 ) -> PrivacyLossDistribution:
     """Pessimistic per-step PLD (both adjacency directions) of the hidden-scale mechanism."""
     geometry = geometry if geometry is not None else hidden_step_geometry(mech, tail)
-    pmfs = {
-        d: hidden_step_pmf(mech, d, h, geometry.lims[d], geometry.bulk[d] if sparse else None)
-        for d in DIRECTIONS
-    }
-    return PrivacyLossDistribution(pmfs["remove"], pmfs["add"])
+    return step_pld(mech, h, tail, geometry, sparse, profile=hidden_delta)
 
 
 __all__ = [

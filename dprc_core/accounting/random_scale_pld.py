@@ -19,6 +19,7 @@ coarser gaps than the bulk.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -162,6 +163,11 @@ def connect_dots_probabilities(eps: np.ndarray, deltas: np.ndarray) -> tuple[np.
     return probs, float(deltas[-1])
 
 
+Profile = Callable[[np.ndarray, StepMechanism, Direction], np.ndarray]
+"""A per-step privacy profile δ(ε) in one direction (e.g. :func:`mixture_delta`)."""
+LossRange = Callable[[StepMechanism, Direction, float], tuple[float, float]]
+
+
 def step_pmf(
     mech: StepMechanism,
     direction: Direction,
@@ -169,8 +175,11 @@ def step_pmf(
     tail: float,
     loss_lims: tuple[float, float] | None = None,
     bulk: tuple[float, float] | None = None,
+    profile: Profile | None = None,
 ) -> pld_pmf.DensePLDPmf:
-    """Pessimistic per-step PMF on the grid h·ℤ for one direction."""
+    """Pessimistic per-step PMF on the grid h·ℤ for one direction (of ``profile``, default
+    the revealed-scale mixture)."""
+    profile = profile or mixture_delta
     lo, hi = loss_lims if loss_lims is not None else loss_range(mech, direction, tail)
     i_lo, i_hi = math.floor(lo / h), math.ceil(hi / h)
     if bulk is None:
@@ -178,7 +187,7 @@ def step_pmf(
     else:
         idx = _support_indices(i_lo, i_hi, math.floor(bulk[0] / h), math.ceil(bulk[1] / h))
     eps = idx * h
-    deltas = mixture_delta(eps, mech, direction)
+    deltas = profile(eps, mech, direction)
     probs, inf_mass = connect_dots_probabilities(eps, deltas)
     dense = np.zeros(i_hi - i_lo + 1)
     dense[idx - i_lo] = probs
@@ -186,7 +195,11 @@ def step_pmf(
 
 
 def bulk_interval(
-    mech: StepMechanism, direction: Direction, lims: tuple[float, float], n_probe: int = 2048
+    mech: StepMechanism,
+    direction: Direction,
+    lims: tuple[float, float],
+    n_probe: int = 2048,
+    profile: Profile | None = None,
 ) -> tuple[float, float, float, float]:
     """(bulk_lo, bulk_hi, mean, std): loss quantiles at _BULK_TAIL / 1 − _BULK_TAIL, mean and
     std of the per-step loss, from a coarse connect-the-dots PMF on ``n_probe`` points."""
@@ -196,7 +209,7 @@ def bulk_interval(
     eps = np.unique(np.linspace(lo, hi, n_probe))  # a range of a few ulps has repeated points
     if eps.size < 2:
         return lo, hi, lo, 0.0
-    probs, _ = connect_dots_probabilities(eps, mixture_delta(eps, mech, direction))
+    probs, _ = connect_dots_probabilities(eps, (profile or mixture_delta)(eps, mech, direction))
     total = probs.sum()
     if total <= 0:
         return lo, hi, lo, 0.0
@@ -219,16 +232,23 @@ class StepGeometry:
     std: dict[str, float]
 
 
-def step_geometry(mech: StepMechanism, tail: float) -> StepGeometry:
-    """Geometry of the per-step PLD. ``mech`` may use a coarser (still dominating) scale than
-    the one the PLD is built with: only the accuracy, never the soundness, depends on it."""
+def step_geometry(
+    mech: StepMechanism,
+    tail: float,
+    profile: Profile | None = None,
+    loss_range_of: LossRange | None = None,
+) -> StepGeometry:
+    """Geometry of the per-step PLD (of ``profile`` with its ``loss_range_of``; default the
+    revealed-scale mixture). ``mech`` may use a coarser (still dominating) scale than the one
+    the PLD is built with: only the accuracy, never the soundness, depends on it."""
+    ranges = loss_range_of or loss_range
     lims: dict[str, tuple[float, float]] = {}
     bulk: dict[str, tuple[float, float]] = {}
     mean: dict[str, float] = {}
     std: dict[str, float] = {}
     for direction in DIRECTIONS:
-        lims[direction] = loss_range(mech, direction, tail)
-        b_lo, b_hi, mu, sd = bulk_interval(mech, direction, lims[direction])
+        lims[direction] = ranges(mech, direction, tail)
+        b_lo, b_hi, mu, sd = bulk_interval(mech, direction, lims[direction], profile=profile)
         bulk[direction] = (b_lo, b_hi)
         mean[direction] = mu
         std[direction] = sd
@@ -241,11 +261,15 @@ def step_pld(
     tail: float,
     geometry: StepGeometry | None = None,
     sparse: bool = True,
+    profile: Profile | None = None,
 ) -> PrivacyLossDistribution:
-    """Pessimistic per-step PLD (both adjacency directions) on the grid h·ℤ."""
-    geometry = geometry if geometry is not None else step_geometry(mech, tail)
+    """Pessimistic per-step PLD (both adjacency directions) on the grid h·ℤ; give the
+    ``geometry`` of ``profile`` when ``profile`` is not the default mixture."""
+    geometry = geometry if geometry is not None else step_geometry(mech, tail, profile)
     pmfs = {
-        d: step_pmf(mech, d, h, tail, geometry.lims[d], geometry.bulk[d] if sparse else None)
+        d: step_pmf(
+            mech, d, h, tail, geometry.lims[d], geometry.bulk[d] if sparse else None, profile
+        )
         for d in DIRECTIONS
     }
     return PrivacyLossDistribution(pmfs["remove"], pmfs["add"])
