@@ -21,6 +21,7 @@ from dprc_core.accounting import PrivacyLedger
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.runner import JobSpec, run_job
 from dprc_core.training.tiny import build_tiny_llama
+from tests.distributed.processes import rank_pids
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,24 +104,6 @@ def test_two_processes_train_the_single_process_job(job, single, tmp_path):
     assert_same_weights(final_weights(tmp_path / "out"), weights)
 
 
-def _rank_pids(root: int) -> dict[int, int]:
-    """LOCAL_RANK -> pid of the torchrun workers below ``root``."""
-    found: dict[int, int] = {}
-    todo = [root]
-    while todo:
-        pid = todo.pop()
-        try:
-            for task in Path(f"/proc/{pid}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-        for item in env:
-            if item.startswith(b"LOCAL_RANK="):
-                found[int(item.split(b"=")[1])] = pid
-    return found
-
-
 def test_a_killed_rank_ends_the_job_and_a_new_attempt_resumes_exactly(job, single, tmp_path):
     spec = write_spec(tmp_path, job)
     out = tmp_path / "out"
@@ -130,7 +113,7 @@ def test_a_killed_rank_ends_the_job_and_a_new_attempt_resumes_exactly(job, singl
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    ranks = _rank_pids(proc.pid)
+    ranks = rank_pids(proc.pid)
     assert set(ranks) == {0, 1}
     os.kill(ranks[1], signal.SIGKILL)
     _, stderr = proc.communicate(timeout=120)

@@ -20,6 +20,7 @@ import pytest
 
 from dprc_core.accounting import PrivacyLedger, epsilon
 from tests.api.conftest import Server, _serve, _settings
+from tests.distributed.processes import rank_pids
 from tests.worker.conftest import learnable_lines, wait_for
 from tests.worker.test_celery_worker import broker, celery_server  # noqa: F401
 
@@ -61,32 +62,6 @@ def _create(client, file_id: str, devices: int, epochs: int = 2, checkpoint_ever
             "devices": devices,
         },
     )
-
-
-def _rank_pids(root: int) -> dict[int, int]:
-    """LOCAL_RANK -> pid of torchrun ranks below process ``root``."""
-    found: dict[int, int] = {}
-    todo = [root]
-    while todo:
-        pid = todo.pop()
-        try:
-            for task in Path(f"/proc/{pid}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-        for item in env:
-            if item.startswith(b"LOCAL_RANK="):
-                found[int(item.split(b"=")[1])] = pid
-    return found
-
-
-def _wait_ranks(root: int, timeout: float = 120) -> dict[int, int]:
-    deadline = time.monotonic() + timeout
-    while set(ranks := _rank_pids(root)) != {0, 1}:
-        assert time.monotonic() < deadline, ranks
-        time.sleep(0.05)
-    return ranks
 
 
 def _assert_exact_ledger(client, job) -> None:
@@ -138,14 +113,14 @@ def test_a_two_device_job_survives_a_killed_rank(two_devices):
         assert now.status not in TERMINAL, now
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    ranks = _rank_pids(os.getpid())
+    ranks = rank_pids(os.getpid())
     assert set(ranks) == {0, 1}, ranks
     os.kill(ranks[1], signal.SIGKILL)
     job = wait_for(client, job.id, TERMINAL, timeout=300)
     assert job.status == "succeeded", job.error
     for pid in ranks.values():  # the first attempt left no process behind
         assert not Path(f"/proc/{pid}").exists()
-    assert not _rank_pids(os.getpid())
+    assert not rank_pids(os.getpid())
     messages = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100).data]
     assert any(m.startswith("A rank ended early") for m in messages)
     assert any(m.startswith("Resuming from the checkpoint at step") for m in messages)
@@ -212,7 +187,7 @@ def test_a_celery_worker_killed_mid_job_leaves_no_rank_and_another_resumes(celer
             assert client.fine_tuning.jobs.retrieve(job.id).status not in TERMINAL
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        ranks = _rank_pids(first.pid)
+        ranks = rank_pids(first.pid)
         assert set(ranks) == {0, 1}, ranks
         _stop(first, signal.SIGKILL)  # kill -9 the worker: its ranks must not run on
         deadline = time.monotonic() + 30
