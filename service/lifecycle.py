@@ -390,23 +390,30 @@ def claim(store: Store, job_id: str, owner: str, lease_seconds: int, devices: in
 def renew_lease(store: Store, job_id: str, owner: str, lease_seconds: int) -> bool:
     """Extend ``owner``'s lease; False when the job is no longer running under that owner
     (another worker took it over, or it ended)."""
-    with locked_session(store.sessions) as session:
-        try:
-            job, _ = _lock(session, job_id, None, with_file=False)
-        except NotFound:
-            return False
-        if job.status != JobStatus.RUNNING or job.lease_owner != owner:
-            return False
+
+    def renew(job: JobRow) -> None:
         moment = utc_now()
         job.heartbeat_at = moment
         job.lease_expires_at = moment + timedelta(seconds=lease_seconds)
-        session.commit()
-        return True
+
+    return _with_held_lease(store, job_id, owner, renew)
 
 
 def release_lease(store: Store, job_id: str, owner: str) -> bool:
     """End ``owner``'s lease now (the job stays running): the next sweep starts a new attempt,
     which resumes from the last checkpoint. False if ``owner`` no longer holds it."""
+
+    def release(job: JobRow) -> None:
+        job.lease_owner = None
+        job.lease_expires_at = utc_now()
+
+    return _with_held_lease(store, job_id, owner, release)
+
+
+def _with_held_lease(
+    store: Store, job_id: str, owner: str, change: Callable[[JobRow], None]
+) -> bool:
+    """Apply ``change`` to the job under its row lock if it is running under ``owner``."""
     with locked_session(store.sessions) as session:
         try:
             job, _ = _lock(session, job_id, None, with_file=False)
@@ -414,8 +421,7 @@ def release_lease(store: Store, job_id: str, owner: str) -> bool:
             return False
         if job.status != JobStatus.RUNNING or job.lease_owner != owner:
             return False
-        job.lease_owner = None
-        job.lease_expires_at = utc_now()
+        change(job)
         session.commit()
         return True
 

@@ -52,7 +52,8 @@ class Workers:
         self.server = server
         self.procs: list[subprocess.Popen] = []
 
-    def start(self) -> subprocess.Popen:
+    def start(self, queues: str = "gpu", **env_extra: str) -> subprocess.Popen:
+        """A real Celery worker on ``queues``, with ``env_extra`` (DPRC_* settings) added."""
         s = self.server.settings
         env = {
             **os.environ,
@@ -63,6 +64,7 @@ class Workers:
             "DPRC_SWEEP_SECONDS": "2",
             "DPRC_MAX_PHYSICAL_BATCH_SIZE": "8",
             "PYTHONUNBUFFERED": "1",
+            **env_extra,
         }
         proc = subprocess.Popen(
             [
@@ -73,7 +75,7 @@ class Workers:
                 "worker.celery_app",
                 "worker",
                 "-Q",
-                "gpu",
+                queues,
                 "--pool",
                 "solo",
                 "--concurrency",

@@ -22,11 +22,16 @@ from dprc_core.accounting import PrivacyLedger, epsilon
 from tests.api.conftest import Server, _serve, _settings
 from tests.distributed.processes import rank_pids
 from tests.worker.conftest import learnable_lines, wait_for
-from tests.worker.test_celery_worker import broker, celery_server  # noqa: F401
+from tests.worker.test_celery_worker import broker, celery_server, workers  # noqa: F401
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = {"succeeded", "failed", "cancelled"}
+TWO_DEVICES = {  # a Celery worker's settings: 2 CPU devices per job
+    "DPRC_WORKER_DEVICES": "2",
+    "DPRC_DEVICE": "cpu",
+    "DPRC_MAX_PHYSICAL_BATCH_SIZE": "4",
+}
 
 
 @pytest.fixture(scope="module")
@@ -130,41 +135,10 @@ def test_a_two_device_job_survives_a_killed_rank(two_devices):
     assert abs(budget["spent"] - job.model_extra["privacy"]["epsilon_spent"]) <= 1e-6
 
 
-def _celery_worker(server: Server, queues: str) -> subprocess.Popen:
-    s = server.settings
-    env = {
-        **os.environ,
-        "DPRC_DATA_DIR": str(s.data_dir),
-        "DPRC_DATABASE_URL": s.database_url or "",
-        "DPRC_BROKER_URL": s.broker_url or "",
-        "DPRC_LEASE_SECONDS": "4",
-        "DPRC_SWEEP_SECONDS": "2",
-        "DPRC_MAX_PHYSICAL_BATCH_SIZE": "4",
-        "DPRC_WORKER_DEVICES": "2",
-        "DPRC_DEVICE": "cpu",
-        "PYTHONUNBUFFERED": "1",
-    }
-    return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", queues]
-        + ["--pool", "solo", "--concurrency", "1", "--prefetch-multiplier", "1"]
-        + ["--without-gossip", "--without-mingle", "-l", "warning"],
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-    )
-
-
-def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, sig)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-
-
-def test_a_celery_worker_killed_mid_job_leaves_no_rank_and_another_resumes(celery_server):  # noqa: F811
+def test_a_celery_worker_killed_mid_job_leaves_no_rank_and_another_resumes(
+    celery_server,  # noqa: F811
+    workers,  # noqa: F811
+):
     env = {**os.environ, "DPRC_WORKER_DEVICES": "2"}
     queues = subprocess.run(
         [sys.executable, "-m", "worker.celery_app", "queues"],
@@ -176,8 +150,7 @@ def test_a_celery_worker_killed_mid_job_leaves_no_rank_and_another_resumes(celer
     ).stdout.strip()
     assert queues == "gpu,gpu-2"
     celery_server.settings.max_job_devices = 2  # the API knows a 2-device worker exists
-    first = _celery_worker(celery_server, queues)
-    second = None
+    first = workers.start(queues, **TWO_DEVICES)
     try:
         client = celery_server.client(celery_server.key("celery-ddp"))
         f = client.files.create(file=("train.jsonl", learnable_lines(32)), purpose="fine-tune")
@@ -189,19 +162,16 @@ def test_a_celery_worker_killed_mid_job_leaves_no_rank_and_another_resumes(celer
             time.sleep(0.05)
         ranks = rank_pids(first.pid)
         assert set(ranks) == {0, 1}, ranks
-        _stop(first, signal.SIGKILL)  # kill -9 the worker: its ranks must not run on
+        workers.kill(first)  # kill -9 the worker: its ranks must not run on
         deadline = time.monotonic() + 30
         while any(Path(f"/proc/{pid}").exists() for pid in ranks.values()):
             assert time.monotonic() < deadline, "a rank outlived its worker"
             time.sleep(0.1)
-        second = _celery_worker(celery_server, queues)
+        workers.start(queues, **TWO_DEVICES)
         job = wait_for(client, job.id, TERMINAL, timeout=300)
         assert job.status == "succeeded", job.error
         messages = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100).data]
         assert any(m.startswith("Resuming from the checkpoint at step") for m in messages)
         _assert_exact_ledger(client, job)
-    finally:
+    finally:  # the workers fixture stops the workers
         celery_server.settings.max_job_devices = None
-        _stop(first)
-        if second is not None:
-            _stop(second)
