@@ -68,6 +68,9 @@ bench: bench-install
 	$(PY) benchmarks/audit.py
 	$(PY) benchmarks/budget_contention.py
 	$(PY) benchmarks/distributed.py
+	$(PY) benchmarks/sketch_sigma.py
+	$(PY) benchmarks/secure_noise.py
+	$(PY) benchmarks/three_ways.py
 	$(PY) benchmarks/report.py
 
 # Utility of randomized vs exact clipping on real text (about 30 min on 2 cores).

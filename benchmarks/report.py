@@ -23,6 +23,8 @@ SECTIONS = [
     ("utility", "benchmarks/utility.py"),
     ("audit", "benchmarks/audit.py"),
     ("budget", "benchmarks/budget_contention.py"),
+    ("secure_noise", "benchmarks/secure_noise.py"),
+    ("three_ways", "benchmarks/three_ways.py"),
     ("distributed", "benchmarks/distributed.py"),
     ("distributed_cuda", "benchmarks/distributed.py --device cuda"),
 ]
