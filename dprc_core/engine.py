@@ -43,6 +43,12 @@ from dprc_core.noise import (
 )
 from dprc_core.norm_methods import envelope_for, get_norm_method
 from dprc_core.seeding import derive_seed, fresh_seed
+from dprc_core.sketches import (
+    PER_EXAMPLE_SKETCH,
+    SHARED_SKETCH,
+    check_sketch_mode,
+    per_example_source,
+)
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 CLIPPING_MODES = ("two_pass", "bookkeeping")
@@ -109,7 +115,7 @@ class _Generators:
         self.purpose = purpose
         self._by_device: dict[str, torch.Generator] = {}
 
-    def __call__(self, device: torch.device | str) -> torch.Generator:
+    def __call__(self, device: torch.device | str, _name: str = "") -> torch.Generator:
         device = torch.device(device)
         key = str(device)
         if key not in self._by_device:
@@ -149,7 +155,7 @@ def per_sample_grad_norms(
             batch,
             method=method,
             k=k,
-            generator_for=lambda device: generator,
+            generator_for=lambda device, _name: generator,
             retain_graph=False,
             keep_contributions=False,
         )
@@ -189,6 +195,7 @@ class PrivacyEngine:
         process_group: Any = None,
         secure_rng: bool = False,
         secure_stream: SecureStream | None = None,
+        sketch: str = SHARED_SKETCH,
     ):
         """``noise_mechanism``: ``Gaussian()`` / ``"gaussian"`` (default), or
         ``dprc_core.noise.NuDPFTRL(nu=..., bands=...)``; ``nu`` / ``bands`` beside the name
@@ -203,7 +210,13 @@ class PrivacyEngine:
         ``secure_rng=True`` (secure mode, docs/engine.md): the Gaussian noise comes from a
         ChaCha20 keystream keyed from the OS (``secure_stream``: a given root stream, e.g. to
         resume), as a float64 sum of normals generated one step ahead in a background thread;
-        ``seed`` then no longer determines the noise. Gaussian mechanism only."""
+        ``seed`` then no longer determines the noise. Gaussian mechanism only.
+
+        ``sketch`` (randomized norm methods): ``"shared"`` — one projection per parameter per
+        logical batch — or ``"per_example"`` — an independent projection per example, keyed
+        by (secret, step, parameter, example id: ``accumulate(..., example_ids=)``), accounted
+        with the hidden-scale model (docs/accounting.md §10; :attr:`accounting_sketch`). In
+        secure mode per-example projections come from the ChaCha20 stream too."""
         if clipping_mode not in CLIPPING_MODES:
             raise ValueError(
                 f"clipping_mode must be one of {CLIPPING_MODES}, got {clipping_mode!r}"
@@ -217,6 +230,7 @@ class PrivacyEngine:
         )
         self.norm_method = _check_method(norm_method)
         self.k = _check_k(k, randomized=_randomized(norm_method))
+        self.sketch = check_sketch_mode(sketch, _randomized(norm_method))
         if max_seq_len is not None and (
             isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1
         ):
@@ -255,6 +269,11 @@ class PrivacyEngine:
                 "use an exact method (exact, ghost, fgc)"
             )
         self.secure_rng = bool(secure_rng)
+        # secure mode's per-example projections: one key for every rank (the root's)
+        self._projection_stream: SecureStream | None = None
+        if self.secure_rng and self.sketch == PER_EXAMPLE_SKETCH:
+            root = secure_stream if secure_stream is not None else SecureStream()
+            self._projection_stream = root.derive("projections")
         self.noise: GaussianNoise | NuDPFTRLNoise | SecureGaussianNoise
         std = self.noise_multiplier * self.max_grad_norm
         if self.secure_rng:
@@ -292,13 +311,21 @@ class PrivacyEngine:
         """
         return accounting_clipping_for(self.norm_plan)
 
+    @property
+    def accounting_sketch(self) -> str:
+        """The accountant's ``sketch``: ``"per_example"`` when per-example projections are
+        drawn and some parameter is sketched; else ``"shared"`` (exact plans included)."""
+        if self.sketch == PER_EXAMPLE_SKETCH and self.accounting_clipping != "exact":
+            return PER_EXAMPLE_SKETCH
+        return SHARED_SKETCH
+
     def _fingerprint(self) -> str:
         """What every rank's engine must agree on (not the parameters' values)."""
         return (
             f"{parameter_fingerprint(self.params)}|C={self.max_grad_norm!r}|"
             f"sigma={self.noise_multiplier!r}|qN={self.expected_batch_size!r}|"
             f"{sorted(self.norm_plan.items())}|k={self.k}|{self.clipping_mode}|"
-            f"{self.noise_mechanism}|seed={self.seed}"
+            f"{self.noise_mechanism}|seed={self.seed}|sketch={self.sketch}"
         )
 
     def _make_plan(self) -> dict[str, str]:
@@ -315,6 +342,11 @@ class PrivacyEngine:
             "seed": self.seed,
             "generators": {k: g.get_state() for k, g in self.generators._by_device.items()},
             "noise": self.noise.state_dict(),
+            "projections": (
+                {}
+                if self._projection_stream is None
+                else {"key": self._projection_stream.state_dict()["key"]}
+            ),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -324,9 +356,24 @@ class PrivacyEngine:
         for device, gen_state in state["generators"].items():
             self.generators(device).set_state(gen_state.cpu())
         self.noise.load_state_dict(state.get("noise", {}))
+        key = (state.get("projections") or {}).get("key")
+        if (key is None) != (self._projection_stream is None):
+            raise ValueError(
+                "the state's per-example projection key does not match this engine's mode "
+                f"(sketch={self.sketch!r}, secure_rng={self.secure_rng})"
+            )
+        if key is not None:
+            self._projection_stream = SecureStream(
+                bytes(torch.as_tensor(key, dtype=torch.uint8).tolist())
+            )
 
-    def accumulate(self, loss_fn: LossFn, batch: Any) -> None:
+    def accumulate(self, loss_fn: LossFn, batch: Any, example_ids: Any = None) -> None:
         """Add one micro-batch's clipped per-sample gradients to the logical batch.
+
+        ``example_ids`` (per-example sketches): each sample's index in the data set, distinct
+        within the logical batch; an example's projections are keyed by it, so a batch gives
+        the same norms however it is split into micro-batches or ranks. Without ids a sample
+        is keyed by its position in the logical batch on this rank.
 
         Stages: open the logical batch; check sample independence (once); the norm pass;
         drop non-finite samples; the clipped sum; the batch's statistics."""
@@ -334,13 +381,18 @@ class PrivacyEngine:
         size = batch_size(batch)
         if size == 0:
             return  # an empty (Poisson) micro-batch contributes nothing
+        self._accumulate(loss_fn, batch, size, self._example_ids(example_ids, size))
+
+    def _accumulate(
+        self, loss_fn: LossFn, batch: Any, size: int | None, ids: list[int] | None
+    ) -> None:
         self._check_independence_once(loss_fn, batch, size)
-        losses, result = self._norm_pass(loss_fn, batch)
+        losses, result = self._norm_pass(loss_fn, batch, ids)
         norms = result.sq_norms.clamp(min=0).sqrt()
         keep = self._kept_samples(norms, result)
         if self.clipping_mode == "two_pass" and not bool(keep.all()):
             del losses
-            self._rerun_kept(loss_fn, batch, size, norms, keep)
+            self._rerun_kept(loss_fn, batch, size, norms, keep, ids)
             return
         clip = torch.where(keep, (self.max_grad_norm / norms).clamp(max=1.0), 0.0)
         self._add_clipped_sum(losses, result, clip, keep)
@@ -358,23 +410,54 @@ class PrivacyEngine:
             check_sample_independence(self.hooks, loss_fn, batch, self.norm_method, self.k)
             self._independence_checked = True
 
-    def _norm_pass(self, loss_fn: LossFn, batch: Any) -> tuple[torch.Tensor, Any]:
+    def _example_ids(self, example_ids: Any, size: int | None) -> list[int] | None:
+        """The micro-batch's example keys for per-example sketches (None: shared sketch)."""
+        if self.sketch != PER_EXAMPLE_SKETCH:
+            return None
+        n = int(size or 0)
+        if example_ids is None:  # positions in the logical batch, distinct across ranks
+            first = self._positions
+            self._positions += n
+            ids = [self.ranks.rank + self.ranks.world_size * (first + i) for i in range(n)]
+            return [(1 << 62) + i for i in ids]  # never equal to a data set index
+        ids = [int(i) for i in torch.as_tensor(example_ids).reshape(-1).tolist()]
+        if len(ids) != n:
+            raise ValueError(f"example_ids has {len(ids)} entries for a batch of {n} samples")
+        if any(i < 0 or i >= 1 << 62 for i in ids):
+            raise ValueError("example_ids must be data set indices in [0, 2**62)")
+        repeated = self._ids_seen.intersection(ids)
+        if repeated or len(set(ids)) != len(ids):
+            raise ValueError(
+                "example_ids repeat within the logical batch "
+                f"({sorted(repeated)[:5] or 'within this micro-batch'}): an example's "
+                "per-example projection would be used twice"
+            )
+        self._ids_seen.update(ids)
+        return ids
+
+    def _norm_pass(
+        self, loss_fn: LossFn, batch: Any, ids: list[int] | None = None
+    ) -> tuple[torch.Tensor, Any]:
         two_pass = self.clipping_mode == "two_pass"
         return self.hooks.norm_pass(
             loss_fn,
             batch,
             method=self.norm_method,
             k=self.k,
-            generator_for=self._projections(),
+            generator_for=self._projections(ids),
             retain_graph=two_pass,
             keep_contributions=not two_pass,
         )
 
-    def _projections(self) -> _Generators:
-        """The sketches' generators for this logical batch: derived from (seed, step), fresh for
-        each micro-batch, so every micro-batch and every rank of one step draws the same
-        projections — one sketch per layer per logical batch, however the batch is split."""
-        return _Generators(self.seed, f"projections/{self.steps}")
+    def _projections(self, ids: list[int] | None = None) -> Callable[[torch.device, str], Any]:
+        """The sketches' projections for this micro-batch. Shared: generators derived from
+        (seed, step), fresh for each micro-batch, so every micro-batch and every rank of one
+        step draws the same projections — one sketch per layer per logical batch, however the
+        batch is split. Per example: keyed by (secret, step, parameter, example id)
+        (dprc_core/sketches.py)."""
+        if ids is None:
+            return _Generators(self.seed, f"projections/{self.steps}")
+        return per_example_source(self.seed, self.steps, ids, self._projection_stream)
 
     def _kept_samples(self, norms: torch.Tensor, result: Any) -> torch.Tensor:
         """Samples whose loss, norm and (book-keeping) gradient factors are all finite."""
@@ -384,7 +467,13 @@ class PrivacyEngine:
         return keep
 
     def _rerun_kept(
-        self, loss_fn: LossFn, batch: Any, size: int | None, norms: torch.Tensor, keep: torch.Tensor
+        self,
+        loss_fn: LossFn,
+        batch: Any,
+        size: int | None,
+        norms: torch.Tensor,
+        keep: torch.Tensor,
+        ids: list[int] | None = None,
     ) -> None:
         """two_pass with non-finite samples: the retained graph holds their activations, and a
         backward through it would give 0 · NaN = NaN, so run the kept samples again on their
@@ -393,7 +482,9 @@ class PrivacyEngine:
         self._dropped += int((~keep).sum())
         kept = torch.nonzero(keep).flatten().cpu()
         if kept.numel():
-            self.accumulate(loss_fn, select_samples(batch, kept, size))
+            # the same examples again, with the same keys (hence the same projections)
+            kept_ids = None if ids is None else [ids[i] for i in kept.tolist()]
+            self._accumulate(loss_fn, select_samples(batch, kept, size), kept.numel(), kept_ids)
 
     def _add_clipped_sum(
         self, losses: torch.Tensor, result: Any, clip: torch.Tensor, keep: torch.Tensor
@@ -413,12 +504,14 @@ class PrivacyEngine:
         self._dropped += int((~keep).sum())
         self._methods.update(result.methods)
 
-    def step(self, loss_fn: LossFn | None = None, batch: Any = None) -> StepStats:
+    def step(
+        self, loss_fn: LossFn | None = None, batch: Any = None, example_ids: Any = None
+    ) -> StepStats:
         """Finish the logical batch: noise once, divide by the expected batch size, step."""
         if (loss_fn is None) != (batch is None):
             raise ValueError("pass both loss_fn and batch, or neither (after accumulate())")
         if loss_fn is not None:
-            self.accumulate(loss_fn, batch)
+            self.accumulate(loss_fn, batch, example_ids)
         if not self._in_batch:  # an empty logical batch: still a (noise-only) step
             for p in self.params:
                 p.grad = None
@@ -545,6 +638,8 @@ class PrivacyEngine:
         self._clipped = 0
         self._dropped = 0
         self._methods = {}
+        self._ids_seen: set[int] = set()
+        self._positions = 0
 
     def _check_optimizer(self) -> None:
         trainable = {id(p) for p in self.params}

@@ -18,6 +18,9 @@ Methods (docs/design.md §2; the registry of names is :mod:`dprc_core.norm_metho
 * ``ghost``  ``‖M_i‖² = Σ_{a,b} ⟨L_a L_bᵀ, R_a R_bᵀ⟩`` — memory O(B·T²);
 * ``hutch``  ``‖M_iᵀ P‖²`` (or ``‖M_i P‖²``) with ``P`` of i.i.d. N(0, 1/k) entries projecting
   the larger of the two dimensions — memory O(B·k·T + k·p);
+  ``P`` is shared by the batch (a ``torch.Generator`` draws it) or per example (``P_i``, a
+  :class:`ProjectionDraws` draws a (B, n, k) stack: :mod:`dprc_core.sketches`) — the same
+  formulas either way, the per-example one with B·k·p more transient memory;
 * ``hutchpp`` Hutch++: head ``‖M_iᵀQ_i‖²`` with ``Q_i`` an orthonormal basis of
   ``M_i M_iᵀ S``, tail ``‖M_iᵀP − (M_iᵀQ_i)(Q_iᵀP)‖²`` (the paper's three-term formula).
 """
@@ -26,9 +29,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Protocol, cast
 
 import torch
+
+
+class ProjectionDraws(Protocol):
+    """Per-example projections of one parameter: each ``draw`` is a (B, n, k) stack of
+    independent N(0, 1/k) matrices, one per example (dprc_core.sketches.ExampleProjections)."""
+
+    def draw(self, n: int, k: int, *, dtype: torch.dtype) -> torch.Tensor: ...
+
+
+# Where a sketch's projections come from: a generator (one projection shared by the batch;
+# None: torch's default generator) or per-example draws.
+ProjectionSource = torch.Generator | ProjectionDraws | None
 
 
 # --------------------------------------------------------------------------------------------
@@ -270,17 +285,27 @@ def gaussian_sketch(
     return p.mul_(k**-0.5)
 
 
+def draw_projection(
+    source: ProjectionSource, n: int, k: int, *, dtype: torch.dtype, device
+) -> torch.Tensor:
+    """The next projection: (n, k) shared by the batch, or (B, n, k) one per example."""
+    if source is None or isinstance(source, torch.Generator):
+        return gaussian_sketch(n, k, generator=source, dtype=dtype, device=device)
+    return source.draw(n, k, dtype=dtype)
+
+
 def hutch_sq_norms(
     contribs: Sequence[MatrixContribution],
     k: int,
     *,
-    generator: torch.Generator | None,
+    generator: ProjectionSource,
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """Hutchinson: ``‖Σ_c M_cᵀ P‖²`` with one shared P over the larger dimension."""
+    """Hutchinson: ``‖Σ_c M_cᵀ P‖²`` with P over the larger dimension, shared by the batch or
+    per example (``generator``: see :data:`ProjectionSource`)."""
     oriented, n = _oriented(contribs)
     device = _device(contribs[0])
-    p = gaussian_sketch(n, k, generator=generator, dtype=dtype, device=device)
+    p = draw_projection(generator, n, k, dtype=dtype, device=device)
     return _sq(_sum_apply_t(oriented, p, dtype))
 
 
@@ -288,14 +313,15 @@ def hutchpp_sq_norms(
     contribs: Sequence[MatrixContribution],
     k: int,
     *,
-    generator: torch.Generator | None,
+    generator: ProjectionSource,
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """Hutch++ (Meyer et al. 2021) with k columns each for S, Q and P (paper §4)."""
+    """Hutch++ (Meyer et al. 2021) with k columns each for S, Q and P (paper §4); S and P
+    shared by the batch or per example."""
     oriented, n = _oriented(contribs)
     device = _device(contribs[0])
-    s = gaussian_sketch(n, k, generator=generator, dtype=dtype, device=device)
-    p = gaussian_sketch(n, k, generator=generator, dtype=dtype, device=device)
+    s = draw_projection(generator, n, k, dtype=dtype, device=device)
+    p = draw_projection(generator, n, k, dtype=dtype, device=device)
     mts = _sum_apply_t(oriented, s, dtype)  # (B, c, k) = Mᵀ S
     y = _sum_apply(oriented, mts, dtype)  # (B, n, k) = M Mᵀ S
     q, _ = torch.linalg.qr(y)  # (B, n, min(n, k)), orthonormal columns

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from dprc_core.batching import batch_size
-from dprc_core.estimators import MatrixContribution, vector_sq_norms
+from dprc_core.estimators import MatrixContribution, ProjectionSource, vector_sq_norms
 from dprc_core.layers import LayerHandler, UnsupportedModuleError, handler_for, supported_types
 from dprc_core.layers.base import Contribution, handler_for_type, overriding_class
 from dprc_core.layers.unsupported import known_unsupported
@@ -214,13 +214,15 @@ class PerSampleHooks:
         *,
         method: str,
         k: int,
-        generator_for: Callable[[torch.device], torch.Generator | None],
+        generator_for: Callable[[torch.device, str], ProjectionSource],
         retain_graph: bool,
         keep_contributions: bool,
         record_layouts: bool = False,
     ) -> tuple[torch.Tensor, NormPassResult]:
         """Run forward + norm backward. Returns (graph-attached losses, result).
 
+        ``generator_for(device, parameter name)``: where a sketched parameter's projections come
+        from (a generator shared by the batch, or per-example draws; dprc_core/sketches.py).
         ``record_layouts``: also return each hooked call's layout and every parameter's own
         per-sample squared norm (for the independence check)."""
         refuse_activation_checkpointing(self.model)
@@ -380,8 +382,9 @@ class _PassState:
         else:
             mats = cast(list[MatrixContribution], contribs)
             method = self.hooks.plan.get(pid, self.method)
+            name = self.hooks.param_names[pid]
             sq, method = matrix_sq_norms(
-                mats, method, k=self.k, generator=self.generator_for(p.device), dtype=dtype
+                mats, method, k=self.k, generator=self.generator_for(p.device, name), dtype=dtype
             )
         self.methods[self.hooks.param_names[pid]] = method
         if self.per_parameter is not None:

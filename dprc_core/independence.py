@@ -119,7 +119,7 @@ def _quiet_model(model: nn.Module) -> Iterator[None]:
 _CHECK_SEED = 0x5EED
 
 
-def _fixed_generator(device: torch.device) -> torch.Generator:
+def _fixed_generator(device: torch.device, _name: str = "") -> torch.Generator:
     return torch.Generator(device=device).manual_seed(_CHECK_SEED)
 
 

@@ -21,6 +21,7 @@ import torch
 
 from dprc_core.estimators import (
     MatrixContribution,
+    ProjectionSource,
     auto_choice,
     exact_choice,
     fgc_sq_norms,
@@ -29,9 +30,9 @@ from dprc_core.estimators import (
     hutchpp_sq_norms,
 )
 
-# (contributions, k, generator, dtype) -> (B,) per-sample squared norms
+# (contributions, k, projection source, dtype) -> (B,) per-sample squared norms
 Estimator = Callable[
-    [Sequence[MatrixContribution], int, torch.Generator | None, torch.dtype], torch.Tensor
+    [Sequence[MatrixContribution], int, ProjectionSource, torch.dtype], torch.Tensor
 ]
 
 # The accountant's envelope families, weakest first: a plan that mixes methods is accounted
@@ -109,7 +110,7 @@ def matrix_sq_norms(
     method: str,
     *,
     k: int,
-    generator: torch.Generator | None,
+    generator: ProjectionSource,
     dtype: torch.dtype,
 ) -> tuple[torch.Tensor, str]:
     """Per-sample squared norms of a 2-D parameter's summed gradient; returns (norms², the

@@ -5,7 +5,10 @@ A file with a budget (ε_B, δ_B) accepts a job only if the composition of every
 active — that is its reservation — and the event of the steps that actually ran once it has
 ended (its settlement; which statuses hold a reservation is the lifecycle's rule, see
 :func:`service.lifecycle.settle`). The budget check composes all of them with the PLD
-accountant (``epsilon_for_events``) under a lock on the file row; ε's are never added.
+accountant under a lock on the file row; ε's are never added. The composition is incremental
+(:func:`dprc_core.accounting.history.epsilon_for_history`): a file's events keep their jobs'
+creation order, with an empty slot for a job without an event, so a new job, a job's progress
+or its end recomposes O(log n) cached blocks instead of the whole history.
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from functools import lru_cache
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from dprc_core.accounting import PrivacyEvent, epsilon_for_events
+from dprc_core.accounting import PrivacyEvent
+from dprc_core.accounting.history import epsilon_for_history
 from dprc_core.training.plan import check_delta_for_size
 from service.errors import InvalidInput
 from service.tables import File, Job
@@ -60,29 +64,23 @@ def spent_event(job: Job) -> PrivacyEvent | None:
     return _event(job, job.steps_done)
 
 
-def compose(events: list[PrivacyEvent | None], delta: float) -> float:
-    """ε of the composition; +inf (fits no budget) when the accountant cannot bound it.
-    Cached by the (order-free) set of events and δ: a file's composition is computed once per
-    state, wherever it is asked for."""
-    present = tuple(sorted((e for e in events if e is not None), key=repr))
-    return _composed(present, delta) if present else 0.0
-
-
-@lru_cache(maxsize=1024)
-def _composed(events: tuple[PrivacyEvent, ...], delta: float) -> float:
+def compose(events: Sequence[PrivacyEvent | None], delta: float) -> float:
+    """ε of the composition of ``events`` (slots in the file's job order, ``None`` for a job
+    without an event); +inf (fits no budget) when the accountant cannot bound it. Incremental
+    across calls (:func:`epsilon_for_history`): keep a job in its slot from call to call."""
     try:
-        return epsilon_for_events(list(events), delta)
+        return epsilon_for_history(events, delta)
     except ValueError:
         return math.inf
 
 
 # The file's ``spent`` as its jobs run: the stored value is refreshed when a job is created,
 # ends or the budget changes; a read composes the steps that ran so far instead, at most once
-# every SPENT_REFRESH_SECONDS per file (the composition of a changed set of events costs
-# accountant time; unchanged sets come from the cache of :func:`compose`).
+# every SPENT_REFRESH_SECONDS per file (a running job's slot changes with every step; each
+# change recomposes O(log n) blocks of the file's history).
 SPENT_REFRESH_SECONDS = 2.0
 _LIVE_MAX = 4096
-_live: OrderedDict[str, tuple[float, tuple[PrivacyEvent, ...], float]] = OrderedDict()
+_live: OrderedDict[str, tuple[float, tuple[PrivacyEvent | None, ...], float]] = OrderedDict()
 _live_guard = threading.Lock()
 
 
@@ -97,9 +95,7 @@ def live_spent(session: Session, file: File) -> float:
         hit = _live.get(file.id)
     if hit is not None and t - hit[0] < SPENT_REFRESH_SECONDS:
         return hit[2]
-    events = tuple(
-        sorted((e for j in file_jobs(session, file.id) if (e := spent_event(j))), key=repr)
-    )
+    events = tuple(spent_event(j) for j in file_jobs(session, file.id))
     if hit is not None and hit[1] == events:
         value = hit[2]
     else:
@@ -123,7 +119,9 @@ def lock_file(session: Session, file_id: str, tenant_id: int | None = None) -> F
 
 
 def file_jobs(session: Session, file_id: str) -> list[Job]:
-    return list(session.scalars(select(Job).where(Job.training_file_id == file_id)))
+    """The file's jobs in creation order (the slots of its budget's history)."""
+    query = select(Job).where(Job.training_file_id == file_id).order_by(Job.seq)
+    return list(session.scalars(query))
 
 
 def check_delta_for(n: int, delta: float, param: str) -> float:

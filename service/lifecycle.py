@@ -152,30 +152,28 @@ def committed_event(job: JobRow) -> PrivacyEvent | None:
     return budget.spent_event(job)
 
 
-FileEvents = tuple[tuple[PrivacyEvent, ...], tuple[PrivacyEvent, ...]]
+FileEvents = tuple[tuple[PrivacyEvent | None, ...], tuple[PrivacyEvent | None, ...]]
 
 
 def file_events(session: Session, file: File) -> FileEvents:
-    """(spent, committed) events of a file's jobs, in a canonical order: what its budget
-    composes. Equal snapshots compose to equal ε (the optimistic check of job creation)."""
+    """(spent, committed) events of a file's jobs, one slot per job in creation order (``None``
+    for a job without such an event): what its budget composes. Equal snapshots compose to
+    equal ε (the optimistic check of job creation), and a job keeps its slot, so composing a
+    changed snapshot reuses the blocks that did not change (:func:`service.budget.compose`)."""
     jobs = budget.file_jobs(session, file.id)
-
-    def canonical(events: list[PrivacyEvent | None]) -> tuple[PrivacyEvent, ...]:
-        return tuple(sorted((e for e in events if e is not None), key=repr))
-
     return (
-        canonical([budget.spent_event(j) for j in jobs]),
-        canonical([committed_event(j) for j in jobs]),
+        tuple(budget.spent_event(j) for j in jobs),
+        tuple(committed_event(j) for j in jobs),
     )
 
 
 def totals(
     events: FileEvents, delta: float, extra: PrivacyEvent | None = None
 ) -> tuple[float, float]:
-    """(spent, committed) composed ε of a file's events at δ, ``extra`` counted as committed.
-    Pure, and cached through :func:`service.budget.compose`: a file's composition is computed
-    once per state, and by job creation outside any lock (the accountant takes seconds on long
-    histories)."""
+    """(spent, committed) composed ε of a file's events at δ, ``extra`` counted as committed in
+    the slot after the file's jobs (where a job being created will be). Pure, and incremental
+    through :func:`service.budget.compose`: a state composed before costs a cache lookup, one
+    more job O(log n) block compositions."""
     spent, committed = events
     return (
         budget.compose(list(spent), delta),

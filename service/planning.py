@@ -17,6 +17,7 @@ runner computes:
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
@@ -30,6 +31,12 @@ from service.errors import InvalidInput
 MAX_STEPS = 200_000
 DEFAULT_EPOCHS = 3
 DEFAULT_BATCH = 32
+
+# Calibrations (tenths of a second of accountant work each) run one at a time in a process:
+# under the GIL, concurrent ones gain nothing from running together, and one at a time they
+# finish in arrival order — each in its own time instead of all at the end of a burst — and
+# leave the interpreter to the requests that hold a file's turn (api/jobs/service.py).
+_CALIBRATION_LANE = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -127,18 +134,19 @@ def library_plan(
 ) -> PrivacyPlan:
     """The library's plan (σ calibrated for the target); cached, as retried and repeated
     jobs ask for the same plan."""
-    return plan_privacy(
-        dataset_size=n,
-        batch_size=batch,
-        epochs=n_epochs,
-        clipping=clipping,
-        k=k,
-        target_epsilon=target_epsilon,
-        delta=delta,
-        mechanism=mechanism,
-        nu=nu,
-        bands=bands,
-    )
+    with _CALIBRATION_LANE:
+        return plan_privacy(
+            dataset_size=n,
+            batch_size=batch,
+            epochs=n_epochs,
+            clipping=clipping,
+            k=k,
+            target_epsilon=target_epsilon,
+            delta=delta,
+            mechanism=mechanism,
+            nu=nu,
+            bands=bands,
+        )
 
 
 def _calibrated(

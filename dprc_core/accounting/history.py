@@ -1,0 +1,211 @@
+"""ε of a growing history of privacy events (a data set's budget), composed incrementally.
+
+A budgeted data set composes the events of all its jobs whenever a job is created, runs or
+ends. :func:`dprc_core.accounting.accountant.compose_events` chooses its loss grid and tail
+budget from the whole set of events, so two histories that differ by one event share no work:
+each budget check would cost one full composition (seconds on a hundred events). Here the
+discretisation is fixed by quantities that rarely change, and the work is cached:
+
+* **Tail budget.** ``τ = tail_fraction·δ / S_b`` per step, where ``S_b`` is the smallest power
+  of 4 that is ≥ the history's total steps (a ν-DP-FTRL run counts as one). Σ τ·steps ≤
+  tail_fraction·δ as in ``compose_events``; τ changes only when the total crosses a power of 4.
+* **Loss grid.** ``h`` is the largest power of two ≤ the interval ``choose_grid`` picks for
+  the history's events at τ. Any h gives an upper bound (pessimistic connect-the-dots); a
+  smaller h is only tighter and slower. h changes only when that interval crosses a power of 2.
+* **Leaves.** Each event's PLD on (h, τ) — the same per-step constructions as
+  ``compose_events`` (revealed-scale or hidden-scale mixture, Gaussian for ν-DP-FTRL),
+  self-composed over its steps — is cached by the event and the grid.
+* **Blocks.** The history is a sequence of slots in a stable order (a job's position on its
+  data set; ``None`` for a job without an event yet). The composition of slots [0, n) is that
+  of the first power-of-two block [0, m), m the largest power of two < n, with the
+  composition of [m, n), recursively; every block is cached by its content and the grid.
+  Appending an event or changing one slot recomposes O(log n) blocks.
+
+Soundness: every leaf is a pessimistic PLD of its event, composition of pessimistic PLDs is
+pessimistic, and tail truncation at each composition moves the truncated mass to the lowest
+loss kept (left) or to +∞ (right), the pessimistic direction. The result is an upper bound on
+ε for the composition of the history's events, like ``epsilon_for_events``; the two differ
+only by discretisation (a history with a single event is accounted by ``epsilon_for_events``
+itself, so a job calibrated to a budget fits it exactly). docs/accounting.md §11.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from dp_accounting.pld import pld_pmf
+from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+
+from dprc_core.accounting.accountant import (
+    DEFAULT_SETTINGS,
+    AccountingSettings,
+    _gaussian_pld,
+    _prepare,
+    _Prepared,
+    _step_pld,
+    choose_grid,
+    epsilon_for_events,
+)
+from dprc_core.accounting.events import NU_DPFTRL, PrivacyEvent, check_delta
+from dprc_core.accounting.pld_epsilon import epsilon_from_pld
+
+# Bytes of composed PMFs kept across calls (leaves and blocks of every history asked for).
+CACHE_BYTES = 512 << 20
+
+
+@dataclass(frozen=True)
+class HistoryGrid:
+    """The discretisation shared by every leaf and block of one history's composition."""
+
+    h: float
+    tail: float  # per step
+    truncation: float  # tail mass truncated at each composition
+    settings: AccountingSettings
+
+
+def _steps_bucket(total: int) -> int:
+    bucket = 1
+    while bucket < total:
+        bucket *= 4
+    return bucket
+
+
+def _power_of_two_below(x: float) -> float:
+    return 2.0 ** math.floor(math.log2(x))
+
+
+@lru_cache(maxsize=8192)
+def _prepared(event: PrivacyEvent, tail: float, settings: AccountingSettings) -> _Prepared:
+    return _prepare(event, tail, settings)
+
+
+def history_grid(
+    events: Sequence[PrivacyEvent], delta: float, settings: AccountingSettings = DEFAULT_SETTINGS
+) -> HistoryGrid:
+    """The grid of a history's (non-empty) events at δ; see the module docstring."""
+    sgd = sorted({e for e in events if e.mechanism != NU_DPFTRL}, key=repr)
+    gaussians = [e for e in events if e.mechanism == NU_DPFTRL]
+    total = sum(e.steps for e in events if e.mechanism != NU_DPFTRL) + len(gaussians)
+    tail = settings.tail_fraction * delta / _steps_bucket(total)
+    prepared = [_prepared(e, tail, settings) for e in sgd]
+    h = _power_of_two_below(choose_grid(prepared, settings, sorted({e.mu for e in gaussians})))
+    return HistoryGrid(h, tail, min(1e-15, 1e-3 * delta), settings)
+
+
+class _BlockCache:
+    """Least-recently-used composed PLDs, bounded by the bytes of their PMFs."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[tuple, tuple[PrivacyLossDistribution | None, int]] = OrderedDict()
+        self._bytes = 0
+        self._guard = threading.Lock()
+
+    def get(self, key: tuple) -> tuple[bool, PrivacyLossDistribution | None]:
+        with self._guard:
+            hit = self._items.get(key)
+            if hit is None:
+                return False, None
+            self._items.move_to_end(key)
+            return True, hit[0]
+
+    def put(self, key: tuple, pld: PrivacyLossDistribution | None) -> None:
+        size = _nbytes(pld)
+        with self._guard:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+            self._items[key] = (pld, size)
+            self._bytes += size
+            while self._bytes > self.max_bytes and len(self._items) > 1:
+                _, (_, dropped) = self._items.popitem(last=False)
+                self._bytes -= dropped
+
+    def clear(self) -> None:
+        with self._guard:
+            self._items.clear()
+            self._bytes = 0
+
+
+def _nbytes(pld: PrivacyLossDistribution | None) -> int:
+    if pld is None:
+        return 64
+    total = 0
+    # pylint: disable=protected-access
+    for pmf in (pld._pmf_remove, pld._pmf_add):
+        if isinstance(pmf, pld_pmf.DensePLDPmf):
+            total += int(np.asarray(pmf._probs).nbytes)
+        else:
+            total += 64 * max(1, pmf.size())
+    return total + 256
+
+
+_CACHE = _BlockCache(CACHE_BYTES)
+
+
+def _leaf(event: PrivacyEvent | None, grid: HistoryGrid) -> PrivacyLossDistribution | None:
+    if event is None:
+        return None
+    if event.mechanism == NU_DPFTRL:
+        return _gaussian_pld(event.mu, grid.h, grid.tail)
+    p = _prepared(event, grid.tail, grid.settings)
+    pld = _step_pld(p, grid.h, grid.tail)
+    if event.steps > 1:
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            pld = pld.self_compose(event.steps, tail_mass_truncation=grid.truncation)
+    return pld
+
+
+def _block(
+    slots: tuple[PrivacyEvent | None, ...], grid: HistoryGrid
+) -> PrivacyLossDistribution | None:
+    key = (slots, grid)
+    found, pld = _CACHE.get(key)
+    if found:
+        return pld
+    if len(slots) == 1:
+        pld = _leaf(slots[0], grid)
+    else:
+        m = 1 << ((len(slots) - 1).bit_length() - 1)  # the largest power of two < len(slots)
+        left, right = _block(slots[:m], grid), _block(slots[m:], grid)
+        if left is None or right is None:
+            pld = left if right is None else right
+        else:
+            with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+                pld = left.compose(right, tail_mass_truncation=grid.truncation)
+    _CACHE.put(key, pld)
+    return pld
+
+
+def epsilon_for_history(
+    slots: Sequence[PrivacyEvent | None],
+    delta: float,
+    settings: AccountingSettings = DEFAULT_SETTINGS,
+) -> float:
+    """Upper bound on ε at ``delta`` for the composition of the events in ``slots`` (``None``
+    slots are empty), computed incrementally across calls: keep each event in its slot from
+    one call to the next (e.g. a job's position on its data set) and only the blocks that
+    changed are recomposed. 0 for a history without events."""
+    delta = check_delta(delta)
+    present = [e for e in slots if e is not None]
+    if not present:
+        return 0.0
+    if len(present) == 1 or all(e.mechanism == NU_DPFTRL for e in present):
+        # a single event as calibrated; ν-DP-FTRL runs alone compose analytically
+        return epsilon_for_events(present, delta, settings)
+    grid = history_grid(present, delta, settings)
+    pld = _block(tuple(slots), grid)
+    assert pld is not None
+    return epsilon_from_pld(pld, delta)
+
+
+def clear_cache() -> None:
+    """Forget every cached leaf, block and prepared event (tests, memory pressure)."""
+    _CACHE.clear()
+    _prepared.cache_clear()

@@ -1,0 +1,74 @@
+"""A budgeted file's composition is incremental through the service (issue 16, item 2): with
+20 jobs of distinct σ on a file, creating one more job or cancelling one composes O(log n)
+PLD blocks — counted on dp_accounting's composition, not timed — and the file's committed ε
+stays the composition of its events (within the discretisation of a full composition)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+
+from dprc_core.accounting import PrivacyEvent, epsilon_for_events
+from dprc_core.accounting.history import clear_cache
+from tests.api.conftest import labelled_lines
+
+OLDER = 20
+
+
+def _body(file_id: str, epsilon: float) -> dict:
+    return {
+        "model": "minilm-l6-v2",
+        "training_file": file_id,
+        "hyperparameters": {"n_epochs": 1, "batch_size": 20},
+        "privacy": {"target_epsilon": epsilon, "clipping": {"method": "exact"}},
+    }
+
+
+def _event(job: dict) -> PrivacyEvent:
+    p = job["privacy"]
+    return PrivacyEvent(p["noise_multiplier"], p["sample_rate"], p["steps"])
+
+
+def test_one_more_job_composes_log_n_blocks(server, monkeypatch):
+    key = server.key(f"incremental-{server.store.engine.dialect.name}")
+    client = server.client(key)
+    f = client.files.create(
+        file=("d.jsonl", labelled_lines(200)),
+        purpose="fine-tune",
+        extra_body={"epsilon_budget": "30"},
+    )
+    clear_cache()  # the other database's run composed the very same events
+    jobs = []
+    with server.http(key) as http:
+        for i in range(OLDER):  # distinct σ: no two events merge into one
+            r = http.post("/v1/fine_tuning/jobs", json=_body(f.id, 0.3 + 0.01 * i))
+            assert r.status_code == 200, r.text
+            jobs.append(r.json())
+
+        calls = {"n": 0}
+        real = PrivacyLossDistribution.compose
+
+        def counting(self, other, tail_mass_truncation=1e-15):
+            calls["n"] += 1
+            return real(self, other, tail_mass_truncation=tail_mass_truncation)
+
+        monkeypatch.setattr(PrivacyLossDistribution, "compose", counting)
+        r = http.post("/v1/fine_tuning/jobs", json=_body(f.id, 0.55))
+        assert r.status_code == 200, r.text
+        jobs.append(r.json())
+        bound = 2 * math.ceil(math.log2(len(jobs)))
+        assert 1 <= calls["n"] <= bound, calls  # a full composition makes ≥ OLDER
+
+        calls["n"] = 0
+        r = http.post(f"/v1/fine_tuning/jobs/{jobs[5]['id']}/cancel")
+        assert r.status_code == 200, r.text
+        assert calls["n"] <= bound, calls  # its slot empties: O(log n) blocks again
+        monkeypatch.undo()
+
+    budget = client.files.retrieve(f.id).model_extra["budget"]
+    events = [_event(j) for i, j in enumerate(jobs) if i != 5]
+    assert budget["committed"] == pytest.approx(
+        epsilon_for_events(events, budget["delta"]), rel=1e-3
+    )
