@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dprc_core.accounting.accountant import DEFAULT_SETTINGS, AccountingSettings, account
-from dprc_core.accounting.events import PrivacyEvent, check_delta
+from dprc_core.accounting.events import SHARED_SKETCH, PrivacyEvent, check_delta
 
 
 def epsilon(
@@ -15,6 +15,7 @@ def epsilon(
     k: int | None = None,
     rank: int | None = None,
     *,
+    sketch: str = SHARED_SKETCH,
     settings: AccountingSettings = DEFAULT_SETTINGS,
 ) -> float:
     """Upper bound on ε at ``delta`` for ``steps`` Poisson-subsampled DP-SGD steps.
@@ -25,7 +26,10 @@ def epsilon(
     dimension ``k`` (rank=None: dimension-free envelope; rank=D: the Proposition 1 envelope for
     Hutch with total rank D = Σ_l min(p_l, d_l) over randomized layers, valid only if every
     clipped layer is randomized; Hutch++ always uses the dimension-free envelope).
+    ``sketch``: ``"shared"`` (one projection per layer per step, revealed-scale model) or
+    ``"per_example"`` (independent per-example projections, hidden-scale model,
+    docs/accounting.md §10; randomized clipping only).
     Returns ``math.inf`` when no finite ε reaches ``delta``.
     """
-    event = PrivacyEvent(noise_multiplier, sample_rate, steps, clipping, k, rank)
+    event = PrivacyEvent(noise_multiplier, sample_rate, steps, clipping, k, rank, sketch=sketch)
     return account([event], check_delta(delta), settings).epsilon

@@ -19,6 +19,7 @@ from dprc_core.accounting.accountant import (
 from dprc_core.accounting.events import (
     DP_SGD,
     NU_DPFTRL,
+    SHARED_SKETCH,
     PrivacyEvent,
     check_delta,
     check_mechanism,
@@ -51,8 +52,13 @@ class PrivacyLedger:
         bands: int | None = None,
         participations: int | None = None,
         min_separation: int | None = None,
+        sketch: str = SHARED_SKETCH,
     ) -> PrivacyEvent:
         """Record an event, given either as a :class:`PrivacyEvent` or by its fields.
+
+        ``sketch``: ``"per_example"`` when the engine drew independent per-example projections
+        (``engine.accounting_sketch``); the default ``"shared"`` is never accounted with the
+        hidden-scale model.
 
         A ν-DP-FTRL run: ``mechanism="nu_dpftrl"`` with ``nu``, ``participations``,
         ``min_separation`` (and ``bands``); its ``sample_rate`` defaults to 1 (no sampling)."""
@@ -65,6 +71,7 @@ class PrivacyLedger:
                 or sample_rate is not None
                 or steps is not None
                 or any(v is not None for v in ftrl)
+                or sketch != SHARED_SKETCH
             ):
                 raise ValueError("pass either an event or its fields, not both")
         else:
@@ -74,7 +81,15 @@ class PrivacyLedger:
             if noise_multiplier is None or sample_rate is None or steps is None:
                 raise ValueError("record() needs noise_multiplier, sample_rate and steps")
             event = PrivacyEvent(
-                noise_multiplier, sample_rate, steps, clipping, k, rank, mechanism, *ftrl
+                noise_multiplier,
+                sample_rate,
+                steps,
+                clipping,
+                k,
+                rank,
+                mechanism,
+                *ftrl,
+                sketch=sketch,
             )
         self._events.append(event)
         return event

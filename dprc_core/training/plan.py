@@ -7,7 +7,8 @@
   above 1/N is refused;
 * σ is the smallest noise multiplier (relative tolerance 0.5 %) whose ε at δ is at most the
   target, from :func:`dprc_core.accounting.noise_multiplier` with the default (dimension-free)
-  envelope for randomized clipping.
+  envelope for randomized clipping, in the model of the sketch that runs (``sketch``:
+  ``"shared"`` — revealed scale — or ``"per_example"`` — hidden scale, docs/accounting.md §10).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from dprc_core.accounting import PrivacyEvent, epsilon_for_events, noise_multiplier
 from dprc_core.accounting.dpftrl import dpftrl_epsilon, dpftrl_noise_multiplier
-from dprc_core.accounting.events import check_delta, check_epsilon
+from dprc_core.accounting.events import SHARED_SKETCH, check_delta, check_epsilon
 from dprc_core.accounting.steps import planned_steps
 
 NOISE_MECHANISMS = ("gaussian", "nu_dpftrl")
@@ -65,6 +66,7 @@ class PrivacyPlan:
     nu: float | None = None
     bands: int | None = None
     min_separation: int | None = None  # nu_dpftrl: steps per epoch
+    sketch: str = SHARED_SKETCH  # randomized clipping: shared | per_example projections
 
     def event(self, steps: int | None = None) -> PrivacyEvent:
         """The privacy event of the first ``steps`` steps (default: the whole plan).
@@ -77,7 +79,14 @@ class PrivacyPlan:
             return PrivacyEvent.nu_dpftrl_prefix(
                 self.noise_multiplier, steps, self.nu, self.min_separation, self.bands
             )
-        return PrivacyEvent(self.noise_multiplier, self.sample_rate, steps, self.clipping, self.k)
+        return PrivacyEvent(
+            self.noise_multiplier,
+            self.sample_rate,
+            steps,
+            self.clipping,
+            self.k,
+            sketch=self.sketch,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,8 +105,12 @@ def plan_privacy(
     mechanism: str = "gaussian",
     nu: float | None = None,
     bands: int | None = None,
+    sketch: str = SHARED_SKETCH,
 ) -> PrivacyPlan:
     """Plan a job; exactly one of ``target_epsilon`` / ``noise_multiplier_value`` is given.
+
+    ``sketch``: how the engine draws randomized clipping's projections (``"shared"`` or
+    ``"per_example"``, the accountant's model for it; refused with exact clipping).
 
     ``mechanism="nu_dpftrl"``: fixed-order batches (integer ``batch_size`` and ``epochs``),
     steps = epochs·⌈N/B⌉, exact clipping only, σ from the matrix-mechanism sensitivity with no
@@ -105,6 +118,8 @@ def plan_privacy(
     if mechanism not in NOISE_MECHANISMS:
         raise ValueError(f"noise mechanism must be one of {NOISE_MECHANISMS}, got {mechanism!r}")
     if mechanism == "nu_dpftrl":
+        if sketch != SHARED_SKETCH:
+            raise ValueError("sketch applies to randomized clipping, which nu_dpftrl refuses")
         return _plan_nu_dpftrl(
             dataset_size,
             batch_size,
@@ -133,13 +148,15 @@ def plan_privacy(
     q = batch_size / n
     steps = planned_steps(n, batch_size, epochs)
     k_acc = k if clipping != "exact" else None
+    PrivacyEvent(1.0, q, steps, clipping, k_acc, sketch=sketch)  # validates clipping and sketch
     if noise_multiplier_value is None:
         target = check_epsilon(target_epsilon)
-        sigma = noise_multiplier(target, delta, q, steps, clipping, k_acc)
+        sigma = noise_multiplier(target, delta, q, steps, clipping, k_acc, sketch=sketch)
     else:
         sigma = float(noise_multiplier_value)
         target = None
-    planned = epsilon_for_events([PrivacyEvent(sigma, q, steps, clipping, k_acc)], delta)
+    event = PrivacyEvent(sigma, q, steps, clipping, k_acc, sketch=sketch)
+    planned = epsilon_for_events([event], delta)
     return PrivacyPlan(
         n,
         float(batch_size),
@@ -152,6 +169,7 @@ def plan_privacy(
         k_acc,
         target,
         planned,
+        sketch=sketch,
     )
 
 

@@ -50,8 +50,9 @@ from dprc_core.engine import PrivacyEngine, accounting_clipping_for, norm_plan
 from dprc_core.losses import causal_lm_per_sample_loss, sequence_classification_per_sample_loss
 from dprc_core.noise import Gaussian, NuDPFTRL, SecureStream
 from dprc_core.noise.secure_stream import new_key
-from dprc_core.norm_methods import method_names
+from dprc_core.norm_methods import get_norm_method, method_names
 from dprc_core.seeding import derive_seed, fresh_seed
+from dprc_core.sketches import SHARED_SKETCH, check_sketch_mode
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.data import TASKS, TokenizedData, label_names, load_jsonl, tokenize
 from dprc_core.training.models import (
@@ -92,6 +93,9 @@ class JobSpec:
     max_grad_norm: float = 1.0
     norm_method: str = "hutch"  # exact | fgc | ghost | hutch | hutchpp | auto (the registry)
     k: int = 32
+    # randomized clipping's projections: "shared" by the batch (revealed-scale accounting) or
+    # "per_example" (independent per example, hidden-scale accounting; dprc_core/sketches.py)
+    sketch: str = SHARED_SKETCH
     checkpoint_every: int | None = None
     seed: int | None = None
     max_physical_batch_size: int = 16
@@ -128,6 +132,7 @@ class JobSpec:
             )
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        check_sketch_mode(self.sketch, get_norm_method(self.norm_method).randomized)
         for flag in ("secure_rng", "report_train_loss"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
@@ -257,7 +262,8 @@ def run_job(
     resumed = ckpt_io.load_resume(latest) if latest is not None else None
     model = _load_model(spec, classes, latest, data, device)
     plan, clipping = _plan(spec, model, len(data))
-    if resumed is not None and resumed[0]["plan"] != plan.to_dict():
+    # a plan written before sketches were recorded had shared ones
+    if resumed is not None and {"sketch": SHARED_SKETCH, **resumed[0]["plan"]} != plan.to_dict():
         raise ValueError(
             f"the checkpoint {latest} was written for another plan ({resumed[0]['plan']}); "
             f"this spec plans {plan.to_dict()}. Use a fresh output_dir"
@@ -268,6 +274,7 @@ def run_job(
         root = SecureStream(broadcast_bytes(new_key() if ranks.is_main else None, ranks, 32))
     engine, opt = _build_engine(spec, model, plan, seed, root)
     assert engine.accounting_clipping == clipping
+    assert engine.accounting_sketch == plan.sketch
     sampler = _build_sampler(spec, plan, len(data), seed, ranks, root)
     run = _Run(spec, plan, clipping, classes, out, model, tokenizer, engine, opt, sampler)
     run.ranks = ranks
@@ -369,6 +376,8 @@ def _plan(spec: JobSpec, model: torch.nn.Module, n: int) -> tuple[PrivacyPlan, s
     """The privacy plan, accounted for the engine's resolved norm plan (its clipping family)."""
     plan_methods = norm_plan(model, spec.norm_method, spec.k, spec.max_seq_len)
     clipping = accounting_clipping_for(plan_methods)
+    # nothing sketched (an auto plan of exact layers): nothing is drawn per example either
+    sketch = spec.sketch if clipping != "exact" else SHARED_SKETCH
     plan = plan_privacy(
         dataset_size=n,
         batch_size=spec.batch_size,
@@ -381,6 +390,7 @@ def _plan(spec: JobSpec, model: torch.nn.Module, n: int) -> tuple[PrivacyPlan, s
         mechanism=spec.noise_mechanism,
         nu=spec.nu,
         bands=spec.bands,
+        sketch=sketch,
     )
     return plan, clipping
 
@@ -415,6 +425,7 @@ def _build_engine(
         noise_mechanism=mechanism,
         secure_rng=spec.secure_rng,
         secure_stream=root,
+        sketch=spec.sketch,
     )
     return engine, opt
 
@@ -479,6 +490,11 @@ class _Run:
                     k[len("engine:") :]: v for k, v in rng.items() if k.startswith("engine:")
                 },
                 "noise": {k[len("noise:") :]: v for k, v in rng.items() if k.startswith("noise:")},
+                "projections": {
+                    k[len("projections:") :]: v
+                    for k, v in rng.items()
+                    if k.startswith("projections:")
+                },
             }
         )
         if isinstance(self.sampler, SecurePoissonSampler):
@@ -517,6 +533,7 @@ class _Run:
         est = self.engine.state_dict()
         rng_out = {f"engine:{k}": v for k, v in est["generators"].items()}
         rng_out.update({f"noise:{k}": v for k, v in est["noise"].items()})
+        rng_out.update({f"projections:{k}": v for k, v in est["projections"].items()})
         if isinstance(self.sampler, PoissonSampler):
             rng_out["sampler"] = self.sampler.generator.get_state()
         elif isinstance(self.sampler, SecurePoissonSampler):  # its key: private, like the rest
@@ -538,6 +555,7 @@ class _Run:
                 "noise_multiplier": plan.noise_multiplier,
                 "clipping": self.clipping,
                 "k": plan.k,
+                "sketch": plan.sketch,
                 "sample_rate": plan.sample_rate,
                 "noise_mechanism": plan.mechanism,
                 "nu": plan.nu,
@@ -577,7 +595,7 @@ class _Run:
             idx = next(samples)
             for chunk in idx.split(spec.max_physical_batch_size):
                 batch = {k: v.to(device) for k, v in data.batch(chunk).items()}
-                engine.accumulate(loss_fn, batch)
+                engine.accumulate(loss_fn, batch, example_ids=chunk)  # per-example sketch keys
             stats = engine.step()
             self.done += 1
             if stats.batch_size - stats.dropped > 0 and math.isfinite(stats.mean_loss):
