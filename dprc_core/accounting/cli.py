@@ -23,7 +23,7 @@ from dprc_core.accounting import dpftrl_cli
 from dprc_core.accounting.accountant import DEFAULT_SETTINGS, account
 from dprc_core.accounting.calibration import noise_multiplier
 from dprc_core.accounting.describe import describe_event
-from dprc_core.accounting.events import CLIPPINGS, PrivacyEvent
+from dprc_core.accounting.events import CLIPPINGS, SHARED_SKETCH, SKETCHES, PrivacyEvent
 from dprc_core.accounting.steps import planned_steps
 from dprc_core.mechanism_names import NU_DPFTRL
 
@@ -81,6 +81,13 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="total rank D = sum over randomized layers of min(p, d) (hutch only; "
         "default: dimension-free envelope)",
+    )
+    clip.add_argument(
+        "--sketch",
+        choices=SKETCHES,
+        default=SHARED_SKETCH,
+        help="how the projections are drawn (hutch/hutchpp): shared by the batch (revealed "
+        "scale) or per example (hidden scale, docs/accounting.md section 10)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
@@ -166,6 +173,8 @@ def api_request(args: argparse.Namespace, kind: str) -> dict[str, Any]:
         q, steps, _extra = _job(args)
         body = {"sample_rate": q, "steps": steps, "clipping": args.clipping}
         body.update({"k": args.k, "rank": args.rank})
+        if args.sketch != SHARED_SKETCH:  # the server's default otherwise
+            body["sketch"] = args.sketch
         if kind == "sigma":
             body["rel_tol"] = args.rel_tol
     if kind == "epsilon":
@@ -191,7 +200,9 @@ def _epsilon_command(args: argparse.Namespace) -> int:
         return 0
     dpftrl_cli.refuse_ftrl_options(args)
     q, steps, extra = _job(args)
-    event = PrivacyEvent(args.noise_multiplier, q, steps, args.clipping, args.k, args.rank)
+    event = PrivacyEvent(
+        args.noise_multiplier, q, steps, args.clipping, args.k, args.rank, sketch=args.sketch
+    )
     result = _common(event, args.delta, extra)
     _report(result, args.json, f"epsilon = {result['epsilon']:.6g} (upper bound)", "epsilon")
     return 0
@@ -207,9 +218,17 @@ def _sigma_command(args: argparse.Namespace) -> int:
     dpftrl_cli.refuse_ftrl_options(args)
     q, steps, extra = _job(args)
     sigma = noise_multiplier(
-        args.epsilon, args.delta, q, steps, args.clipping, args.k, args.rank, rel_tol=args.rel_tol
+        args.epsilon,
+        args.delta,
+        q,
+        steps,
+        args.clipping,
+        args.k,
+        args.rank,
+        sketch=args.sketch,
+        rel_tol=args.rel_tol,
     )
-    event = PrivacyEvent(sigma, q, steps, args.clipping, args.k, args.rank)
+    event = PrivacyEvent(sigma, q, steps, args.clipping, args.k, args.rank, sketch=args.sketch)
     result = _common(event, args.delta, extra)
     result = {"target_epsilon": args.epsilon, "rel_tol": args.rel_tol, **result}
     headline = (

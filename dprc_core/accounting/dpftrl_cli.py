@@ -72,6 +72,8 @@ def _job(args: argparse.Namespace) -> dict[str, Any]:
     check_dpftrl_clipping(args.clipping)
     if args.k is not None or args.rank is not None:
         raise ValueError("--k and --rank are for randomized clipping, which nu_dpftrl refuses")
+    if getattr(args, "sketch", "shared") != "shared":
+        raise ValueError("--sketch is for randomized clipping, which nu_dpftrl refuses")
     if args.nu is None:
         raise ValueError("--mechanism nu_dpftrl needs --nu")
     by_size = any(v is not None for v in (args.dataset_size, args.batch_size, args.epochs))

@@ -389,6 +389,8 @@ class DPTrainer(Trainer):
             mechanism=p.noise_mechanism,
             nu=p.nu,
             bands=p.bands,
+            # nothing sketched (an auto plan of exact layers): nothing drawn per example
+            sketch=p.sketch if clipping != "exact" else "shared",
         )
         if args.max_steps > 0 and plan.steps != args.max_steps:
             raise DPTrainerError(
@@ -485,8 +487,12 @@ class DPTrainer(Trainer):
             clipping_mode=p.clipping_mode,
             max_seq_len=p.max_seq_len,
             noise_mechanism=mechanism,
+            sketch=p.sketch,
         )
-        if self.engine.accounting_clipping != self.clipping:
+        if (self.engine.accounting_clipping, self.engine.accounting_sketch) != (
+            self.clipping,
+            self.plan.sketch,
+        ):
             raise RuntimeError("the engine's norm plan differs from the one the plan accounted")
         self.optimizer = _EngineStepOptimizer(optimizer, self._engine_step)
         return self.optimizer

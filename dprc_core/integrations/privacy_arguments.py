@@ -13,7 +13,8 @@ import math
 from dataclasses import dataclass, field
 
 from dprc_core.mechanism_names import canonical_mechanism
-from dprc_core.norm_methods import method_names
+from dprc_core.norm_methods import get_norm_method, method_names
+from dprc_core.sketches import check_sketch_mode
 
 
 def _positive_number(name: str, value: object, *, allow_none: bool = True) -> None:
@@ -46,6 +47,13 @@ class PrivacyArguments:
         metadata={"help": "per-sample norm method: exact | fgc | ghost | hutch | hutchpp | auto"},
     )
     k: int = field(default=32, metadata={"help": "sketch dimension of hutch / hutchpp"})
+    sketch: str = field(
+        default="shared",
+        metadata={
+            "help": "hutch / hutchpp projections: shared (one per layer per step) | "
+            "per_example (independent per example; hidden-scale accounting, a smaller σ)"
+        },
+    )
     noise_mechanism: str = field(
         default="gaussian",
         metadata={"help": "gaussian (Poisson DP-SGD) | nu_dpftrl (fixed-order, exact norms)"},
@@ -95,6 +103,7 @@ class PrivacyArguments:
             raise ValueError(
                 f"norm_method must be one of {method_names()}, got {self.norm_method!r}"
             )
+        check_sketch_mode(self.sketch, get_norm_method(self.norm_method).randomized)
         self.noise_mechanism = canonical_mechanism(self.noise_mechanism)  # raises if unknown
         for name in ("k", "max_seq_len", "bands"):
             v = getattr(self, name)

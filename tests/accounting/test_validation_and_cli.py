@@ -172,3 +172,18 @@ def test_cli_errors_are_one_clear_line(capsys, argv, match):
     err = capsys.readouterr().err
     assert rc == 2
     assert err.startswith("dprc: error:") and match in err and err.count("\n") == 1
+
+
+def test_cli_sketch_per_example(capsys):
+    base = [*README_SIGMA, "--clipping", "hutch", "--k", "32", "--json"]
+    assert main([*base, "--sketch", "per_example"]) == 0
+    per = json.loads(capsys.readouterr().out)
+    assert main(base) == 0
+    shared = json.loads(capsys.readouterr().out)
+    q, steps = 32 / 1800, 169
+    want = accounting.noise_multiplier(2.0, 1e-5, q, steps, "hutch", 32, sketch="per_example")
+    assert per["noise_multiplier"] == want < shared["noise_multiplier"]
+    assert "hidden-scale" in per["sketch"] and "hidden-scale" not in shared["sketch"]
+    # per-example sketches with exact norms: refused in one line
+    assert main([*README_SIGMA, "--sketch", "per_example"]) == 2
+    assert "randomized clipping" in capsys.readouterr().err

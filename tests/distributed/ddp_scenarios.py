@@ -25,6 +25,7 @@ N_EXAMPLES = 12
 DIM, CLASSES, SEQ = 6, 3, 5
 # logical batches (example indices): a mixed one, one all on rank 0 (rank 1's part empty)
 BATCHES = [[0, 1, 2, 3, 5, 8, 9], [0, 2, 4, 6, 10]]
+METHODS = ("exact", "hutch", "hutch/per_example")
 
 
 class TinyNet(nn.Module):
@@ -59,6 +60,8 @@ def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 def make_engine(
     model: nn.Module, method: str, sigma: float, seed: int = 7, mechanism: object = "gaussian"
 ) -> PrivacyEngine:
+    """``method``: a norm method, or ``"<method>/per_example"`` for per-example sketches."""
+    method, _, sketch = method.partition("/")
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     return PrivacyEngine(
         model,
@@ -71,6 +74,7 @@ def make_engine(
         seed=seed,
         check_independence=True,
         noise_mechanism=mechanism,  # type: ignore[arg-type]
+        sketch=sketch or "shared",
     )
 
 
@@ -86,21 +90,23 @@ def run_steps(
     for indices in batches:
         idx = part(torch.tensor(indices, dtype=torch.long))
         for chunk in idx.split(micro or max(len(idx), 1)) if len(idx) else []:
-            engine.accumulate(loss_fn, {k: v[chunk] for k, v in data.items()})
+            batch = {k: v[chunk] for k, v in data.items()}
+            engine.accumulate(loss_fn, batch, example_ids=chunk)  # keys of per-example sketches
         s = engine.step()
         stats.append({"batch_size": s.batch_size, "mean_loss": s.mean_loss})
     return stats
 
 
 def scenario_steps(out: Path) -> None:
-    """σ = 0 steps of exact and hutch, with and without micro-batches."""
+    """σ = 0 steps of exact, hutch and hutch with per-example sketches, with and without
+    micro-batches."""
     ranks = current_ranks()
-    for method in ("exact", "hutch"):
+    for method in METHODS:
         for micro in (None, 2):
             model, data = build_case()
             engine = make_engine(model, method, sigma=0.0)
             stats = run_steps(engine, data, BATCHES, micro, lambda i: shard_indices(i, ranks))
-            tag = f"steps-{method}-{micro}"
+            tag = f"steps-{method.replace('/', '-')}-{micro}"
             tensors = {n: p.detach().contiguous() for n, p in model.named_parameters()}
             save_file(tensors, str(out / f"{tag}-rank{ranks.rank}.safetensors"))
             (out / f"{tag}-rank{ranks.rank}.json").write_text(json.dumps(stats))

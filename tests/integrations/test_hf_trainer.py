@@ -519,3 +519,31 @@ def test_bf16_autocast_as_the_trainer_sets_it(tiny_llama_path, tmp_path):
     assert all(p.dtype == torch.float32 for p in after.values())
     assert any(not torch.equal(after[k], before[k]) for k in before)
     assert math.isfinite(out.metrics["epsilon"]) and out.metrics["epsilon"] > 0
+
+
+def test_per_example_sketches_through_the_trainer(tiny_llama_path, tmp_path):
+    """sketch='per_example': the plan and the saved ledger use the hidden-scale model, whose
+    σ for the target is the library's calibration (below the shared sketch's)."""
+    from dprc_core.accounting import noise_multiplier
+
+    privacy = PrivacyArguments(target_epsilon=8.0, norm_method="hutch", sketch="per_example")
+    trainer = DPTrainer(
+        model=lora(llama(tiny_llama_path)),
+        args=targs(tmp_path, max_steps=2),
+        train_dataset=lm_examples(),
+        data_collator=default_data_collator,
+        privacy_args=privacy,
+    )
+    trainer.train()
+    plan = trainer.plan
+    assert plan.sketch == "per_example" and trainer.engine.accounting_sketch == "per_example"
+    want = noise_multiplier(8.0, plan.delta, plan.sample_rate, plan.steps, "hutch", 32)
+    assert plan.noise_multiplier == noise_multiplier(
+        8.0, plan.delta, plan.sample_rate, plan.steps, "hutch", 32, sketch="per_example"
+    )
+    assert plan.noise_multiplier < want
+    trainer.save_model(str(tmp_path / "saved"))
+    ledger = PrivacyLedger.from_json((tmp_path / "saved" / "privacy_ledger.json").read_text())
+    assert {e.sketch for e in ledger.events} == {"per_example"}
+    with pytest.raises(ValueError, match="randomized norm method"):
+        PrivacyArguments(target_epsilon=8.0, norm_method="exact", sketch="per_example")
