@@ -17,6 +17,12 @@ Mechanisms:
   down 4×; clipping turned off; noise added to every micro-batch with its std divided by the
   expected number of micro-batches (std vs variance confused: the total noise std becomes
   σC/√M). Each claims the σ of the real exact engine; the audit should refute the claim.
+* per-example sketches (issue 18): the real engine with ``sketch="per_example"`` (hutch k = 32,
+  σ from the hidden-scale accountant), and broken on purpose: the same engine adding half the
+  noise it claims.
+
+    .venv/bin/python benchmarks/audit.py --cases per-example --eps 1 3 \
+        --out docs/benchmarks_audit_per_example.md     # the per-example rows only
 
     .venv/bin/python benchmarks/audit.py            # writes docs/benchmarks_audit.md
     .venv/bin/python benchmarks/audit.py --quick    # one seed, prints only
@@ -60,6 +66,14 @@ class QuarterNoise(PrivacyEngine):
         self.noise = GaussianNoise(self.noise_multiplier * self.max_grad_norm / 4)
 
 
+class HalfNoise(PrivacyEngine):
+    """BROKEN: claims σ, adds σC/2."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.noise = GaussianNoise(self.noise_multiplier * self.max_grad_norm / 2)
+
+
 class NoClipping(PrivacyEngine):
     """BROKEN: per-sample clipping turned off (factors all 1); noise σC as claimed."""
 
@@ -87,17 +101,23 @@ class NoisePerMicroBatch(PrivacyEngine):
 
 
 def factory(kind: str, sigma: float, method: str = "exact"):
+    """``method``: a norm method, or ``"<method>/per_example"`` for per-example sketches."""
+    norm_method, _, sketch = method.partition("/")
+
     def make(model, opt, expected_batch_size, seed):
         kw = dict(
             max_grad_norm=C,
             noise_multiplier=sigma,
             expected_batch_size=expected_batch_size,
-            norm_method=method,
+            norm_method=norm_method,
             k=32,
             seed=seed,
+            sketch=sketch or "shared",
         )
         if kind == "real":
             return PrivacyEngine(model, opt, **kw)
+        if kind == "half_noise":
+            return HalfNoise(model, opt, **kw)
         if kind == "quarter_noise":
             return QuarterNoise(model, opt, **kw)
         if kind == "no_clipping":
@@ -116,6 +136,8 @@ CASES = [
     ("BROKEN: noise scaled down 4×", "quarter_noise", "exact"),
     ("BROKEN: clipping off", "no_clipping", "exact"),
     ("BROKEN: noise per micro-batch, std / M", "noise_per_microbatch", "exact"),
+    ("DP-SGD-RC hutch k=32, per-example sketches (real engine)", "real", "hutch/per_example"),
+    ("BROKEN: per-example sketches, half the noise", "half_noise", "hutch/per_example"),
 ]
 
 
@@ -123,19 +145,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=str(DOCS / "benchmarks_audit.md"))
+    ap.add_argument("--cases", help="only the mechanisms whose label contains this text")
+    ap.add_argument("--eps", type=float, nargs="+", default=[1.0, 3.0, 8.0])
     args = ap.parse_args()
+    cases = [c for c in CASES if args.cases is None or args.cases in c[0]]
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     seeds = [0] if args.quick else [0, 1, 2]
     t0 = time.perf_counter()
     rows = []
     violations = []
-    for eps in (1.0, 3.0, 8.0):
-        for label, kind, method in CASES:
-            clipping = method  # exact | hutch | hutchpp: what the engine ran
+    for eps in args.eps:
+        for label, kind, method in cases:
+            clipping, _, sketch = method.partition("/")  # what the engine ran
+            sketch = sketch or "shared"
             k = 32 if clipping != "exact" else None
-            sigma = accounting.noise_multiplier(eps, DELTA, Q, T, clipping, k)
-            accounted = accounting.epsilon(sigma, Q, T, DELTA, clipping=clipping, k=k)
+            sigma = accounting.noise_multiplier(eps, DELTA, Q, T, clipping, k, sketch=sketch)
+            accounted = accounting.epsilon(
+                sigma, Q, T, DELTA, clipping=clipping, k=k, sketch=sketch
+            )
             lr_b, sum_b, detail = [], [], []
             for seed in seeds:
                 run = run_gradient_canary_audit(
@@ -169,7 +197,9 @@ def main() -> None:
     if violations:
         print("PRIVACY VIOLATION: audited lower bound above the accounted epsilon:", violations)
     lines = [
-        "## Empirical privacy audit (issue 9)",
+        "## Empirical privacy audit (issue 9)"
+        if args.cases is None
+        else f"## Empirical privacy audit: the {args.cases} rows (issue 18)",
         "",
         f"`benchmarks/audit.py` — {platform.machine()}, {os.cpu_count()} CPU cores, torch "
         f"{torch.__version__}, {len(seeds)} seeds, wall time {wall / 60:.1f} min. One-run "

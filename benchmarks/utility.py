@@ -420,7 +420,10 @@ def _spec(
     seed: int,
     out: Path,
     epochs: float | None = None,
+    sketch: str = "shared",
+    sigma: float | None = None,
 ) -> JobSpec:
+    """``sigma``: run at this σ instead of calibrating for ``eps`` (a control row)."""
     clipping, k = method_clipping(method)
     return JobSpec(
         model=task.model,
@@ -433,10 +436,12 @@ def _spec(
         optimizer="adam",
         max_seq_len=task.max_seq_len,
         lora=task.lora,
-        target_epsilon=eps,
+        target_epsilon=eps if sigma is None else None,
+        noise_multiplier=sigma,
         max_grad_norm=1.0,
         norm_method=clipping,
         k=k,
+        sketch=sketch,
         seed=seed,
         max_physical_batch_size=64,
         device="cpu",
@@ -445,10 +450,19 @@ def _spec(
     )
 
 
-def run_dp(task: Task, method: str, eps: float, lr: float, seed: int, work: Path) -> dict:
-    out = work / "runs" / f"{task.name}-{method}-{eps}-{lr}-{seed}"
+def run_dp(
+    task: Task,
+    method: str,
+    eps: float,
+    lr: float,
+    seed: int,
+    work: Path,
+    sketch: str = "shared",
+    sigma: float | None = None,
+) -> dict:
+    out = work / "runs" / f"{task.name}-{method}-{sketch}-{eps}-{sigma}-{lr}-{seed}"
     shutil.rmtree(out, ignore_errors=True)
-    spec = _spec(task, method, eps, lr, seed, out)
+    spec = _spec(task, method, eps, lr, seed, out, sketch=sketch, sigma=sigma)
     stamps: list[float] = []
 
     def on_progress(p: Progress) -> None:

@@ -230,3 +230,26 @@ def test_without_ids_positions_key_the_projections():
     assert exact_auto.accounting_sketch == "shared"  # nothing sketched: nothing per example
     for e in (a, b, shared, exact_auto):
         e.detach()
+
+
+def weighted_loss(model, batch):
+    return loss_fn(model, batch) * batch["w"]
+
+
+@pytest.mark.parametrize("mode", ["bookkeeping", "two_pass"])
+def test_a_dropped_sample_leaves_the_others_projections_alone(mode):
+    """A non-finite sample is dropped (two_pass reruns the kept ones): the kept examples keep
+    their keys, so their norms are those of a batch without the bad sample."""
+    batch = {**make_batch(4, seed=5), "w": torch.tensor([1.0, 1.0, float("nan"), 1.0]).double()}
+    ids = torch.tensor([7, 3, 9, 1])
+    keep = torch.tensor([0, 1, 3])
+    clean = _engine(make_model(), clipping_mode=mode)
+    want = clean.step(weighted_loss, _select(batch, keep), example_ids=ids[keep])
+    engine = _engine(make_model(), clipping_mode=mode)
+    stats = engine.step(weighted_loss, batch, example_ids=ids)
+    assert stats.dropped == 1
+    norms = stats.per_sample_norms
+    got = norms[keep] if mode == "bookkeeping" else norms[torch.isfinite(norms)]
+    assert torch.equal(got, want.per_sample_norms)
+    for e in (clean, engine):
+        e.detach()
