@@ -50,6 +50,7 @@ def _event(job: Job, steps: int) -> PrivacyEvent | None:
         steps=steps,
         clipping=job.accounting_clipping,
         k=job.accounting_k,
+        sketch=job.accounting_sketch,
     )
 
 

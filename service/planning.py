@@ -12,6 +12,11 @@ runner computes:
 - σ = ``dprc_core.accounting.noise_multiplier`` with the dimension-free envelope (rank=None).
   ``auto`` clipping is planned as ``hutch`` (conservative: an all-exact auto run would be
   accounted as exact, which has a smaller ε for the same σ).
+- the sketch (``privacy.clipping.sketch``): ``shared`` (revealed-scale model) or
+  ``per_example`` (hidden-scale model, docs/accounting.md §10: a smaller σ for the same ε);
+  per_example needs a randomized method. The plan carries the sketch it was accounted with
+  (``shared`` for exact clipping, which draws no sketch), stored as
+  ``jobs.accounting_sketch`` and charged by the budget.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from functools import lru_cache
 from typing import Any, Literal
 
 from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent
+from dprc_core.accounting.describe import sketch_words
+from dprc_core.accounting.events import PER_EXAMPLE_SKETCH, SHARED_SKETCH
 from dprc_core.norm_methods import get_norm_method
 from dprc_core.training.plan import PrivacyPlan, default_delta, plan_privacy, planned_steps
 from service.budget import check_delta_for
@@ -58,6 +65,8 @@ class Plan:
     nu: float | None = None
     bands: int | None = None
     min_separation: int | None = None  # nu_dpftrl: steps per epoch
+    # the sketch the accountant charged (shared | per_example; shared for exact clipping)
+    sketch: str = SHARED_SKETCH
     # the library's plan this one was made from: the one plan, which builds the event
     privacy: PrivacyPlan | None = field(default=None, compare=False, repr=False)
 
@@ -90,6 +99,7 @@ class Plan:
                 "min_separation": self.min_separation,
                 "steps_rule": "n_epochs * ceil(N / batch_size)",
                 "sensitivity": "matrix mechanism, as implemented (docs/accounting.md §9)",
+                "sketch": SHARED_SKETCH,
             }
         return {
             "mechanism": "gaussian",
@@ -99,6 +109,8 @@ class Plan:
             "k": self.accounting_k,
             "envelope": "dimension-free" if self.accounting_k is not None else None,
             "rank": None,
+            "sketch": self.sketch,
+            "sketch_model": sketch_words(self.accounting_clipping, self.sketch),
             "steps_rule": "ceil(n_epochs * N / batch_size)",
             "settings": asdict(DEFAULT_SETTINGS),
         }
@@ -117,6 +129,7 @@ class PlanRequest:
     mechanism: str = "gaussian"  # gaussian | nu_dpftrl
     nu: float | None = None
     bands: int | None = None
+    sketch: str = SHARED_SKETCH  # shared | per_example (randomized clipping only)
 
 
 @lru_cache(maxsize=512)
@@ -131,6 +144,7 @@ def library_plan(
     mechanism: str,
     nu: float | None,
     bands: int | None,
+    sketch: str = SHARED_SKETCH,
 ) -> PrivacyPlan:
     """The library's plan (σ calibrated for the target); cached, as retried and repeated
     jobs ask for the same plan."""
@@ -146,6 +160,7 @@ def library_plan(
             mechanism=mechanism,
             nu=nu,
             bands=bands,
+            sketch=sketch,
         )
 
 
@@ -161,10 +176,11 @@ def _calibrated(
     nu: float | None = None,
     bands: int | None = None,
     param: str = "privacy.target_epsilon",
+    sketch: str = SHARED_SKETCH,
 ) -> PrivacyPlan:
     try:
         plan = library_plan(
-            n, batch, n_epochs, clipping, k, target_epsilon, delta, mechanism, nu, bands
+            n, batch, n_epochs, clipping, k, target_epsilon, delta, mechanism, nu, bands, sketch
         )
     except (ValueError, RuntimeError) as exc:
         raise InvalidInput(
@@ -189,6 +205,7 @@ def make_plan(req: PlanRequest, n: int, default_k: int) -> Plan:
         )
     if req.mechanism == "nu_dpftrl":
         return _nu_dpftrl_plan(req, n, n_epochs, batch)
+    _check_sketch(req)
     steps = planned_steps(n, batch, n_epochs)
     delta = _steps_and_delta(steps, n, req.target_delta)
     method = req.method
@@ -210,8 +227,12 @@ def make_plan(req: PlanRequest, n: int, default_k: int) -> Plan:
                 code="invalid_value",
             )
         acc_clip, acc_k = entry.envelope, k
-    lib = _calibrated(n, batch, n_epochs, acc_clip, acc_k, req.target_epsilon, delta)
-    assert lib.steps == steps and lib.delta == delta
+    # exact norms draw no sketch (a per_example request with them was refused above)
+    acc_sketch = req.sketch if acc_clip != "exact" else SHARED_SKETCH
+    lib = _calibrated(
+        n, batch, n_epochs, acc_clip, acc_k, req.target_epsilon, delta, sketch=acc_sketch
+    )
+    assert lib.steps == steps and lib.delta == delta and lib.sketch == acc_sketch
     return Plan(
         n,
         n_epochs,
@@ -226,8 +247,35 @@ def make_plan(req: PlanRequest, n: int, default_k: int) -> Plan:
         acc_k,
         lib.noise_multiplier,
         lib.planned_epsilon,
+        sketch=lib.sketch,
         privacy=lib,
     )
+
+
+def _check_sketch(req: PlanRequest) -> None:
+    """The sketch names how randomized clipping draws its projections: per_example needs a
+    randomized method (the registry says which are)."""
+    if req.sketch == SHARED_SKETCH:
+        return
+    if req.sketch != PER_EXAMPLE_SKETCH:  # the API's schema allows only the two
+        raise InvalidInput(
+            f"sketch must be 'shared' or 'per_example', got {req.sketch!r}",
+            param="privacy.clipping.sketch",
+            code="invalid_value",
+        )
+    if req.mechanism == "nu_dpftrl" or not get_norm_method(req.method).randomized:
+        why = (
+            "the nu_dpftrl mechanism takes exact clipping only"
+            if req.mechanism == "nu_dpftrl"
+            else f"clipping method {req.method!r} computes exact norms"
+        )
+        raise InvalidInput(
+            "privacy.clipping.sketch = 'per_example' needs a randomized clipping method "
+            f"(hutch, hutchpp or auto): {why} and draws no sketch; leave the sketch "
+            "'shared' (the default)",
+            param="privacy.clipping.sketch",
+            code="invalid_value",
+        )
 
 
 def _steps_and_delta(steps: int, n: int, target_delta: float | None) -> float:
@@ -251,6 +299,7 @@ def _nu_dpftrl_plan(req: PlanRequest, n: int, n_epochs: int, batch: int) -> Plan
             param="privacy.clipping.method",
             code="invalid_value",
         )
+    _check_sketch(req)
     steps = planned_steps(n, batch, n_epochs, "nu_dpftrl")
     delta = _steps_and_delta(steps, n, req.target_delta)
     nu, bands = float(req.nu or 0.0), req.bands

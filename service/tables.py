@@ -98,6 +98,11 @@ class Job(Base):
     steps_total: Mapped[int] = mapped_column(Integer)
     accounting_clipping: Mapped[str] = mapped_column(String(16))
     accounting_k: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # how the randomized clipping's projections were drawn, as accounted: shared (the
+    # revealed-scale model; every job before migration 0004) | per_example (hidden-scale)
+    accounting_sketch: Mapped[str] = mapped_column(
+        String(16), default="shared", server_default="shared"
+    )
     # progress, written by the worker
     steps_done: Mapped[int] = mapped_column(Integer, default=0)
     epsilon_spent: Mapped[float] = mapped_column(Float, default=0.0)

@@ -135,6 +135,9 @@ def build_spec(store: Store, req: runs.JobRequest) -> JobSpec:
         max_grad_norm=float(pr["max_grad_norm"]),
         norm_method=clip["method"],
         k=int(k),
+        # the request's sketch (a job stored before sketches were offered: shared); the runner
+        # accounts shared for a plan that resolves to exact norms only
+        sketch=str(clip.get("sketch", "shared")),
         checkpoint_every=req.checkpoint_every,
         seed=engine_seed(settings.data_dir, req.seed),  # not the API-visible seed
         max_physical_batch_size=settings.max_physical_batch_size,

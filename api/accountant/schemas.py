@@ -32,6 +32,13 @@ class _Job(BaseModel):
     rank: StrictInt | None = Field(
         default=None, description="hutch only: total rank D; null = dimension-free envelope"
     )
+    sketch: Literal["shared", "per_example"] = Field(
+        default="shared",
+        description="randomized clipping's projections: shared (one per layer per step for "
+        "the batch; revealed-scale model) or per_example (independent per example; "
+        "hidden-scale model, docs/accounting.md §10); per_example is refused with exact "
+        "clipping and with nu_dpftrl",
+    )
 
     @field_validator("mechanism")
     @classmethod
@@ -71,6 +78,11 @@ class AccountantResult(BaseModel):
     rank: int | None
     target_epsilon: float | None = None
     rel_tol: float | None = None
+    sketch: str = Field(default="shared", description="the sketch accounted (the request's)")
+    sketch_model: str = Field(
+        default="none (exact norms draw no sketch)",
+        description="how the accountant modelled the sketch, in words",
+    )
     envelope: str
     adjacency: str
     accountant: dict[str, Any]
@@ -106,6 +118,10 @@ class JobPlanPreview(BaseModel):
     mechanism: str
     clipping: str = Field(description="the job's clipping method")
     k: int | None
+    sketch: str = Field(description="the job's privacy.clipping.sketch")
     accounting_clipping: str = Field(description="what the accountant charges (auto: hutch)")
     accounting_k: int | None
+    accounting_sketch: str = Field(
+        description="the sketch the accountant charges (shared for exact clipping)"
+    )
     budget: PlanBudget | None = Field(description="null: the file has no budget")

@@ -40,6 +40,7 @@ from dprc_core.accounting.events import (
     check_epsilon,
     check_noise_multiplier,
     check_sample_rate,
+    check_sketch,
     check_steps,
 )
 from dprc_core.mechanism_names import NU_DPFTRL
@@ -83,7 +84,7 @@ def _positive_int(name: str, value: int | None) -> int:
 
 def _job(
     req: EpsilonRequest | NoiseMultiplierRequest,
-) -> tuple[float, int, str, int | None, int | None]:
+) -> tuple[float, int, str, int | None, int | None, str]:
     if req.sample_rate is None:
         raise InvalidInput(
             "sample_rate is required for mechanism gaussian",
@@ -106,7 +107,8 @@ def _job(
     clipping, k, rank = _clipping(req)
     if k is not None and k > 4096:
         raise InvalidInput("k must be at most 4096", param="k", code="invalid_value")
-    return q, steps, clipping, k, rank
+    sketch = _check("sketch", check_sketch, req.sketch, clipping)  # per_example: randomized
+    return q, steps, clipping, k, rank, sketch
 
 
 def _result(kind: ResultKind, event: PrivacyEvent, delta: float) -> AccountantResult:
@@ -127,6 +129,8 @@ def _result(kind: ResultKind, event: PrivacyEvent, delta: float) -> AccountantRe
         clipping=event.clipping,
         k=event.k,
         rank=event.rank,
+        sketch=event.sketch,
+        sketch_model=words["sketch"],
         envelope=words["envelope"],
         adjacency=words["adjacency"],
         accountant={
@@ -151,6 +155,13 @@ def _nu_pattern(req: EpsilonRequest | NoiseMultiplierRequest) -> dict[str, Any]:
             "nu_dpftrl is accounted for exact clipping only (randomized "
             "clipping with correlated noise has no analysis)",
             param="clipping",
+            code="invalid_value",
+        )
+    if req.sketch != "shared":
+        raise InvalidInput(
+            "sketch='per_example' applies to randomized clipping, which nu_dpftrl refuses "
+            "(exact norms draw no sketch)",
+            param="sketch",
             code="invalid_value",
         )
     for name in ("nu", "participations", "min_separation"):
@@ -204,7 +215,7 @@ def epsilon(req: EpsilonRequest) -> AccountantResult:
         sigma = _check("noise_multiplier", check_noise_multiplier, req.noise_multiplier)
         delta = _check("delta", check_delta, req.delta)
         return _nu_result("accountant.epsilon", sigma, delta, pattern)
-    q, steps, clipping, k, rank = _job(req)
+    q, steps, clipping, k, rank, sketch = _job(req)
     sigma = _check("noise_multiplier", check_noise_multiplier, req.noise_multiplier)
     if sigma < 1e-3 or sigma > 1e4:
         raise InvalidInput(
@@ -213,7 +224,8 @@ def epsilon(req: EpsilonRequest) -> AccountantResult:
             code="invalid_value",
         )
     delta = _check("delta", check_delta, req.delta)
-    return _result("accountant.epsilon", PrivacyEvent(sigma, q, steps, clipping, k, rank), delta)
+    event = PrivacyEvent(sigma, q, steps, clipping, k, rank, sketch=sketch)
+    return _result("accountant.epsilon", event, delta)
 
 
 def calibrate(req: NoiseMultiplierRequest) -> AccountantResult:
@@ -227,20 +239,19 @@ def calibrate(req: NoiseMultiplierRequest) -> AccountantResult:
             raise InvalidInput(str(exc), param="target_epsilon", code="calibration_failed") from exc
         out = _nu_result("accountant.noise_multiplier", sigma, delta, pattern)
         return out.model_copy(update={"target_epsilon": target})
-    q, steps, clipping, k, rank = _job(req)
+    q, steps, clipping, k, rank, sketch = _job(req)
     target = _check("target_epsilon", check_epsilon, req.target_epsilon)
     delta = _check("target_delta", check_delta, req.target_delta)
     if not 1e-6 <= req.rel_tol <= 0.5:
         raise InvalidInput("rel_tol must be in [1e-6, 0.5]", param="rel_tol", code="invalid_value")
     try:
         sigma = noise_multiplier(
-            target, delta, q, steps, clipping, k, rank, rel_tol=float(req.rel_tol)
+            target, delta, q, steps, clipping, k, rank, rel_tol=float(req.rel_tol), sketch=sketch
         )
     except ValueError as exc:
         raise InvalidInput(str(exc), param="target_epsilon", code="calibration_failed") from exc
-    out = _result(
-        "accountant.noise_multiplier", PrivacyEvent(sigma, q, steps, clipping, k, rank), delta
-    )
+    event = PrivacyEvent(sigma, q, steps, clipping, k, rank, sketch=sketch)
+    out = _result("accountant.noise_multiplier", event, delta)
     return out.model_copy(update={"target_epsilon": target, "rel_tol": float(req.rel_tol)})
 
 
@@ -286,7 +297,9 @@ def job_plan(store: Store, caller: Caller, req: JobCreate) -> JobPlanPreview:
         mechanism=plan.mechanism,
         clipping=plan.method,
         k=plan.k,
+        sketch=req.privacy.clipping.sketch,
         accounting_clipping=plan.accounting_clipping,
         accounting_k=plan.accounting_k,
+        accounting_sketch=plan.sketch,
         budget=preview_budget,
     )

@@ -95,10 +95,24 @@ class Hyperparameters(Strict):
 NormMethodName = Literal[tuple(offered_names())]  # type: ignore[valid-type]  # from the registry
 
 
+# how randomized clipping draws its projections (dprc_core/sketches.py)
+SketchName = Literal["shared", "per_example"]
+
+
 class Clipping(Strict):
     method: NormMethodName = "auto"  # type: ignore[valid-type]  # see NormMethodName
     k: int | None = Field(
         default=None, ge=1, le=4096, description="projection dimension (hutch, hutchpp, auto)"
+    )
+    sketch: SketchName = Field(
+        default="shared",
+        description="randomized clipping's projections: 'shared' (one per layer per step for "
+        "the whole batch; revealed-scale accounting) or 'per_example' (independent per "
+        "example, layer and step; hidden-scale accounting, a smaller noise multiplier for the "
+        "same epsilon). per_example needs a randomized method (hutch, hutchpp, auto): refused "
+        "with exact. auto is planned and charged as hutch with this sketch; a run whose layers "
+        "all resolve to exact norms draws no sketch, and its checkpoint ledger records exact, "
+        "shared",
     )
 
 

@@ -51,6 +51,11 @@ FORMATS_FOR_TASK = {"causal_lm": ("text", "chat"), "classification": ("classific
 def to_object(row: JobRow, caller_org: str) -> Job:
     privacy = dict(row.privacy)
     privacy["epsilon_spent"] = row.epsilon_spent
+    # a job stored before sketches were offered had shared ones (migration 0004)
+    clipping = privacy["clipping"] = dict(privacy.get("clipping") or {})
+    clipping.setdefault("sketch", "shared")
+    accountant = privacy["accountant"] = dict(privacy.get("accountant") or {})
+    accountant.setdefault("sketch", row.accounting_sketch)
     error = None
     if row.error_code or row.error_message:
         error = JobError(code=row.error_code or "error", message=row.error_message or "")
@@ -452,6 +457,7 @@ def plan_request(req: JobCreate) -> planning.PlanRequest:
         mechanism=pr.noise.mechanism,
         nu=pr.noise.nu,
         bands=pr.noise.bands,
+        sketch=pr.clipping.sketch,
     )
 
 
@@ -476,7 +482,7 @@ def _insert_job(session: Session, caller: Caller, req: JobCreate, plan: planning
         "target_epsilon": pr.target_epsilon,
         "target_delta": plan.target_delta,
         "max_grad_norm": pr.max_grad_norm,
-        "clipping": {"method": plan.method, "k": plan.k},
+        "clipping": {"method": plan.method, "k": plan.k, "sketch": pr.clipping.sketch},
         "noise": plan.noise(),
         "report_train_loss": pr.report_train_loss,
         "dataset_size": plan.n_examples,
@@ -504,6 +510,7 @@ def _insert_job(session: Session, caller: Caller, req: JobCreate, plan: planning
         steps_total=plan.steps,
         accounting_clipping=plan.accounting_clipping,
         accounting_k=plan.accounting_k,
+        accounting_sketch=plan.sketch,
         steps_done=0,
         epsilon_spent=0.0,
         result_files=[],
@@ -519,13 +526,15 @@ def _insert_job(session: Session, caller: Caller, req: JobCreate, plan: planning
         row.id,
         f"Privacy plan: noise multiplier {plan.noise_multiplier:.4g}, sample rate "
         f"{plan.sample_rate:.4g}, {plan.steps} steps, planned epsilon "
-        f"{plan.planned_epsilon:.4g} at delta {plan.target_delta:g}",
+        f"{plan.planned_epsilon:.4g} at delta {plan.target_delta:g}"
+        + (", per-example sketches" if plan.sketch != "shared" else ""),
         data={
             "noise_multiplier": plan.noise_multiplier,
             "sample_rate": plan.sample_rate,
             "steps": plan.steps,
             "planned_epsilon": plan.planned_epsilon,
             "target_delta": plan.target_delta,
+            "sketch": plan.sketch,
         },
     )
     add_event(session, row.id, "Job queued")

@@ -138,6 +138,12 @@ def _job_arguments(p: argparse.ArgumentParser) -> None:
     priv.add_argument("--norm-method", help="exact | hutch | hutchpp | auto")
     priv.add_argument("--k", type=int, help="projection dimension (randomized methods)")
     priv.add_argument(
+        "--sketch",
+        choices=("shared", "per_example"),
+        help="randomized methods' projections: shared by the batch (default) or per example "
+        "(hidden-scale accounting: less noise for the same epsilon)",
+    )
+    priv.add_argument(
         "--no-train-loss",
         action="store_true",
         help="report_train_loss: false (training loss is not covered by DP)",
@@ -297,12 +303,14 @@ def job_body(args: argparse.Namespace) -> dict[str, Any]:
     for name in ("target_epsilon", "target_delta", "max_grad_norm"):
         if getattr(args, name) is not None:
             priv[name] = getattr(args, name)
-    if args.norm_method is not None or args.k is not None:
+    if args.norm_method is not None or args.k is not None or args.sketch is not None:
         clip = priv.setdefault("clipping", {})
         if args.norm_method is not None:
             clip["method"] = args.norm_method
         if args.k is not None:
             clip["k"] = args.k
+        if args.sketch is not None:
+            clip["sketch"] = args.sketch
     if args.no_train_loss:
         priv["report_train_loss"] = False
     missing = [
@@ -333,6 +341,7 @@ def _show_job(job: dict[str, Any]) -> None:
         "target": f"ε {number(p.get('target_epsilon'))} at δ {number(p.get('target_delta'))}",
         "noise_multiplier": p.get("noise_multiplier"),
         "sample_rate": p.get("sample_rate"),
+        "accounted_as": _accounted_as(p.get("accountant") or {}),
         "result_files": ", ".join(job.get("result_files") or []) or None,
         "fine_tuned_model": job.get("fine_tuned_model"),
         "created": when(job["created_at"]),
@@ -342,6 +351,16 @@ def _show_job(job: dict[str, Any]) -> None:
     if err:
         flat["error"] = f"{err.get('code')}: {err.get('message')}"
     print(fields(flat, list(flat)))
+
+
+def _accounted_as(acc: dict[str, Any]) -> str | None:
+    """The accountant's clipping, k and sketch of a job (``privacy.accountant``)."""
+    if not acc.get("clipping"):
+        return None
+    text = str(acc["clipping"]) + (f", k={acc['k']}" if acc.get("k") else "")
+    if acc["clipping"] != "exact":
+        text += f", {str(acc.get('sketch') or 'shared').replace('_', '-')} sketch"
+    return text
 
 
 def _jobs_create(args: argparse.Namespace) -> int:

@@ -12,8 +12,9 @@
 
   async function compute() {
     const q = Number($("acc-q").value), steps = Number($("acc-steps").value), delta = Number($("acc-delta").value);
-    const method = $("acc-method").value, k = Number($("acc-k").value);
-    const clippings = [{ clipping: "exact" }, { clipping: method, k }];
+    const method = $("acc-method").value, k = Number($("acc-k").value), sketch = $("acc-sketch").value;
+    const clippings = [{ clipping: "exact" }, { clipping: method, k, sketch }];
+    const rcName = `${method}, k = ${k}${sketch === "per_example" ? ", per-example sketches" : ""}`;
     result.replaceChildren(el("p", { class: "muted", text: "Computing…" }));
     let sigmas, epsilons;
     if (mode() === "sigma") {
@@ -31,7 +32,7 @@
     }
     const ratio = mode() === "sigma" ? sigmas[1] / sigmas[0] : epsilons[1] / epsilons[0];
     result.replaceChildren(el("div", { class: "table-wrap" }, el("table", { id: "acc-table" },
-      el("thead", {}, el("tr", {}, el("th"), el("th", { text: "exact" }), el("th", { text: `${method}, k = ${k}` }))),
+      el("thead", {}, el("tr", {}, el("th"), el("th", { text: "exact" }), el("th", { text: rcName }))),
       el("tbody", {},
         el("tr", {}, el("th", { text: "σ" }), el("td", { id: "sigma-exact", text: num(sigmas[0], 5) }), el("td", { id: "sigma-rc", text: num(sigmas[1], 5) })),
         el("tr", {}, el("th", { text: `ε at δ ${num(delta, 3)}` }), el("td", { id: "eps-exact", text: num(epsilons[0], 5) }), el("td", { id: "eps-rc", text: num(epsilons[1], 5) }))))),
@@ -48,7 +49,7 @@
       xLabel: "steps", yLabel: `ε (σ = ${num(sigma, 3)})`, xMin: 0,
       series: [
         { key: "exact", label: "exact clipping", points: [[0, 0], ...curves[0]] },
-        { key: "randomized", label: `${method}, k = ${k}`, color: 2, points: [[0, 0], ...curves[1]] },
+        { key: "randomized", label: rcName, color: 2, points: [[0, 0], ...curves[1]] },
       ],
       budget: mode() === "sigma" ? { y: Number($("acc-target").value), label: "target ε" } : null,
     });

@@ -43,7 +43,7 @@
       method: "POST",
       json: {
         noise_multiplier: p.noise_multiplier, sample_rate: p.sample_rate, steps: s, delta: p.target_delta,
-        clipping: acc.clipping, k: acc.k,
+        clipping: acc.clipping, k: acc.k, sketch: acc.sketch || "shared",
       },
     })));
     return [[0, 0], ...results.map((r) => [r.steps, r.epsilon])];
@@ -62,8 +62,8 @@
         ? `${num(p.sample_rate)}: each example joins each batch independently with this probability (Poisson sampling), about ${Math.round(p.sample_rate * p.dataset_size)} examples per batch.`
         : `${num(p.sample_rate)} (fixed-order batches).`],
       ["Steps", `${p.steps} noisy steps.`],
-      ["Clipping", `each example's gradient is scaled to norm at most ${num(p.max_grad_norm)}; method ${p.clipping.method}${p.clipping.k ? ` with k = ${p.clipping.k} projections` : ""}: ${WORDS[p.clipping.method] || p.clipping.method}.`],
-      ["Accounted as", `${acc.clipping || "exact"}${acc.k ? `, k = ${acc.k}` : ""} (${acc.sampling || "—"} sampling, ${acc.adjacency || "—"}).`],
+      ["Clipping", `each example's gradient is scaled to norm at most ${num(p.max_grad_norm)}; method ${p.clipping.method}${p.clipping.k ? ` with k = ${p.clipping.k} projections` : ""}${p.clipping.sketch === "per_example" ? ", drawn independently for each example" : ""}: ${WORDS[p.clipping.method] || p.clipping.method}.`],
+      ["Accounted as", `${acc.clipping || "exact"}${acc.k ? `, k = ${acc.k}` : ""}${(acc.clipping || "exact") === "exact" ? "" : acc.sketch === "per_example" ? ", per-example sketches (hidden-scale model)" : ", shared sketch"} (${acc.sampling || "—"} sampling, ${acc.adjacency || "—"}).`],
       ["Training loss", p.report_train_loss ? "reported: it is computed on the private data and is not covered by the guarantee." : "not reported."],
     ];
     document.getElementById("privacy-words").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]));

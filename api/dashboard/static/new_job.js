@@ -15,7 +15,8 @@
     const train = document.querySelector("input[name=train]:checked").value;
     if (train === "lora") hp.lora = { r: intOrNull("lora_r") ?? 8 };
     if (train === "only") hp.train_only = $("train_only").value.split(",").map((s) => s.trim()).filter(Boolean);
-    const privacy = { target_epsilon: intOrNull("target_epsilon"), clipping: { method: $("clipping").value } };
+    const privacy = { target_epsilon: intOrNull("target_epsilon"),
+      clipping: { method: $("clipping").value, sketch: $("sketch").value } };
     if (intOrNull("k") !== null) privacy.clipping.k = intOrNull("k");
     if (intOrNull("target_delta") !== null) privacy.target_delta = intOrNull("target_delta");
     const out = { model: $("model").value, training_file: $("training_file").value, hyperparameters: hp, privacy };
@@ -24,6 +25,11 @@
   }
 
   function where(err) { return err.param ? ` (${err.param})` : ""; }
+  // the accountant's sketch, said after its clipping (exact norms draw none)
+  function sketchWords(clipping, sketch) {
+    if (clipping === "exact") return "";
+    return sketch === "per_example" ? ", per-example sketches (hidden-scale model)" : ", shared sketch";
+  }
 
   let seq = 0;
   async function update() {
@@ -38,12 +44,13 @@
       preview.replaceChildren(el("dl", { id: "plan", "data-noise-multiplier": plan.noise_multiplier,
         "data-planned-epsilon": plan.planned_epsilon, "data-sample-rate": plan.sample_rate,
         "data-steps": plan.steps, "data-delta": plan.target_delta,
-        "data-accounting-clipping": plan.accounting_clipping, "data-accounting-k": plan.accounting_k ?? "" },
+        "data-accounting-clipping": plan.accounting_clipping, "data-accounting-k": plan.accounting_k ?? "",
+        "data-accounting-sketch": plan.accounting_sketch },
         d("Noise σ (calibrated)", num(plan.noise_multiplier, 5), "sigma"),
         d("Planned ε", `${num(plan.planned_epsilon, 5)} at δ ${num(plan.target_delta, 3)} (target ${num(plan.target_epsilon)})`, "epsilon"),
         d("Sample rate q", `${num(plan.sample_rate)} (${plan.batch_size} of ${plan.n_examples} examples per batch on average)`, "q"),
         d("Steps", `${plan.steps} (${plan.n_epochs} epochs)`, "steps"),
-        d("Accounted as", `${plan.accounting_clipping}${plan.accounting_k ? `, k = ${plan.accounting_k}` : ""}`, "clipping"),
+        d("Accounted as", `${plan.accounting_clipping}${plan.accounting_k ? `, k = ${plan.accounting_k}` : ""}${sketchWords(plan.accounting_clipping, plan.accounting_sketch)}`, "clipping"),
         b ? [
           d("Data set budget", `ε ${num(b.epsilon)} at δ ${num(b.delta, 3)}; committed now ε ${eps(b.committed)}`, "budget"),
           d("Left after this job", b.remaining_after === null ? "—" : `ε ${num(b.remaining_after, 4)}`, "left"),
