@@ -18,8 +18,8 @@ Mechanisms:
   expected number of micro-batches (std vs variance confused: the total noise std becomes
   σC/√M). Each claims the σ of the real exact engine; the audit should refute the claim.
 * per-example sketches (issue 18): the real engine with ``sketch="per_example"`` (hutch k = 32,
-  σ from the hidden-scale accountant), and broken on purpose: the same engine adding half the
-  noise it claims.
+  σ from the hidden-scale accountant), and broken on purpose: the same engine adding half, or a
+  quarter of, the noise it claims.
 
     .venv/bin/python benchmarks/audit.py --cases per-example --eps 1 3 \
         --out docs/benchmarks_audit_per_example.md     # the per-example rows only
@@ -138,6 +138,7 @@ CASES = [
     ("BROKEN: noise per micro-batch, std / M", "noise_per_microbatch", "exact"),
     ("DP-SGD-RC hutch k=32, per-example sketches (real engine)", "real", "hutch/per_example"),
     ("BROKEN: per-example sketches, half the noise", "half_noise", "hutch/per_example"),
+    ("BROKEN: per-example sketches, noise scaled down 4×", "quarter_noise", "hutch/per_example"),
 ]
 
 

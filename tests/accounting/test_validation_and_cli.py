@@ -187,3 +187,16 @@ def test_cli_sketch_per_example(capsys):
     # per-example sketches with exact norms: refused in one line
     assert main([*README_SIGMA, "--sketch", "per_example"]) == 2
     assert "randomized clipping" in capsys.readouterr().err
+
+
+def test_cli_server_request_carries_the_sketch():
+    import argparse
+
+    from dprc_core.accounting.cli import add_subparser, api_request
+
+    parser = argparse.ArgumentParser()
+    add_subparser(parser.add_subparsers(dest="command"))
+    argv = [*README_SIGMA, "--clipping", "hutch", "--k", "32"]
+    body = api_request(parser.parse_args([*argv, "--sketch", "per_example"]), "sigma")
+    assert body["sketch"] == "per_example"
+    assert "sketch" not in api_request(parser.parse_args(argv), "sigma")  # the server default

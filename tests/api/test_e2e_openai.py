@@ -168,7 +168,7 @@ def test_causal_lm_job_builds_tiny_model(server):
         extra_body={"privacy": {"target_epsilon": 3.0}},
     )
     privacy = job.model_extra["privacy"]
-    assert privacy["clipping"] == {"method": "auto", "k": 32}
+    assert privacy["clipping"] == {"method": "auto", "k": 32, "sketch": "shared"}
     assert privacy["accountant"]["clipping"] == "hutch"  # auto is planned as hutch
     _check_sigma(privacy)
     model = client.models.retrieve("dprc-tiny-llama")
