@@ -69,6 +69,7 @@ bench: bench-install
 	$(PY) benchmarks/budget_contention.py
 	$(PY) benchmarks/distributed.py
 	$(PY) benchmarks/sketch_sigma.py
+	$(PY) benchmarks/sketch_memory.py
 	$(PY) benchmarks/secure_noise.py
 	$(PY) benchmarks/three_ways.py
 	$(PY) benchmarks/report.py
@@ -77,6 +78,8 @@ bench: bench-install
 bench-evidence: bench-install
 	$(PY) benchmarks/utility.py
 	$(PY) benchmarks/audit.py
+	$(PY) benchmarks/audit.py --cases per-example --eps 1 3 --out docs/benchmarks_audit_per_example.md
+	$(PY) benchmarks/sketch_utility.py
 	$(PY) benchmarks/report.py
 
 clean:
