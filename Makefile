@@ -67,6 +67,7 @@ bench: bench-install
 	$(PY) benchmarks/dpftrl_lm.py
 	$(PY) benchmarks/audit.py
 	$(PY) benchmarks/budget_contention.py
+	$(PY) benchmarks/history_compose.py
 	$(PY) benchmarks/distributed.py
 	$(PY) benchmarks/sketch_sigma.py
 	$(PY) benchmarks/sketch_memory.py

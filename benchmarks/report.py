@@ -26,6 +26,7 @@ SECTIONS = [
     ("audit", "benchmarks/audit.py"),
     ("audit_per_example", "benchmarks/audit.py --cases per-example --eps 1 3"),
     ("budget", "benchmarks/budget_contention.py"),
+    ("history", "benchmarks/history_compose.py"),
     ("secure_noise", "benchmarks/secure_noise.py"),
     ("three_ways", "benchmarks/three_ways.py"),
     ("distributed", "benchmarks/distributed.py"),
