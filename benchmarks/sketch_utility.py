@@ -30,6 +30,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -61,14 +62,9 @@ def _save(cells: dict[str, dict]) -> None:
     CELLS.write_text(json.dumps(cells, indent=1, sort_keys=True))
 
 
-def run(n_seeds: int) -> None:
-    import utility as u  # benchmarks/utility.py: its data, task and run_dp
-
-    work = Path(tempfile.mkdtemp(prefix="dprc-sketch-utility-"))
-    task = u.make_tasks(work, quick=False)["cls"]
-    n = task.sizes["train"]
-    per_example_sigma = plan_privacy(
-        dataset_size=n,
+def _per_example_sigma(task) -> float:
+    return plan_privacy(
+        dataset_size=task.sizes["train"],
         batch_size=task.batch_size,
         epochs=task.epochs,
         clipping="hutch",
@@ -76,16 +72,36 @@ def run(n_seeds: int) -> None:
         target_epsilon=EPS,
         sketch="per_example",
     ).noise_multiplier
+
+
+def run_cell(key: str, work: Path) -> dict:
+    """One cell (``label|seed``), in this process: the row's run and its test accuracy."""
+    import utility as u  # benchmarks/utility.py: its data, task and run_dp
+
+    label, seed = key.rsplit("|", 1)
+    _, method, sketch, sigma_of = next(row for row in ROWS if row[0] == label)
+    task = u.make_tasks(work, quick=False)["cls"]
+    sigma = _per_example_sigma(task) if sigma_of else None
+    t0 = time.perf_counter()
+    r = u.run_dp(task, method, EPS, LR, int(seed), work, sketch=sketch, sigma=sigma)
+    r.update(label=label, sketch=sketch, wall=time.perf_counter() - t0)
+    return r
+
+
+def run(n_seeds: int) -> None:
+    """Every missing cell, each in a fresh process (nothing of one run can leak into the next;
+    a crash loses one cell), saved as soon as it is done."""
+    work = Path(tempfile.mkdtemp(prefix="dprc-sketch-utility-"))
     cells = _load()
     for seed in range(n_seeds):
-        for label, method, sketch, sigma_of in ROWS:
+        for label, *_ in ROWS:
             key = f"{label}|{seed}"
             if key in cells:
                 continue
-            sigma = per_example_sigma if sigma_of else None
-            t0 = time.perf_counter()
-            r = u.run_dp(task, method, EPS, LR, seed, work, sketch=sketch, sigma=sigma)
-            r.update(label=label, sketch=sketch, wall=time.perf_counter() - t0)
+            out = work / "cell.json"
+            cmd = [sys.executable, __file__, "--cell", key, "--work", str(work), "--out", str(out)]
+            subprocess.run(cmd, check=True)
+            r = json.loads(out.read_text())
             cells[key] = r
             _save(cells)
             print(f"{key}: test {r['test']:.4f} sigma {r['sigma']:.4f} ({r['wall']:.0f} s)")
@@ -136,7 +152,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--report", action="store_true", help="only tabulate the saved cells")
+    ap.add_argument("--cell", help=argparse.SUPPRESS)  # internal: run one cell (label|seed)
+    ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.cell:
+        args.out.write_text(json.dumps(run_cell(args.cell, args.work)))
+        return
     if not args.report:
         run(args.seeds)
     print(report())

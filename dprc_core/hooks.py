@@ -15,6 +15,7 @@ are dropped (unless book-keeping keeps them for the clipped sum).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -149,7 +150,7 @@ class PerSampleHooks:
             out = output + probe if layout == "shared" or output._is_view() else output.add_(probe)
             call.node = out.grad_fn
             state.calls.append(call)
-            out.register_hook(lambda g: state.on_grad(call, g))
+            out.register_hook(_GradHook(state, len(state.calls) - 1))
             return out
 
         return hook
@@ -319,6 +320,28 @@ class PerSampleHooks:
                     "nn.Linear sharing the weight)"
                 )
         state.uses = reached
+
+
+class _GradHook:
+    """The tensor hook of one hooked call: hands the output gradient to the pass.
+
+    It holds the pass only weakly. The autograd graph (C++ nodes, which Python's garbage
+    collector cannot traverse) owns this hook, and the pass owns the graph through its calls'
+    nodes and saved tensors; a strong reference here would make a cycle that is never freed,
+    keeping every model a long-lived worker ever trained alive. A hook that fires after its
+    pass is gone (the second backward of two-pass clipping, or a graph kept by the caller)
+    does nothing."""
+
+    __slots__ = ("_state", "_index")
+
+    def __init__(self, state: _PassState, index: int) -> None:
+        self._state = weakref.ref(state)
+        self._index = index
+
+    def __call__(self, g: torch.Tensor) -> None:
+        state = self._state()
+        if state is not None:
+            state.on_grad(state.calls[self._index], g)
 
 
 class _PassState:
