@@ -160,6 +160,12 @@ def _phi_mix(t: np.ndarray, law: _Law) -> np.ndarray:
     return np.exp(law.log_w) @ special.ndtr(t[None, :] - law.s[:, None])
 
 
+def _log_phi_mix(t: np.ndarray, law: _Law) -> np.ndarray:
+    """log Σ_j w_j Φ(t − s_j), in log space: e^ε times it must not overflow to inf·0 = NaN
+    where ε is large and the mixture underflows (q = 1, far in the add direction's range)."""
+    return special.logsumexp(law.log_w[:, None] + special.log_ndtr(t[None, :] - law.s[:, None]), 0)
+
+
 def _delta_block(
     eps: np.ndarray, law: _Law, q: float, direction: Direction, include_infinite: bool
 ) -> np.ndarray:
@@ -198,7 +204,7 @@ def _delta_block(
             val[ok] = (
                 -np.expm1(eo + log1m_q) * special.ndtr(t_hi)
                 + np.exp(eo + log1m_q) * (special.ndtr(t_hi) - special.ndtr(t_lo))
-                - np.exp(eo) * q * _phi_mix(t_lo, law)
+                - np.exp(eo + math.log(q) + _log_phi_mix(t_lo, law))
             )
         out[active] = val
     return out

@@ -60,7 +60,7 @@ def _log_ratio(x: float, sigma: float, q: float, law: ScaleDistribution) -> floa
     keep = law.weights > 0
     a, w = law.values[keep], law.weights[keep]
     terms = np.concatenate(
-        [[math.log1p(-q)], math.log(q) + np.log(w) + (a * x - 0.5 * a * a) / sigma**2]
+        [[math.log1p(-q) if q < 1 else -math.inf], math.log(q) + np.log(w) + (a * x - 0.5 * a * a) / sigma**2]
     )
     return float(special.logsumexp(terms))
 
@@ -74,7 +74,7 @@ def _densities(x: float, sigma: float, q: float, law: ScaleDistribution) -> tupl
 def quad_delta(eps: float, sigma: float, q: float, law: ScaleDistribution, direction: str):
     """δ(ε) = ∫ (p − e^ε p')_+ dx by scipy quadrature (plus q·w_∞ for remove: the atom at
     a = +∞ is P1-mass where P0 has none)."""
-    log1m_q = math.log1p(-q)
+    log1m_q = math.log1p(-q) if q < 1 else -math.inf
     if direction == "remove" and eps <= log1m_q:
         return -math.expm1(eps)
     if direction == "add" and eps >= -log1m_q:
@@ -108,6 +108,25 @@ def test_profile_matches_quadrature(sigma, q, k, direction):
     big = ref > 1e-12
     assert big.sum() > 20
     # an upper bound (up to quadrature round-off) and equal to 1e-6 relative where δ > 1e-12
+    assert np.all(ours >= ref * (1 - 1e-8) - 1e-15)
+    assert np.max((ours[big] - ref[big]) / ref[big]) < 1e-6
+
+
+@pytest.mark.parametrize("sigma,k", [(2.0, 32), (4.0, 16)])
+def test_no_subsampling_profile_is_finite_and_matches_quadrature(sigma, k):
+    """q = 1 (the one-step audit's setting): the add direction is active for every ε, where
+    e^ε times an underflowing mixture once gave inf·0 = NaN; in log space it is exact."""
+    law = _law(sigma, 1.0, k)
+    mech = StepMechanism(sigma, 1.0, law)
+    wide = np.concatenate([EPS, np.logspace(1, 4, 40)])
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        for direction in ("remove", "add"):
+            ours = hidden_delta(wide, mech, direction)
+            assert np.all(np.isfinite(ours))
+    ours = hidden_delta(EPS, mech, "add")
+    ref = np.array([quad_delta(float(e), sigma, 1.0, law, "add") for e in EPS])
+    big = ref > 1e-12
+    assert big.sum() > 20
     assert np.all(ours >= ref * (1 - 1e-8) - 1e-15)
     assert np.max((ours[big] - ref[big]) / ref[big]) < 1e-6
 
