@@ -71,6 +71,7 @@ bench: bench-install
 	$(PY) benchmarks/distributed.py
 	$(PY) benchmarks/sketch_sigma.py
 	$(PY) benchmarks/sketch_memory.py
+	$(PY) benchmarks/repeated_jobs.py
 	$(PY) benchmarks/secure_noise.py
 	$(PY) benchmarks/three_ways.py
 	$(PY) benchmarks/report.py
@@ -80,6 +81,7 @@ bench-evidence: bench-install
 	$(PY) benchmarks/utility.py
 	$(PY) benchmarks/audit.py
 	$(PY) benchmarks/audit.py --cases per-example --eps 1 3 --out docs/benchmarks_audit_per_example.md
+	$(PY) benchmarks/audit_step.py
 	$(PY) benchmarks/sketch_utility.py
 	$(PY) benchmarks/report.py
 

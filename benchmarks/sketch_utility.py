@@ -1,8 +1,15 @@
 """Issue 18: can the utility benchmark resolve the effect of the sketch? A paired design.
 
-The classification task of ``benchmarks/utility.py`` (MiniLM + LoRA, standard-library
-docstrings by area, N = 1901, 60 steps), ε = 1, learning rate 0.01 (the rate utility.py's sweep
-chose for every method), seeds 0..S-1. Rows:
+Both tasks of ``benchmarks/utility.py``, ε = 1, learning rate 0.01 for every row (the rate
+utility.py's sweep chose for every randomized method; for exact on the classification task too),
+seeds 0..S-1:
+
+* ``cls``: MiniLM + LoRA, standard-library docstrings by area (4 classes), N = 1901, 60 steps;
+  test accuracy;
+* ``lm``: the tiny Llama (local init, full fine-tuning), character LM on 64-character windows,
+  38 steps; test loss (nats/char).
+
+Rows:
 
 * ``exact``: DP-SGD with exact norms at its own σ;
 * ``exact @ σ(per-example)``: exact norms at the σ that hutch k = 32 with per-example sketches
@@ -16,11 +23,12 @@ from ``torch.manual_seed(seed)``; so with one seed every row sees the same batch
 standard-normal noise draws (scaled by its own σ) and the same initial weights. Differences are
 therefore reported per seed (row − exact), as mean ± standard error over seeds.
 
-    .venv/bin/python benchmarks/sketch_utility.py [--seeds 10]  # docs/benchmarks_sketch_utility.md
-    .venv/bin/python benchmarks/sketch_utility.py --report      # the table from the saved cells
+    .venv/bin/python benchmarks/sketch_utility.py [--task cls lm] [--seeds 10]
+    .venv/bin/python benchmarks/sketch_utility.py --report      # the tables from the saved cells
 
-Cells are saved one by one (docs/benchmarks_sketch_utility.json), so an interrupted run is
-resumed with the same command and ``--report`` tabulates whatever has finished.
+Each cell runs in its own process and is saved as soon as it is done
+(docs/benchmarks_sketch_utility.json), so an interrupted run is resumed with the same command
+and ``--report`` tabulates whatever has finished.
 """
 
 from __future__ import annotations
@@ -62,6 +70,20 @@ def _save(cells: dict[str, dict]) -> None:
     CELLS.write_text(json.dumps(cells, indent=1, sort_keys=True))
 
 
+TASKS = ("cls", "lm")
+
+
+def _key(task: str, label: str, seed: int) -> str:
+    # the classification cells were saved first, without a task prefix
+    return f"{label}|{seed}" if task == "cls" else f"{task}/{label}|{seed}"
+
+
+def _parse(key: str) -> tuple[str, str, int]:
+    head, seed = key.rsplit("|", 1)
+    task, _, label = head.rpartition("/") if head.startswith("lm/") else ("cls", "", head)
+    return task, label, int(seed)
+
+
 def _per_example_sigma(task) -> float:
     return plan_privacy(
         dataset_size=task.sizes["train"],
@@ -75,12 +97,12 @@ def _per_example_sigma(task) -> float:
 
 
 def run_cell(key: str, work: Path) -> dict:
-    """One cell (``label|seed``), in this process: the row's run and its test accuracy."""
+    """One cell (see ``_key``), in this process: the row's run and its test metric."""
     import utility as u  # benchmarks/utility.py: its data, task and run_dp
 
-    label, seed = key.rsplit("|", 1)
+    task_name, label, seed = _parse(key)
     _, method, sketch, sigma_of = next(row for row in ROWS if row[0] == label)
-    task = u.make_tasks(work, quick=False)["cls"]
+    task = u.make_tasks(work, quick=False)[task_name]
     sigma = _per_example_sigma(task) if sigma_of else None
     t0 = time.perf_counter()
     r = u.run_dp(task, method, EPS, LR, int(seed), work, sketch=sketch, sigma=sigma)
@@ -88,51 +110,69 @@ def run_cell(key: str, work: Path) -> dict:
     return r
 
 
-def run(n_seeds: int) -> None:
+def run(tasks: list[str], n_seeds: int) -> None:
     """Every missing cell, each in a fresh process (nothing of one run can leak into the next;
     a crash loses one cell), saved as soon as it is done."""
     work = Path(tempfile.mkdtemp(prefix="dprc-sketch-utility-"))
     cells = _load()
-    for seed in range(n_seeds):
-        for label, *_ in ROWS:
-            key = f"{label}|{seed}"
-            if key in cells:
-                continue
-            out = work / "cell.json"
-            cmd = [sys.executable, __file__, "--cell", key, "--work", str(work), "--out", str(out)]
-            subprocess.run(cmd, check=True)
-            r = json.loads(out.read_text())
-            cells[key] = r
-            _save(cells)
-            print(f"{key}: test {r['test']:.4f} sigma {r['sigma']:.4f} ({r['wall']:.0f} s)")
+    order = [(t, s, row[0]) for t in tasks for s in range(n_seeds) for row in ROWS]
+    for task, seed, label in order:
+        key = _key(task, label, seed)
+        if key in cells:
+            continue
+        out = work / "cell.json"
+        cmd = [sys.executable, __file__, "--cell", key, "--work", str(work), "--out", str(out)]
+        subprocess.run(cmd, check=True)
+        r = json.loads(out.read_text())
+        cells[key] = r
+        _save(cells)
+        print(f"{key}: test {r['test']:.4f} sigma {r['sigma']:.4f} ({r['wall']:.0f} s)")
 
 
-def report() -> str:
-    cells = _load()
-    seeds = sorted({int(k.split("|")[1]) for k in cells})
-    by = {(c["label"], int(k.split("|")[1])): c for k, c in cells.items()}
+_TASK_TEXT = {
+    "cls": (
+        "MiniLM + LoRA, standard-library docstrings by area (4 classes), N = 1901, 60 steps, "
+        "δ = 0.00024",
+        "test accuracy (%)",
+        100.0,
+    ),
+    "lm": (
+        "tiny Llama (local init, full fine-tuning), character LM, 64-character windows, "
+        "N = 1200, 38 steps, δ = 0.00041",
+        "test loss (nats/char, lower is better)",
+        1.0,
+    ),
+}
+
+
+def _table(task: str, cells: dict[str, dict]) -> list[str]:
+    by = {}
+    for key, cell in cells.items():
+        t, label, seed = _parse(key)
+        if t == task:
+            by[(label, seed)] = cell
+    seeds = sorted({s for _, s in by})
+    if not seeds:
+        return []
+    text, metric, unit = _TASK_TEXT[task]
     lines = [
-        "## Per-example sketches: a paired utility comparison (issue 18)",
+        f"### {task}: {text}",
         "",
-        f"`benchmarks/sketch_utility.py` — x86_64, {os.cpu_count()} CPU cores shared with other "
-        f"work. MiniLM + LoRA, standard-library docstrings by area (4 classes), N = 1901, 60 "
-        f"steps, ε = {EPS:g}, δ = 0.00024, lr = {LR:g}, seeds {seeds[0] if seeds else '-'}"
-        f"–{seeds[-1] if seeds else '-'} ({len(seeds)}). Common random numbers: every row of "
-        "one seed sees the same Poisson batches, noise draws and initial weights. Test accuracy "
-        "(%), mean ± standard error over seeds; the difference to exact is taken per seed.",
+        f"ε = {EPS:g}, lr = {LR:g}, seeds {seeds[0]}–{seeds[-1]} ({len(seeds)}); {metric}, "
+        "mean ± standard error over seeds; the difference to exact is taken per seed.",
         "",
-        "| row | σ | seeds | test accuracy | − exact (paired) |",
+        f"| row | σ | seeds | {metric} | − exact (paired) |",
         "|---|---|---|---|---|",
     ]
     for label, *_ in ROWS:
         got = [s for s in seeds if (label, s) in by]
         if not got:
             continue
-        acc = [100 * by[(label, s)]["test"] for s in got]
-        mean = statistics.fmean(acc)
-        se = statistics.stdev(acc) / math.sqrt(len(acc)) if len(acc) > 1 else float("nan")
+        val = [unit * by[(label, s)]["test"] for s in got]
+        mean = statistics.fmean(val)
+        se = statistics.stdev(val) / math.sqrt(len(val)) if len(val) > 1 else float("nan")
         paired = [
-            100 * (by[(label, s)]["test"] - by[("exact", s)]["test"])
+            unit * (by[(label, s)]["test"] - by[("exact", s)]["test"])
             for s in got
             if ("exact", s) in by
         ]
@@ -140,10 +180,25 @@ def report() -> str:
             diff = "—"
         else:
             d = statistics.fmean(paired)
-            diff = f"{d:+.2f} ± {statistics.stdev(paired) / math.sqrt(len(paired)):.2f}"
+            diff = f"{d:+.3f} ± {statistics.stdev(paired) / math.sqrt(len(paired)):.3f}"
         sigma = by[(label, got[0])]["sigma"]
-        lines.append(f"| {label} | {sigma:.4f} | {len(got)} | {mean:.2f} ± {se:.2f} | {diff} |")
-    text = "\n".join(lines) + "\n"
+        lines.append(f"| {label} | {sigma:.4f} | {len(got)} | {mean:.3f} ± {se:.3f} | {diff} |")
+    return lines + [""]
+
+
+def report() -> str:
+    cells = _load()
+    lines = [
+        "## Per-example sketches: a paired utility comparison (issue 18)",
+        "",
+        f"`benchmarks/sketch_utility.py` — x86_64, {os.cpu_count()} CPU cores shared with other "
+        "work, each cell in its own process. Common random numbers: every row of one seed sees "
+        "the same Poisson batches, noise draws and initial weights.",
+        "",
+    ]
+    for task in TASKS:
+        lines += _table(task, cells)
+    text = "\n".join(lines)
     (DOCS / "benchmarks_sketch_utility.md").write_text(text)
     return text
 
@@ -151,6 +206,7 @@ def report() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--task", nargs="+", choices=TASKS, default=list(TASKS))
     ap.add_argument("--report", action="store_true", help="only tabulate the saved cells")
     ap.add_argument("--cell", help=argparse.SUPPRESS)  # internal: run one cell (label|seed)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
@@ -160,7 +216,7 @@ def main() -> None:
         args.out.write_text(json.dumps(run_cell(args.cell, args.work)))
         return
     if not args.report:
-        run(args.seeds)
+        run(args.task, args.seeds)
     print(report())
 
 

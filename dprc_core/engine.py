@@ -46,8 +46,8 @@ from dprc_core.seeding import derive_seed, fresh_seed
 from dprc_core.sketches import (
     PER_EXAMPLE_SKETCH,
     SHARED_SKETCH,
-    check_sketch_mode,
     per_example_source,
+    resolve_sketch,
 )
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -195,7 +195,7 @@ class PrivacyEngine:
         process_group: Any = None,
         secure_rng: bool = False,
         secure_stream: SecureStream | None = None,
-        sketch: str = SHARED_SKETCH,
+        sketch: str | None = None,
     ):
         """``noise_mechanism``: ``Gaussian()`` / ``"gaussian"`` (default), or
         ``dprc_core.noise.NuDPFTRL(nu=..., bands=...)``; ``nu`` / ``bands`` beside the name
@@ -212,11 +212,14 @@ class PrivacyEngine:
         resume), as a float64 sum of normals generated one step ahead in a background thread;
         ``seed`` then no longer determines the noise. Gaussian mechanism only.
 
-        ``sketch`` (randomized norm methods): ``"shared"`` — one projection per parameter per
-        logical batch — or ``"per_example"`` — an independent projection per example, keyed
-        by (secret, step, parameter, example id: ``accumulate(..., example_ids=)``), accounted
-        with the hidden-scale model (docs/accounting.md §10; :attr:`accounting_sketch`). In
-        secure mode per-example projections come from the ChaCha20 stream too."""
+        ``sketch`` (randomized norm methods): ``"per_example"`` — an independent projection
+        per example, keyed by (secret, step, parameter, example id: ``accumulate(...,
+        example_ids=)``), accounted with the hidden-scale model (docs/accounting.md §10;
+        :attr:`accounting_sketch`) — or ``"shared"`` — one projection per parameter per logical
+        batch, accounted with the revealed-scale model (a larger σ for the same ε). ``None``
+        (the default): per-example for a randomized method, none for exact norms
+        (:func:`dprc_core.sketches.default_sketch`). In secure mode per-example projections
+        come from the ChaCha20 stream too."""
         if clipping_mode not in CLIPPING_MODES:
             raise ValueError(
                 f"clipping_mode must be one of {CLIPPING_MODES}, got {clipping_mode!r}"
@@ -230,7 +233,7 @@ class PrivacyEngine:
         )
         self.norm_method = _check_method(norm_method)
         self.k = _check_k(k, randomized=_randomized(norm_method))
-        self.sketch = check_sketch_mode(sketch, _randomized(norm_method))
+        self.sketch = resolve_sketch(sketch, _randomized(norm_method))
         if max_seq_len is not None and (
             isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1
         ):

@@ -27,7 +27,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from dprc_core.accounting.events import PER_EXAMPLE_SKETCH, SHARED_SKETCH, SKETCHES
+from dprc_core.accounting.events import (
+    PER_EXAMPLE_SKETCH,
+    SHARED_SKETCH,
+    SKETCHES,
+    default_sketch,
+)
 from dprc_core.noise.secure_stream import SecureStream
 from dprc_core.seeding import derive_seed
 
@@ -37,7 +42,9 @@ __all__ = [
     "SKETCHES",
     "ExampleProjections",
     "check_sketch_mode",
+    "default_sketch",
     "per_example_source",
+    "resolve_sketch",
 ]
 
 
@@ -51,6 +58,13 @@ def check_sketch_mode(sketch: object, randomized: bool) -> str:
             "exact norms draw no projection"
         )
     return str(sketch)
+
+
+def resolve_sketch(sketch: object, randomized: bool) -> str:
+    """``sketch`` validated (:func:`check_sketch_mode`), or the default when it is ``None``
+    (:func:`~dprc_core.accounting.events.default_sketch`: per-example for randomized norm
+    methods)."""
+    return default_sketch(randomized) if sketch is None else check_sketch_mode(sketch, randomized)
 
 
 class ExampleProjections:

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent
 from dprc_core.accounting.describe import sketch_words
-from dprc_core.accounting.events import PER_EXAMPLE_SKETCH, SHARED_SKETCH
+from dprc_core.accounting.events import PER_EXAMPLE_SKETCH, SHARED_SKETCH, default_sketch
 from dprc_core.norm_methods import get_norm_method
 from dprc_core.training.plan import PrivacyPlan, default_delta, plan_privacy, planned_steps
 from service.budget import check_delta_for
@@ -129,7 +129,7 @@ class PlanRequest:
     mechanism: str = "gaussian"  # gaussian | nu_dpftrl
     nu: float | None = None
     bands: int | None = None
-    sketch: str = SHARED_SKETCH  # shared | per_example (randomized clipping only)
+    sketch: str = SHARED_SKETCH  # shared | per_example (randomized clipping only; job_sketch)
 
 
 @lru_cache(maxsize=512)
@@ -250,6 +250,17 @@ def make_plan(req: PlanRequest, n: int, default_k: int) -> Plan:
         sketch=lib.sketch,
         privacy=lib,
     )
+
+
+def job_sketch(method: str, mechanism: str, sketch: str | None) -> str:
+    """The sketch a job runs with: as asked, else the library's default — per-example
+    projections for a randomized method, shared (nothing drawn) for exact norms and for
+    nu_dpftrl, which takes exact norms only."""
+    if sketch is not None:
+        return sketch
+    if mechanism == "nu_dpftrl":
+        return SHARED_SKETCH
+    return default_sketch(get_norm_method(method).randomized)
 
 
 def _check_sketch(req: PlanRequest) -> None:

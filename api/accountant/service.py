@@ -297,7 +297,9 @@ def job_plan(store: Store, caller: Caller, req: JobCreate) -> JobPlanPreview:
         mechanism=plan.mechanism,
         clipping=plan.method,
         k=plan.k,
-        sketch=req.privacy.clipping.sketch,
+        sketch=planning.job_sketch(
+            req.privacy.clipping.method, req.privacy.noise.mechanism, req.privacy.clipping.sketch
+        ),
         accounting_clipping=plan.accounting_clipping,
         accounting_k=plan.accounting_k,
         accounting_sketch=plan.sketch,

@@ -104,15 +104,16 @@ class Clipping(Strict):
     k: int | None = Field(
         default=None, ge=1, le=4096, description="projection dimension (hutch, hutchpp, auto)"
     )
-    sketch: SketchName = Field(
-        default="shared",
-        description="randomized clipping's projections: 'shared' (one per layer per step for "
-        "the whole batch; revealed-scale accounting) or 'per_example' (independent per "
+    sketch: SketchName | None = Field(
+        default=None,
+        description="randomized clipping's projections: 'per_example' (independent per "
         "example, layer and step; hidden-scale accounting, a smaller noise multiplier for the "
-        "same epsilon). per_example needs a randomized method (hutch, hutchpp, auto): refused "
-        "with exact. auto is planned and charged as hutch with this sketch; a run whose layers "
-        "all resolve to exact norms draws no sketch, and its checkpoint ledger records exact, "
-        "shared",
+        "same epsilon) or 'shared' (one per layer per step for the whole batch; revealed-scale "
+        "accounting). Omitted: per_example for a randomized method (hutch, hutchpp, auto), "
+        "shared for exact and for nu_dpftrl (nothing is drawn); the job echoes what it runs. "
+        "per_example is refused with exact. auto is planned and charged as hutch with this "
+        "sketch; a run whose layers all resolve to exact norms draws no sketch, and its "
+        "checkpoint ledger records exact, shared",
     )
 
 

@@ -457,7 +457,7 @@ def plan_request(req: JobCreate) -> planning.PlanRequest:
         mechanism=pr.noise.mechanism,
         nu=pr.noise.nu,
         bands=pr.noise.bands,
-        sketch=pr.clipping.sketch,
+        sketch=planning.job_sketch(pr.clipping.method, pr.noise.mechanism, pr.clipping.sketch),
     )
 
 
@@ -482,7 +482,13 @@ def _insert_job(session: Session, caller: Caller, req: JobCreate, plan: planning
         "target_epsilon": pr.target_epsilon,
         "target_delta": plan.target_delta,
         "max_grad_norm": pr.max_grad_norm,
-        "clipping": {"method": plan.method, "k": plan.k, "sketch": pr.clipping.sketch},
+        "clipping": {
+            "method": plan.method,
+            "k": plan.k,
+            "sketch": planning.job_sketch(
+                pr.clipping.method, pr.noise.mechanism, pr.clipping.sketch
+            ),
+        },
         "noise": plan.noise(),
         "report_train_loss": pr.report_train_loss,
         "dataset_size": plan.n_examples,

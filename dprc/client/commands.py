@@ -140,8 +140,9 @@ def _job_arguments(p: argparse.ArgumentParser) -> None:
     priv.add_argument(
         "--sketch",
         choices=("shared", "per_example"),
-        help="randomized methods' projections: shared by the batch (default) or per example "
-        "(hidden-scale accounting: less noise for the same epsilon)",
+        help="randomized methods' projections: per example (the default for randomized "
+        "methods; hidden-scale accounting: less noise for the same epsilon) or shared by the "
+        "batch",
     )
     priv.add_argument(
         "--no-train-loss",

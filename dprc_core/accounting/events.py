@@ -36,6 +36,17 @@ PER_EXAMPLE_SKETCH = "per_example"
 SKETCHES = (SHARED_SKETCH, PER_EXAMPLE_SKETCH)
 
 
+def default_sketch(randomized: bool) -> str:
+    """The sketch a *mechanism* uses where none is asked for (the engine, the runner, the
+    planner, DPTrainer and the service): per-example projections for a randomized norm method —
+    the hidden-scale model needs a smaller σ for the same ε (docs/engine.md, "Shared or
+    per-example sketches") — and ``"shared"`` (nothing is drawn) for exact norms. The
+    accountant's own functions and records keep ``"shared"`` as their default: a bound computed
+    or read without saying which sketch ran must hold for both, and the revealed-scale one
+    does."""
+    return PER_EXAMPLE_SKETCH if randomized else SHARED_SKETCH
+
+
 class UnsupportedMechanismError(NotImplementedError):
     """A mechanism this accountant cannot (yet) account for."""
 

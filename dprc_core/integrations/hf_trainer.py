@@ -202,17 +202,44 @@ class _PoissonMicroBatches(torch.utils.data.Sampler[list[int]]):
                 yield chunk.tolist()
 
 
+# the batch key that carries each row's data set index from the collator to training_step
+# (the per-example sketches' keys), removed before the model sees the batch
+_EXAMPLE_IDS = "dprc_example_ids"
+
+
+class _Indexed(torch.utils.data.Dataset):
+    """The training set, each item paired with its index (the per-example sketch key)."""
+
+    def __init__(self, dataset: Any):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> tuple[int, Any]:
+        return i, self.dataset[i]
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[int, Any]]:
+        # the batched fetch of the wrapped set where it has one (Hugging Face datasets do)
+        fetch = getattr(self.dataset, "__getitems__", None)
+        items = fetch(indices) if fetch is not None else [self.dataset[i] for i in indices]
+        return list(zip(indices, items, strict=True))
+
+
 class _ExampleCollator:
     """The user's collator, checked to keep one row per example; an empty micro-batch is the
-    collated first example with zero rows (the engine skips it; the step still adds noise)."""
+    collated first example with zero rows (the engine skips it; the step still adds noise).
+    A mapping batch also carries the rows' data set indices under ``_EXAMPLE_IDS``."""
 
     def __init__(self, collate: Callable[[list[Any]], Any], dataset: Any):
         self.collate, self.dataset = collate, dataset
 
-    def __call__(self, examples: list[Any]) -> Any:
+    def __call__(self, indexed: list[tuple[int, Any]]) -> Any:
+        ids = torch.tensor([i for i, _ in indexed], dtype=torch.long)
+        examples = [example for _, example in indexed]
         if not examples:
             one = self._as_dict(self.collate([self.dataset[0]]))
-            return select_samples(one, torch.zeros(0, dtype=torch.long), 1)
+            return self._with_ids(select_samples(one, torch.zeros(0, dtype=torch.long), 1), ids)
         out = self._as_dict(self.collate(examples))
         rows = batch_size(out)
         if rows != len(examples):
@@ -221,7 +248,15 @@ class _ExampleCollator:
                 "each row must be one example (the unit of privacy); packing or flattening "
                 "collators are refused"
             )
-        return out
+        return self._with_ids(out, ids)
+
+    @staticmethod
+    def _with_ids(batch: Any, ids: torch.Tensor) -> Any:
+        if isinstance(batch, dict):
+            if _EXAMPLE_IDS in batch:
+                raise DPTrainerError(f"the collated batch already has a key {_EXAMPLE_IDS!r}")
+            batch[_EXAMPLE_IDS] = ids
+        return batch  # another batch type: the engine keys examples by position
 
     @staticmethod
     def _as_dict(batch: Any) -> Any:
@@ -454,7 +489,7 @@ class DPTrainer(Trainer):
             lambda: self.dp_seed,
         )
         loader = torch.utils.data.DataLoader(
-            dataset,
+            _Indexed(dataset),
             batch_sampler=batches,
             collate_fn=_ExampleCollator(collate, dataset),
             num_workers=self.args.dataloader_num_workers,
@@ -515,7 +550,9 @@ class DPTrainer(Trainer):
         engine = self.engine
         assert engine is not None  # built with the optimizer, before the first step
         model.train()
-        batch = self._prepare_input(dict(inputs))
+        inputs = dict(inputs)
+        ids = inputs.pop(_EXAMPLE_IDS, None)  # the rows' data set indices (sketch keys)
+        batch = self._prepare_input(inputs)
         seen: list[torch.Tensor] = []
 
         def loss_fn(m: torch.nn.Module, b: Any) -> torch.Tensor:
@@ -525,7 +562,7 @@ class DPTrainer(Trainer):
             return losses
 
         with self.compute_loss_context_manager():
-            engine.accumulate(loss_fn, batch)
+            engine.accumulate(loss_fn, batch, None if ids is None else ids.cpu())
         total = torch.zeros((), device=self.args.device)
         if seen:
             losses = seen[-1].float()

@@ -47,11 +47,12 @@ class PrivacyArguments:
         metadata={"help": "per-sample norm method: exact | fgc | ghost | hutch | hutchpp | auto"},
     )
     k: int = field(default=32, metadata={"help": "sketch dimension of hutch / hutchpp"})
-    sketch: str = field(
-        default="shared",
+    sketch: str | None = field(
+        default=None,
         metadata={
-            "help": "hutch / hutchpp projections: shared (one per layer per step) | "
-            "per_example (independent per example; hidden-scale accounting, a smaller σ)"
+            "help": "hutch / hutchpp projections: per_example (independent per example; "
+            "hidden-scale accounting, a smaller σ) | shared (one per layer per step); "
+            "default: per_example for a randomized norm method"
         },
     )
     noise_mechanism: str = field(
@@ -103,7 +104,8 @@ class PrivacyArguments:
             raise ValueError(
                 f"norm_method must be one of {method_names()}, got {self.norm_method!r}"
             )
-        check_sketch_mode(self.sketch, get_norm_method(self.norm_method).randomized)
+        if self.sketch is not None:
+            check_sketch_mode(self.sketch, get_norm_method(self.norm_method).randomized)
         self.noise_mechanism = canonical_mechanism(self.noise_mechanism)  # raises if unknown
         for name in ("k", "max_seq_len", "bands"):
             v = getattr(self, name)

@@ -19,7 +19,12 @@ from typing import Any
 
 from dprc_core.accounting import PrivacyEvent, epsilon_for_events, noise_multiplier
 from dprc_core.accounting.dpftrl import dpftrl_epsilon, dpftrl_noise_multiplier
-from dprc_core.accounting.events import SHARED_SKETCH, check_delta, check_epsilon
+from dprc_core.accounting.events import (
+    SHARED_SKETCH,
+    check_delta,
+    check_epsilon,
+    default_sketch,
+)
 from dprc_core.accounting.steps import planned_steps
 
 NOISE_MECHANISMS = ("gaussian", "nu_dpftrl")
@@ -105,12 +110,14 @@ def plan_privacy(
     mechanism: str = "gaussian",
     nu: float | None = None,
     bands: int | None = None,
-    sketch: str = SHARED_SKETCH,
+    sketch: str | None = None,
 ) -> PrivacyPlan:
     """Plan a job; exactly one of ``target_epsilon`` / ``noise_multiplier_value`` is given.
 
     ``sketch``: how the engine draws randomized clipping's projections (``"shared"`` or
-    ``"per_example"``, the accountant's model for it; refused with exact clipping).
+    ``"per_example"``, the accountant's model for it; refused with exact clipping). ``None``:
+    the engine's default, per-example for randomized clipping and shared for exact
+    (:func:`dprc_core.accounting.events.default_sketch`).
 
     ``mechanism="nu_dpftrl"``: fixed-order batches (integer ``batch_size`` and ``epochs``),
     steps = epochs·⌈N/B⌉, exact clipping only, σ from the matrix-mechanism sensitivity with no
@@ -118,7 +125,7 @@ def plan_privacy(
     if mechanism not in NOISE_MECHANISMS:
         raise ValueError(f"noise mechanism must be one of {NOISE_MECHANISMS}, got {mechanism!r}")
     if mechanism == "nu_dpftrl":
-        if sketch != SHARED_SKETCH:
+        if sketch not in (None, SHARED_SKETCH):
             raise ValueError("sketch applies to randomized clipping, which nu_dpftrl refuses")
         return _plan_nu_dpftrl(
             dataset_size,
@@ -148,6 +155,8 @@ def plan_privacy(
     q = batch_size / n
     steps = planned_steps(n, batch_size, epochs)
     k_acc = k if clipping != "exact" else None
+    if sketch is None:
+        sketch = default_sketch(randomized=clipping != "exact")
     PrivacyEvent(1.0, q, steps, clipping, k_acc, sketch=sketch)  # validates clipping and sketch
     if noise_multiplier_value is None:
         target = check_epsilon(target_epsilon)

@@ -93,9 +93,10 @@ class JobSpec:
     max_grad_norm: float = 1.0
     norm_method: str = "hutch"  # exact | fgc | ghost | hutch | hutchpp | auto (the registry)
     k: int = 32
-    # randomized clipping's projections: "shared" by the batch (revealed-scale accounting) or
-    # "per_example" (independent per example, hidden-scale accounting; dprc_core/sketches.py)
-    sketch: str = SHARED_SKETCH
+    # randomized clipping's projections: "per_example" (independent per example, hidden-scale
+    # accounting; dprc_core/sketches.py) or "shared" by the batch (revealed-scale accounting);
+    # None: per_example for a randomized norm method, or what a resumed checkpoint drew
+    sketch: str | None = None
     checkpoint_every: int | None = None
     seed: int | None = None
     max_physical_batch_size: int = 16
@@ -132,7 +133,8 @@ class JobSpec:
             )
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-        check_sketch_mode(self.sketch, get_norm_method(self.norm_method).randomized)
+        if self.sketch is not None:
+            check_sketch_mode(self.sketch, get_norm_method(self.norm_method).randomized)
         for flag in ("secure_rng", "report_train_loss"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
@@ -261,6 +263,9 @@ def run_job(
     latest = ckpt_io.latest_checkpoint(out) if resume else None
     resumed = ckpt_io.load_resume(latest) if latest is not None else None
     model = _load_model(spec, classes, latest, data, device)
+    if spec.sketch is None and resumed is not None:
+        # resume as the run began: its plan says which sketch it drew (none recorded: shared)
+        spec = dataclasses.replace(spec, sketch=resumed[0]["plan"].get("sketch", SHARED_SKETCH))
     plan, clipping = _plan(spec, model, len(data))
     # a plan written before sketches were recorded had shared ones
     if resumed is not None and {"sketch": SHARED_SKETCH, **resumed[0]["plan"]} != plan.to_dict():
@@ -377,6 +382,7 @@ def _plan(spec: JobSpec, model: torch.nn.Module, n: int) -> tuple[PrivacyPlan, s
     plan_methods = norm_plan(model, spec.norm_method, spec.k, spec.max_seq_len)
     clipping = accounting_clipping_for(plan_methods)
     # nothing sketched (an auto plan of exact layers): nothing is drawn per example either
+    # (None: plan_privacy's default, per-example for randomized clipping)
     sketch = spec.sketch if clipping != "exact" else SHARED_SKETCH
     plan = plan_privacy(
         dataset_size=n,

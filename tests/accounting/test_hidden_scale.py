@@ -60,7 +60,10 @@ def _log_ratio(x: float, sigma: float, q: float, law: ScaleDistribution) -> floa
     keep = law.weights > 0
     a, w = law.values[keep], law.weights[keep]
     terms = np.concatenate(
-        [[math.log1p(-q) if q < 1 else -math.inf], math.log(q) + np.log(w) + (a * x - 0.5 * a * a) / sigma**2]
+        [
+            [math.log1p(-q) if q < 1 else -math.inf],
+            math.log(q) + np.log(w) + (a * x - 0.5 * a * a) / sigma**2,
+        ]
     )
     return float(special.logsumexp(terms))
 

@@ -130,9 +130,15 @@ def test_cli_sigma_plans_exactly_the_steps_the_job_runs(capsys):
     planner the runner executes) agree on the step count and hence on sigma."""
     from dprc_core.training.plan import plan_privacy
 
-    argv = [*README_SIGMA, "--clipping", "hutch", "--k", "32", "--json"]
+    # a hutch job runs per-example sketches by default; the accountant's own default is the
+    # shared-sketch bound, valid for both, hence at least as large
+    argv = [*README_SIGMA, "--clipping", "hutch", "--k", "32", "--sketch", "per_example", "--json"]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
+    assert main([*README_SIGMA, "--clipping", "hutch", "--k", "32", "--json"]) == 0
+    shared = json.loads(capsys.readouterr().out)
+    assert shared["sketch"].startswith("shared")
+    assert shared["noise_multiplier"] > result["noise_multiplier"]
     plan = plan_privacy(
         dataset_size=1800,
         batch_size=32,

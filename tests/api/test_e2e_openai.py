@@ -20,10 +20,10 @@ def _check_sigma(privacy: dict) -> None:
     recomputed here with the accountant."""
     q, steps, delta = privacy["sample_rate"], privacy["steps"], privacy["target_delta"]
     acc = privacy["accountant"]
-    clip, k = acc["clipping"], acc["k"]
+    clip, k, sketch = acc["clipping"], acc["k"], acc["sketch"]
     sigma, target = privacy["noise_multiplier"], privacy["target_epsilon"]
-    assert epsilon(sigma, q, steps, delta, clip, k) <= target
-    assert epsilon(sigma / 1.005, q, steps, delta, clip, k) > target
+    assert epsilon(sigma, q, steps, delta, clip, k, sketch=sketch) <= target
+    assert epsilon(sigma / 1.005, q, steps, delta, clip, k, sketch=sketch) > target
 
 
 def test_happy_path(server, tmp_path):
@@ -79,7 +79,13 @@ def test_happy_path(server, tmp_path):
     assert budget["spent"] == 0.0
     assert budget["committed"] == pytest.approx(
         epsilon(
-            privacy["noise_multiplier"], privacy["sample_rate"], privacy["steps"], 1e-3, "hutch", 32
+            privacy["noise_multiplier"],
+            privacy["sample_rate"],
+            privacy["steps"],
+            1e-3,
+            "hutch",
+            32,
+            sketch="per_example",  # the default for hutch
         )
     )
     assert budget["remaining"] == pytest.approx(6.0 - budget["committed"])
@@ -168,8 +174,10 @@ def test_causal_lm_job_builds_tiny_model(server):
         extra_body={"privacy": {"target_epsilon": 3.0}},
     )
     privacy = job.model_extra["privacy"]
-    assert privacy["clipping"] == {"method": "auto", "k": 32, "sketch": "shared"}
+    # the defaults: auto, k = 32, per-example sketches (auto is randomized)
+    assert privacy["clipping"] == {"method": "auto", "k": 32, "sketch": "per_example"}
     assert privacy["accountant"]["clipping"] == "hutch"  # auto is planned as hutch
+    assert privacy["accountant"]["sketch"] == "per_example"
     _check_sigma(privacy)
     model = client.models.retrieve("dprc-tiny-llama")
     assert model.model_extra["ready"] is True

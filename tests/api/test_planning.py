@@ -68,6 +68,7 @@ def test_service_plan_is_the_runners_plan(clipping, k_acc):
         clipping=acc,
         k=k_acc,
         noise_multiplier_value=plan.noise_multiplier,
+        sketch=plan.sketch,
     )
     assert (plan.steps, plan.target_delta, plan.sample_rate) == (
         lib.steps,
@@ -76,7 +77,11 @@ def test_service_plan_is_the_runners_plan(clipping, k_acc):
     )
     assert plan.steps == math.ceil(2 * n / 16) and plan.target_delta == default_delta(n)
     # σ meets the target under the accountant, independently recomputed
-    eps = epsilon(plan.noise_multiplier, 16 / n, plan.steps, plan.target_delta, acc, k_acc)
+    # a randomized method runs per-example sketches unless the request says otherwise
+    assert plan.sketch == ("shared" if acc == "exact" else "per_example")
+    eps = epsilon(
+        plan.noise_multiplier, 16 / n, plan.steps, plan.target_delta, acc, k_acc, sketch=plan.sketch
+    )
     assert eps <= 3.0 and plan.planned_epsilon == pytest.approx(eps, rel=1e-9)
 
 

@@ -41,10 +41,15 @@ def test_a_per_example_job_is_planned_charged_and_shown_with_its_sketch(server):
     other = client.files.create(file=("u.jsonl", text_lines(N)), purpose="fine-tune")
 
     per = _create(client, budgeted.id, {"method": "hutch", "k": 32, "sketch": "per_example"})
-    shared = _create(client, other.id, {"method": "hutch", "k": 32})
+    shared = _create(client, other.id, {"method": "hutch", "k": 32, "sketch": "shared"})
+    default = _create(client, other.id, {"method": "hutch", "k": 32})
     p, s = per.model_extra["privacy"], shared.model_extra["privacy"]
     assert p["clipping"] == {"method": "hutch", "k": 32, "sketch": "per_example"}
-    assert s["clipping"]["sketch"] == "shared"  # the default
+    assert s["clipping"]["sketch"] == "shared"
+    # no sketch asked for: per-example, the default for randomized methods, planned as such
+    d = default.model_extra["privacy"]
+    assert d["clipping"]["sketch"] == d["accountant"]["sketch"] == "per_example"
+    assert d["noise_multiplier"] == p["noise_multiplier"]
     assert p["accountant"]["sketch"] == "per_example" and s["accountant"]["sketch"] == "shared"
     assert "hidden-scale" in p["accountant"]["sketch_model"]
     assert (p["steps"], p["sample_rate"]) == (s["steps"], s["sample_rate"]) == (STEPS, 16 / N)
@@ -154,6 +159,9 @@ def test_per_example_with_exact_norms_and_bad_values_are_refused(server):
             _create(client, f.id, {"method": "hutch", "sketch": bad})
         assert invalid.value.body["param"] == "privacy.clipping.sketch"
     assert client.fine_tuning.jobs.list().data == []  # nothing was created
+    # exact with no sketch asked for is not refused: nothing is drawn, the job says shared
+    plain = _create(client, f.id, {"method": "exact"}).model_extra["privacy"]
+    assert plain["clipping"]["sketch"] == plain["accountant"]["sketch"] == "shared"
 
 
 def test_accountant_endpoints_take_the_sketch(server):

@@ -104,8 +104,15 @@ def test_a_job_with_a_validation_file_followed_to_success(served, tmp_path):
     assert "validation_file" not in job["hyperparameters"]
     priv = job["privacy"]
     want = epsilon(
-        priv["noise_multiplier"], priv["sample_rate"], 4, priv["target_delta"], "hutch", 16
+        priv["noise_multiplier"],
+        priv["sample_rate"],
+        4,
+        priv["target_delta"],
+        "hutch",
+        16,
+        sketch=priv["accountant"]["sketch"],
     )
+    assert priv["accountant"]["sketch"] == "per_example"  # the default for hutch
     assert abs(lines[-1]["epsilon"] - want) <= 1e-9 * want
     assert abs(served.json("jobs", "ledger", job_id)["epsilon_spent"] - want) <= 1e-9 * want
 

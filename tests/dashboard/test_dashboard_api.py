@@ -115,8 +115,10 @@ def test_job_plan_is_what_creation_plans(sqlite_server):
             "steps": plan["steps"],
             "clipping": "hutch",
             "k": 16,
+            "sketch": plan["accounting_sketch"],  # per_example: the default for hutch
         },
     ).json()
+    assert plan["accounting_sketch"] == "per_example"
     assert plan["noise_multiplier"] == pytest.approx(calib["noise_multiplier"], rel=1e-12)
     assert plan["planned_epsilon"] == pytest.approx(calib["epsilon"], rel=1e-12)
     assert plan["budget"]["committed"] == 0.0 and plan["budget"]["fits"] is True

@@ -16,7 +16,7 @@ SELECT = r'<select id="{}">(.*?)</select>'
 def _options(page: str, select_id: str) -> list[str]:
     found = re.search(SELECT.format(re.escape(select_id)), page, re.S)
     assert found, f"no select #{select_id}"
-    return re.findall(r'<option value="([^"]+)"', found.group(1))
+    return re.findall(r'<option value="([^"]*)"', found.group(1))
 
 
 def _enum(schema: dict, model: str) -> list[str]:
@@ -35,9 +35,15 @@ def test_the_sketch_selects_offer_the_apis_values(sqlite_server):
         assert page.status_code == 200
         assert "unsafe-inline" not in page.headers["content-security-policy"]
         assert not re.search(r"<script(?![^>]*\bsrc=)", page.text)  # no inline script
-    # the default (first) option is the API's default
-    assert _options(new_job.text, "sketch") == ["shared", "per_example"]
-    assert sorted(_options(new_job.text, "sketch")) == sorted(_enum(schema, "Clipping"))
+    # the new job's default (first) option sends no sketch: the API's default, per example for
+    # randomized methods; the accountant's default is the accountant endpoint's (shared)
+    sketch_enum = next(
+        alt["enum"]
+        for alt in schema["components"]["schemas"]["Clipping"]["properties"]["sketch"]["anyOf"]
+        if "enum" in alt
+    )
+    assert _options(new_job.text, "sketch") == ["", "per_example", "shared"]
+    assert sorted(_options(new_job.text, "sketch")[1:]) == sorted(sketch_enum)
     assert _options(accountant.text, "acc-sketch") == ["shared", "per_example"]
     assert sorted(_options(accountant.text, "acc-sketch")) == sorted(
         _enum(schema, "EpsilonRequest")
@@ -61,6 +67,12 @@ def test_the_sketch_selects_offer_the_apis_values(sqlite_server):
     plan = http.post("/v1/accountant/job_plan", json=body, headers=headers)
     assert plan.status_code == 200, plan.text
     assert plan.json()["accounting_sketch"] == "per_example"
+    # the default option sends no sketch: per example for hutch, nothing drawn for exact
+    for method, want in (("hutch", "per_example"), ("auto", "per_example"), ("exact", "shared")):
+        body["privacy"]["clipping"] = {"method": method}
+        default = http.post("/v1/accountant/job_plan", json=body, headers=headers)
+        assert default.status_code == 200, default.text
+        assert (default.json()["sketch"], default.json()["accounting_sketch"]) == (want, want)
     body["privacy"]["clipping"] = {"method": "exact", "sketch": "per_example"}
     refused = http.post("/v1/accountant/job_plan", json=body, headers=headers)
     assert refused.status_code == 400

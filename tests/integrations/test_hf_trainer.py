@@ -547,3 +547,56 @@ def test_per_example_sketches_through_the_trainer(tiny_llama_path, tmp_path):
     assert {e.sketch for e in ledger.events} == {"per_example"}
     with pytest.raises(ValueError, match="randomized norm method"):
         PrivacyArguments(target_epsilon=8.0, norm_method="exact", sketch="per_example")
+
+
+def test_per_example_sketches_are_keyed_by_the_data_set_index(tiny_llama_path, tmp_path):
+    """The default for hutch is per-example sketches; DPTrainer hands the engine each row's
+    index in the training set (the Poisson sampler's indices), so a micro-batch split changes
+    no example's projection: 1 and 2 gradient-accumulation steps take the same update."""
+    from dprc_core import PrivacyEngine
+    from dprc_core.seeding import derive_seed
+    from dprc_core.training.sampling import PoissonSampler
+
+    recorded: list[list[int]] = []
+    accumulate = PrivacyEngine.accumulate
+
+    def spy(self, loss_fn, batch, example_ids=None):
+        recorded.append([] if example_ids is None else example_ids.tolist())
+        return accumulate(self, loss_fn, batch, example_ids)
+
+    weights = []
+    for micro in (1, 2):
+        recorded.clear()
+        privacy = PrivacyArguments(target_epsilon=8.0, norm_method="hutch", dp_seed=5)
+        torch.manual_seed(0)  # the same LoRA initialisation
+        model = lora(llama(tiny_llama_path))
+        trainer = DPTrainer(
+            model=model,
+            args=targs(
+                tmp_path / str(micro),
+                max_steps=2,
+                per_device_train_batch_size=8 // micro,  # the same expected batch, 8
+                gradient_accumulation_steps=micro,
+            ),
+            train_dataset=lm_examples(),
+            data_collator=default_data_collator,
+            privacy_args=privacy,
+        )
+        PrivacyEngine.accumulate = spy
+        try:
+            trainer.train()
+        finally:
+            PrivacyEngine.accumulate = accumulate
+        assert trainer.plan.sketch == "per_example"  # the default
+        sampler = PoissonSampler(
+            len(lm_examples()),
+            trainer.plan.sample_rate,
+            trainer.plan.steps,
+            seed=derive_seed(trainer.dp_seed, "sampler"),
+        )
+        want = [idx.tolist() for idx in sampler]
+        got = [sum(recorded[i : i + micro], []) for i in range(0, len(recorded), micro)]
+        assert got == want
+        weights.append({k: v.detach().clone() for k, v in trainable_named(trainer.model).items()})
+    for name in weights[0]:
+        torch.testing.assert_close(weights[0][name], weights[1][name], rtol=1e-5, atol=1e-6)

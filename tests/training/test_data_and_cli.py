@@ -77,8 +77,26 @@ def test_plan_rounds_steps_up_and_meets_the_target():
         dataset_size=1000, batch_size=64, epochs=2.5, clipping="hutch", k=32, target_epsilon=3.0
     )
     assert plan.steps == math.ceil(2.5 * 1000 / 64) and plan.sample_rate == 0.064
-    eps = epsilon(plan.noise_multiplier, 0.064, plan.steps, plan.delta, "hutch", 32)
+    # randomized clipping is planned with per-example sketches unless told otherwise
+    assert plan.sketch == "per_example"
+    eps = epsilon(
+        plan.noise_multiplier, 0.064, plan.steps, plan.delta, "hutch", 32, sketch="per_example"
+    )
     assert eps <= 3.0 and plan.planned_epsilon == pytest.approx(eps, rel=1e-12)
+    shared = plan_privacy(
+        dataset_size=1000,
+        batch_size=64,
+        epochs=2.5,
+        clipping="hutch",
+        k=32,
+        target_epsilon=3.0,
+        sketch="shared",
+    )
+    assert shared.noise_multiplier > plan.noise_multiplier  # the revealed-scale model costs more
+    exact = plan_privacy(
+        dataset_size=1000, batch_size=64, epochs=2.5, clipping="exact", k=None, target_epsilon=3.0
+    )
+    assert exact.sketch == "shared"  # exact norms draw no sketch
     for bad in (dict(batch_size=2000), dict(epochs=0), dict(batch_size=True)):
         args = dict(
             dataset_size=1000, batch_size=64, epochs=1, clipping="exact", k=None, target_epsilon=3.0

@@ -24,7 +24,15 @@ def weights(ckpt: str) -> dict[str, torch.Tensor]:
 
 def test_per_example_plan_ledger_and_reproducibility(tiny_dir, train_file, tmp_path):  # noqa: F811
     a = run_job(spec(tiny_dir, train_file, tmp_path / "a", sketch="per_example"))
-    shared = run_job(spec(tiny_dir, train_file, tmp_path / "s"))
+    shared = run_job(spec(tiny_dir, train_file, tmp_path / "s", sketch="shared"))
+    default = run_job(spec(tiny_dir, train_file, tmp_path / "d"))  # no sketch asked for
+    assert default.plan.sketch == "per_example"
+    assert all(
+        torch.equal(x, y)
+        for x, y in zip(
+            weights(a.checkpoint).values(), weights(default.checkpoint).values(), strict=True
+        )
+    )
     assert a.status == shared.status == "succeeded"
     meta = json.loads((Path(a.checkpoint) / "metadata.json").read_text())
     assert meta["sketch"] == "per_example" and meta["clipping"] == "hutch"

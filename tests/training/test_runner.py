@@ -60,7 +60,11 @@ def test_a_run_follows_its_plan_and_learns(tiny_dir, train_file, tmp_path):
     assert result.status == "succeeded" and result.steps_done == 9
     assert [p.step for p in seen] == list(range(1, 10))
     # ε of the ledger = the accountant's ε for (σ, q, 9 steps) computed independently here
-    want = epsilon(plan.noise_multiplier, plan.sample_rate, 9, plan.delta, "hutch", 32)
+    # (per-example sketches: the default for hutch)
+    assert plan.sketch == "per_example"
+    want = epsilon(
+        plan.noise_multiplier, plan.sample_rate, 9, plan.delta, "hutch", 32, sketch="per_example"
+    )
     assert result.epsilon == pytest.approx(want, rel=1e-12) and want <= 4.0
     ledger = PrivacyLedger.from_json((Path(result.checkpoint) / "ledger.json").read_text())
     assert sum(e.steps for e in ledger.events) == 9
@@ -75,7 +79,15 @@ def test_a_run_follows_its_plan_and_learns(tiny_dir, train_file, tmp_path):
     # progress never shows a stale ε: each value bounds the ε of the steps run so far (exact
     # at checkpoints and at the end, else ε at the next multiple of epsilon_every = 10)
     for p in seen:
-        now = epsilon(plan.noise_multiplier, plan.sample_rate, p.step, plan.delta, "hutch", 32)
+        now = epsilon(
+            plan.noise_multiplier,
+            plan.sample_rate,
+            p.step,
+            plan.delta,
+            "hutch",
+            32,
+            sketch=plan.sketch,
+        )
         assert p.epsilon >= now * (1 - 1e-12)
         if p.checkpoint is not None:
             assert p.epsilon == pytest.approx(now, rel=1e-12)

@@ -104,7 +104,9 @@ def test_valid_loss_at_checkpoints_and_one_csv_row_per_step(tiny_dir, files, tmp
             "dropped": p.dropped,
         }
     plan = with_valid.plan
-    want = epsilon(plan.noise_multiplier, plan.sample_rate, steps, plan.delta, "hutch", 32)
+    want = epsilon(
+        plan.noise_multiplier, plan.sample_rate, steps, plan.delta, "hutch", 32, sketch=plan.sketch
+    )
     assert rows[-1]["epsilon"] == pytest.approx(want, rel=1e-12)
     header = (tmp_path / "p" / "results.csv").read_text().splitlines()[0]
     assert header == ",".join(RESULT_COLUMNS)

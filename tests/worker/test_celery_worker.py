@@ -175,7 +175,13 @@ def test_a_worker_killed_mid_job_is_replaced_and_the_job_resumes(celery_server, 
     priv = job.model_extra["privacy"]
     # a no-crash run of this plan has ε = the accountant's ε for (σ, q, 30 steps)
     want = epsilon(
-        priv["noise_multiplier"], priv["sample_rate"], 30, priv["target_delta"], "hutch", 16
+        priv["noise_multiplier"],
+        priv["sample_rate"],
+        30,
+        priv["target_delta"],
+        "hutch",
+        16,
+        sketch=priv["accountant"]["sketch"],
     )
     assert abs(ledger.epsilon(priv["target_delta"]) - want) <= 1e-9 * want
     assert abs(priv["epsilon_spent"] - want) <= 1e-9 * want
@@ -227,14 +233,28 @@ def test_a_request_pending_when_its_worker_died_is_carried_out(celery_server, wo
     assert len(_started_events(client, job.id)) == 1  # it was not restarted
     priv = ended.model_extra["privacy"]
     budget = client.files.retrieve(f.id).model_extra["budget"]
-    ran = epsilon(priv["noise_multiplier"], priv["sample_rate"], done, budget["delta"], "hutch", 16)
+    ran = epsilon(
+        priv["noise_multiplier"],
+        priv["sample_rate"],
+        done,
+        budget["delta"],
+        "hutch",
+        16,
+        sketch=priv["accountant"]["sketch"],
+    )
     if ask == "cancel":
         assert budget["spent"] == pytest.approx(ran, rel=1e-9)
         assert budget["committed"] == pytest.approx(ran, rel=1e-9)  # the reservation released
         assert client.files.delete(f.id).deleted  # no longer in use
         return
     planned = epsilon(
-        priv["noise_multiplier"], priv["sample_rate"], 30, budget["delta"], "hutch", 16
+        priv["noise_multiplier"],
+        priv["sample_rate"],
+        30,
+        budget["delta"],
+        "hutch",
+        16,
+        sketch=priv["accountant"]["sketch"],
     )
     assert budget["committed"] == pytest.approx(planned, rel=1e-9)  # a paused job keeps it
     client.fine_tuning.jobs.resume(job.id)

@@ -87,6 +87,7 @@ def _assert_exact_ledger(client, job) -> None:
         priv["target_delta"],
         "hutch",
         16,
+        sketch=priv["accountant"]["sketch"],
     )
     assert abs(priv["epsilon_spent"] - want) <= 1e-9 * want
     assert abs(priv["planned_epsilon"] - want) <= 1e-9 * want

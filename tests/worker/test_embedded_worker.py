@@ -59,7 +59,15 @@ def test_a_job_runs_to_success_and_its_checkpoint_loads(embedded, tmp_path):
     assert sum(e.steps for e in ledger.events) == 12
     assert eps <= 8.0
     # the accountant, called independently on the job's plan, gives the ledger's ε
-    want = epsilon(priv["noise_multiplier"], priv["sample_rate"], 12, delta, "hutch", 16)
+    want = epsilon(
+        priv["noise_multiplier"],
+        priv["sample_rate"],
+        12,
+        delta,
+        "hutch",
+        16,
+        sketch=priv["accountant"]["sketch"],
+    )
     assert abs(eps - want) <= 1e-9 * want
     assert abs(priv["epsilon_spent"] - eps) <= 1e-9 * eps
     events = client.fine_tuning.jobs.list_events(job.id, limit=100).data
@@ -102,7 +110,13 @@ def test_cancel_mid_run_ends_cancelled_with_a_final_checkpoint(embedded):
     steps = [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id).data]
     assert max(steps) == done  # the final checkpoint is the step it stopped at
     want = epsilon(
-        priv["noise_multiplier"], priv["sample_rate"], done, priv["target_delta"], "hutch", 16
+        priv["noise_multiplier"],
+        priv["sample_rate"],
+        done,
+        priv["target_delta"],
+        "hutch",
+        16,
+        sketch=priv["accountant"]["sketch"],
     )
     assert abs(priv["epsilon_spent"] - want) <= 1e-9 * want
 
@@ -197,7 +211,13 @@ def test_pause_then_resume_continues_from_the_checkpoint(embedded):
     assert done.status == "succeeded"
     priv = done.model_extra["privacy"]
     want = epsilon(
-        priv["noise_multiplier"], priv["sample_rate"], 24, priv["target_delta"], "hutch", 16
+        priv["noise_multiplier"],
+        priv["sample_rate"],
+        24,
+        priv["target_delta"],
+        "hutch",
+        16,
+        sketch=priv["accountant"]["sketch"],
     )
     assert abs(priv["epsilon_spent"] - want) <= 1e-9 * want  # the ledger stayed exact
     started = [

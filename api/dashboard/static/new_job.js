@@ -16,7 +16,8 @@
     if (train === "lora") hp.lora = { r: intOrNull("lora_r") ?? 8 };
     if (train === "only") hp.train_only = $("train_only").value.split(",").map((s) => s.trim()).filter(Boolean);
     const privacy = { target_epsilon: intOrNull("target_epsilon"),
-      clipping: { method: $("clipping").value, sketch: $("sketch").value } };
+      clipping: { method: $("clipping").value } };
+    if ($("sketch").value) privacy.clipping.sketch = $("sketch").value;  // else the API's default
     if (intOrNull("k") !== null) privacy.clipping.k = intOrNull("k");
     if (intOrNull("target_delta") !== null) privacy.target_delta = intOrNull("target_delta");
     const out = { model: $("model").value, training_file: $("training_file").value, hyperparameters: hp, privacy };
