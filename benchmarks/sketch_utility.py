@@ -161,9 +161,10 @@ def _table(task: str, cells: dict[str, dict]) -> list[str]:
         f"ε = {EPS:g}, lr = {LR:g}, seeds {seeds[0]}–{seeds[-1]} ({len(seeds)}); {metric}, "
         "mean ± standard error over seeds; the difference to exact is taken per seed.",
         "",
-        f"| row | σ | seeds | {metric} | − exact (paired) |",
-        "|---|---|---|---|---|",
+        f"| row | σ | seeds | {metric} | − exact (paired) | − exact @ σ(per-example) (paired) |",
+        "|---|---|---|---|---|---|",
     ]
+    control = ROWS[1][0]  # exact at the per-example σ: the estimator's effect alone
     for label, *_ in ROWS:
         got = [s for s in seeds if (label, s) in by]
         if not got:
@@ -171,19 +172,23 @@ def _table(task: str, cells: dict[str, dict]) -> list[str]:
         val = [unit * by[(label, s)]["test"] for s in got]
         mean = statistics.fmean(val)
         se = statistics.stdev(val) / math.sqrt(len(val)) if len(val) > 1 else float("nan")
-        paired = [
-            unit * (by[(label, s)]["test"] - by[("exact", s)]["test"])
-            for s in got
-            if ("exact", s) in by
+        diffs = [
+            "—" if label == ref else _paired(by, label, ref, got, unit)
+            for ref in ("exact", control)
         ]
-        if label == "exact" or len(paired) < 2:
-            diff = "—"
-        else:
-            d = statistics.fmean(paired)
-            diff = f"{d:+.3f} ± {statistics.stdev(paired) / math.sqrt(len(paired)):.3f}"
         sigma = by[(label, got[0])]["sigma"]
-        lines.append(f"| {label} | {sigma:.4f} | {len(got)} | {mean:.3f} ± {se:.3f} | {diff} |")
+        lines.append(
+            f"| {label} | {sigma:.4f} | {len(got)} | {mean:.3f} ± {se:.3f} | {' | '.join(diffs)} |"
+        )
     return lines + [""]
+
+
+def _paired(by: dict, label: str, ref: str, seeds: list[int], unit: float) -> str:
+    """Mean ± standard error over seeds of (row − reference), seed by seed."""
+    d = [unit * (by[(label, s)]["test"] - by[(ref, s)]["test"]) for s in seeds if (ref, s) in by]
+    if len(d) < 2:
+        return "—"
+    return f"{statistics.fmean(d):+.3f} ± {statistics.stdev(d) / math.sqrt(len(d)):.3f}"
 
 
 def report() -> str:

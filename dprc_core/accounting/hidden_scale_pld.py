@@ -160,10 +160,13 @@ def _phi_mix(t: np.ndarray, law: _Law) -> np.ndarray:
     return np.exp(law.log_w) @ special.ndtr(t[None, :] - law.s[:, None])
 
 
-def _log_phi_mix(t: np.ndarray, law: _Law) -> np.ndarray:
-    """log Σ_j w_j Φ(t − s_j), in log space: e^ε times it must not overflow to inf·0 = NaN
-    where ε is large and the mixture underflows (q = 1, far in the add direction's range)."""
-    return special.logsumexp(law.log_w[:, None] + special.log_ndtr(t[None, :] - law.s[:, None]), 0)
+def _times_exp(log_factor: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """e^log_factor · x for x ≥ 0 without inf·0 = NaN: summed in log space. Where x underflowed
+    to 0 the product is 0, which can only raise the δ it is subtracted from (conservative);
+    in exact arithmetic the product is at most 1 here, so it never overflows (q = 1 makes the
+    add direction active for every ε, up to where e^ε alone overflows)."""
+    with np.errstate(divide="ignore"):
+        return np.exp(log_factor + np.log(x))
 
 
 def _delta_block(
@@ -204,7 +207,7 @@ def _delta_block(
             val[ok] = (
                 -np.expm1(eo + log1m_q) * special.ndtr(t_hi)
                 + np.exp(eo + log1m_q) * (special.ndtr(t_hi) - special.ndtr(t_lo))
-                - np.exp(eo + math.log(q) + _log_phi_mix(t_lo, law))
+                - _times_exp(eo + math.log(q), _phi_mix(t_lo, law))
             )
         out[active] = val
     return out
