@@ -32,18 +32,18 @@ DOCS = ROOT / "docs"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from audit import factory  # noqa: E402  (benchmarks/audit.py: the real and broken engines)
+from audit import CASES as ONE_RUN_CASES  # noqa: E402  (benchmarks/audit.py: the engines)
+from audit import factory  # noqa: E402
 
 from dprc_core import accounting  # noqa: E402
 from dprc_core.auditing.step_trials import run_step_trial_audit  # noqa: E402
 
 DELTA, SIDE = 1e-5, 64
+# the one-run audit's exact and per-example rows, and exact clipping with half the noise
 CASES = [
-    ("DP-SGD exact (real engine)", "real", "exact"),
+    ONE_RUN_CASES[0],
     ("BROKEN: exact, half the noise", "half_noise", "exact"),
-    ("DP-SGD-RC hutch k=32, per-example sketches (real engine)", "real", "hutch/per_example"),
-    ("BROKEN: per-example sketches, half the noise", "half_noise", "hutch/per_example"),
-    ("BROKEN: per-example sketches, noise scaled down 4×", "quarter_noise", "hutch/per_example"),
+    *(case for case in ONE_RUN_CASES if case[2] == "hutch/per_example"),
 ]
 
 

@@ -65,6 +65,17 @@ def linear_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
     return model(batch).squeeze(-1)
 
 
+def zero_linear_model(
+    d_in: int, d_out: int, dtype: torch.dtype
+) -> tuple[nn.Linear, torch.optim.Optimizer]:
+    """The audited model: a bias-free linear map from w = 0, and SGD with learning rate 1 (so
+    an update is exactly the engine's noised, clipped and divided gradient)."""
+    model = nn.Linear(d_in, d_out, bias=False).to(dtype)
+    with torch.no_grad():
+        model.weight.zero_()
+    return model, torch.optim.SGD(model.parameters(), lr=1.0)
+
+
 def scores_from_updates(
     updates: np.ndarray,
     score: str,
@@ -146,10 +157,7 @@ def run_gradient_canary_audit(
     expected = sample_rate * n
     scale = sample_rate * (real_examples + canaries / 2)  # known without the coins
 
-    model = nn.Linear(dim, 1, bias=False).to(dtype)
-    with torch.no_grad():
-        model.weight.zero_()
-    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    model, opt = zero_linear_model(dim, 1, dtype)
     engine = engine_factory(model, opt, expected, seed)
     sampler = torch.Generator().manual_seed(seed + 1)
     updates = np.zeros((steps, canaries))

@@ -44,7 +44,7 @@ import torch
 from scipy import stats
 from torch import nn
 
-from dprc_core.auditing.gradient_canaries import EngineFactory
+from dprc_core.auditing.gradient_canaries import EngineFactory, zero_linear_model
 
 THRESHOLDS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)  # τ / σ_claimed, fixed in advance
 
@@ -166,10 +166,7 @@ def run_step_trial_audit(
     real[:, 2 * side :] = torch.from_numpy(rng.normal(size=(real_examples, real_rows))).to(dtype)
     expected = real_examples + side * side / 2  # what the engine divides by (known, fixed)
 
-    model = nn.Linear(side, d_out, bias=False).to(dtype)
-    with torch.no_grad():
-        model.weight.zero_()
-    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    model, opt = zero_linear_model(side, d_out, dtype)
     engine = engine_factory(model, opt, expected, seed)
     clipping = getattr(engine, "accounting_clipping", "exact")
     if clipping != "exact" and getattr(engine, "accounting_sketch", None) != "per_example":
