@@ -87,12 +87,15 @@ class _Law:
 
 
 def _h_and_slope(z: np.ndarray, law: _Law) -> tuple[np.ndarray, np.ndarray]:
-    """h(z) = log Σ_j w_j exp(s_j z − s_j²/2) and h'(z), by a stable log-sum-exp."""
-    expo = law.log_w[:, None] + law.s[:, None] * z[None, :] - 0.5 * law.s[:, None] ** 2
+    """h(z) = log Σ_j w_j exp(s_j z − s_j²/2) and h'(z), by a stable log-sum-exp (in place on
+    one (atoms, points) array: the accountant's hot loop)."""
+    expo = np.multiply.outer(law.s, z)
+    expo += (law.log_w - 0.5 * law.s * law.s)[:, None]
     top = expo.max(axis=0)
-    e = np.exp(expo - top[None, :])
-    total = e.sum(axis=0)
-    return top + np.log(total), (law.s @ e) / total
+    expo -= top
+    np.exp(expo, out=expo)
+    total = expo.sum(axis=0)
+    return top + np.log(total), (law.s @ expo) / total
 
 
 def _coarse(law: _Law, atoms: int = 192) -> _Law:
