@@ -132,8 +132,17 @@ def test_upload_create_follow_download_cancel(dashboard, new_context, tmp_path):
     page.wait_for_selector("#plan[data-steps='12']")  # ⌈2 · 48 / 8⌉
     shown = {
         a: plan.get_attribute(f"data-{a}")
-        for a in ("noise-multiplier", "planned-epsilon", "sample-rate", "steps", "delta")
+        for a in (
+            "noise-multiplier",
+            "planned-epsilon",
+            "sample-rate",
+            "steps",
+            "delta",
+            "accounting-sketch",
+        )
     }
+    # the sketch select left at its default: per-example sketches for hutch
+    assert shown["accounting-sketch"] == "per_example"
     acc = api.post(
         "/v1/accountant/noise_multiplier",
         json={
@@ -143,6 +152,7 @@ def test_upload_create_follow_download_cancel(dashboard, new_context, tmp_path):
             "steps": int(shown["steps"]),
             "clipping": "hutch",
             "k": 16,
+            "sketch": "per_example",
         },
     ).json()
     assert float(shown["sample-rate"]) == 8 / 48
