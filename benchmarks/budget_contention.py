@@ -36,6 +36,7 @@ from dprc.app import build_app  # noqa: E402
 from dprc_core.accounting import PrivacyEvent, epsilon_for_events  # noqa: E402
 from service import job_runs  # noqa: E402
 from service.settings import Settings  # noqa: E402
+from tests.api.conftest import exact_job_body, exact_job_event  # noqa: E402
 
 CLIENTS = 30
 BUDGET = 8.0
@@ -72,20 +73,6 @@ def _pg_database(name: str) -> str:
     return PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + "/" + name
 
 
-def _job_body(file_id: str, epsilon: float) -> dict:
-    return {
-        "model": "minilm-l6-v2",
-        "training_file": file_id,
-        "hyperparameters": {"n_epochs": 1, "batch_size": 20},
-        "privacy": {"target_epsilon": epsilon, "clipping": {"method": "exact"}},
-    }
-
-
-def _event(job: dict) -> PrivacyEvent:
-    p = job["privacy"]
-    return PrivacyEvent(p["noise_multiplier"], p["sample_rate"], p["steps"], "exact", None)
-
-
 def run(db: str, older: int) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="dprc-bench-"))
     url = _pg_database(f"dprc_bench_{older}") if db == "postgresql" else None
@@ -105,7 +92,9 @@ def run(db: str, older: int) -> dict:
             warm = http.post(
                 "/v1/files", files={"file": ("w.jsonl", _lines(400))}, data={"purpose": "fine-tune"}
             ).json()
-            http.post("/v1/fine_tuning/jobs", json=_job_body(warm["id"], 1.0)).raise_for_status()
+            http.post(
+                "/v1/fine_tuning/jobs", json=exact_job_body(warm["id"], 1.0)
+            ).raise_for_status()
             f = http.post(
                 "/v1/files",
                 files={"file": ("d.jsonl", _lines(400))},
@@ -115,14 +104,16 @@ def run(db: str, older: int) -> dict:
             history: list[PrivacyEvent] = []
             t0 = time.perf_counter()
             for i in range(older):  # ended jobs that ran i % 20 + 1 of their steps
-                job = http.post("/v1/fine_tuning/jobs", json=_job_body(f["id"], 0.05 + 0.001 * i))
+                job = http.post(
+                    "/v1/fine_tuning/jobs", json=exact_job_body(f["id"], 0.05 + 0.001 * i)
+                )
                 job.raise_for_status()
                 jid, j = job.json()["id"], job.json()
                 steps = i % j["privacy"]["steps"] + 1
                 assert job_runs.start_job(store, jid, "bench-worker")
                 job_runs.record_progress(store, jid, steps, 0.0)
                 job_runs.end_job(store, jid, "cancelled")
-                e = _event(j)
+                e = exact_job_event(j)
                 history.append(PrivacyEvent(e.noise_multiplier, e.sample_rate, steps))
             setup = time.perf_counter() - t0
 
@@ -130,7 +121,7 @@ def run(db: str, older: int) -> dict:
             start = time.perf_counter()
             try:
                 with httpx.Client(base_url=base, headers=headers, timeout=60) as c:
-                    r = c.post("/v1/fine_tuning/jobs", json=_job_body(f["id"], 2.0 + 0.05 * i))
+                    r = c.post("/v1/fine_tuning/jobs", json=exact_job_body(f["id"], 2.0 + 0.05 * i))
                 return (
                     time.perf_counter() - start,
                     r.status_code,
@@ -144,7 +135,7 @@ def run(db: str, older: int) -> dict:
         lat = sorted(r[0] for r in results)
         codes = [r[1] for r in results]
         accepted = [r[2] for r in results if r[2] is not None]
-        composed = epsilon_for_events(history + [_event(j) for j in accepted], delta)
+        composed = epsilon_for_events(history + [exact_job_event(j) for j in accepted], delta)
         with httpx.Client(base_url=base, headers=headers, timeout=60) as http:
             committed = http.get(f"/v1/files/{f['id']}").json()["budget"]["committed"]
         return {

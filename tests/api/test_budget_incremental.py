@@ -10,25 +10,11 @@ import math
 import pytest
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
-from dprc_core.accounting import PrivacyEvent, epsilon_for_events
+from dprc_core.accounting import epsilon_for_events
 from dprc_core.accounting.history import clear_cache
-from tests.api.conftest import labelled_lines
+from tests.api.conftest import exact_job_body, exact_job_event, labelled_lines
 
 OLDER = 20
-
-
-def _body(file_id: str, epsilon: float) -> dict:
-    return {
-        "model": "minilm-l6-v2",
-        "training_file": file_id,
-        "hyperparameters": {"n_epochs": 1, "batch_size": 20},
-        "privacy": {"target_epsilon": epsilon, "clipping": {"method": "exact"}},
-    }
-
-
-def _event(job: dict) -> PrivacyEvent:
-    p = job["privacy"]
-    return PrivacyEvent(p["noise_multiplier"], p["sample_rate"], p["steps"])
 
 
 def test_one_more_job_composes_log_n_blocks(server, monkeypatch):
@@ -43,7 +29,7 @@ def test_one_more_job_composes_log_n_blocks(server, monkeypatch):
     jobs = []
     with server.http(key) as http:
         for i in range(OLDER):  # distinct σ: no two events merge into one
-            r = http.post("/v1/fine_tuning/jobs", json=_body(f.id, 0.3 + 0.01 * i))
+            r = http.post("/v1/fine_tuning/jobs", json=exact_job_body(f.id, 0.3 + 0.01 * i))
             assert r.status_code == 200, r.text
             jobs.append(r.json())
 
@@ -55,7 +41,7 @@ def test_one_more_job_composes_log_n_blocks(server, monkeypatch):
             return real(self, other, tail_mass_truncation=tail_mass_truncation)
 
         monkeypatch.setattr(PrivacyLossDistribution, "compose", counting)
-        r = http.post("/v1/fine_tuning/jobs", json=_body(f.id, 0.55))
+        r = http.post("/v1/fine_tuning/jobs", json=exact_job_body(f.id, 0.55))
         assert r.status_code == 200, r.text
         jobs.append(r.json())
         bound = 2 * math.ceil(math.log2(len(jobs)))
@@ -68,7 +54,7 @@ def test_one_more_job_composes_log_n_blocks(server, monkeypatch):
         monkeypatch.undo()
 
     budget = client.files.retrieve(f.id).model_extra["budget"]
-    events = [_event(j) for i, j in enumerate(jobs) if i != 5]
+    events = [exact_job_event(j) for i, j in enumerate(jobs) if i != 5]
     assert budget["committed"] == pytest.approx(
         epsilon_for_events(events, budget["delta"]), rel=1e-3
     )
