@@ -11,6 +11,8 @@ paths."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -94,7 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _keys_create(args: argparse.Namespace) -> int:
-    from api.keys.service import create_key
+    from service.keys import create_key
 
     store = _store()
     with store.sessions() as session:
@@ -105,7 +107,7 @@ def _keys_create(args: argparse.Namespace) -> int:
 
 
 def _keys_revoke(args: argparse.Namespace) -> int:
-    from api.keys.service import revoke_key
+    from service.keys import revoke_key
 
     store = _store()
     with store.sessions() as session:
@@ -116,21 +118,13 @@ def _keys_revoke(args: argparse.Namespace) -> int:
 
 
 def _keys_list(args: argparse.Namespace) -> int:
-    from api.keys.schemas import KeyInfo
-    from api.keys.service import list_keys
+    from service.keys import list_keys
 
     store = _store()
     with store.sessions() as session:
-        for key, tenant in list_keys(session):
-            info = KeyInfo(
-                id=key.id,
-                tenant=tenant,
-                prefix=key.prefix,
-                created_at=key.created_at,
-                revoked_at=key.revoked_at,
-            )
+        for info in list_keys(session):
             if args.json:
-                print(info.model_dump_json())
+                print(json.dumps(dataclasses.asdict(info), separators=(",", ":")))
                 continue
             state = "revoked" if info.revoked_at is not None else "active"
             print(f"{info.id}\t{info.tenant}\t{info.prefix}...\t{info.created_at}\t{state}")

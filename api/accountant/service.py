@@ -18,7 +18,7 @@ from api.accountant.schemas import (
 from api.files import service as files_service
 from api.jobs import service as jobs_service
 from api.jobs.schemas import JobCreate
-from api.keys.service import Caller
+from service.keys import Caller
 from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent, account, noise_multiplier
 from dprc_core.accounting.describe import (
     ADJACENCY,

@@ -11,7 +11,7 @@ from string import Template
 from fastapi.responses import HTMLResponse
 
 from api.dashboard.security import secure
-from api.keys.service import Caller
+from service.keys import Caller
 
 TEMPLATES = Path(__file__).parent / "templates"
 STATIC_URL = "/dashboard/static"

@@ -20,7 +20,7 @@ from api.dashboard.security import SecureStaticFiles, secure
 from api.dashboard.session import COOKIE, SESSION_SECONDS, issue, same_origin, session_caller
 from api.files import service as files_service
 from api.jobs import service as jobs_service
-from api.keys.service import Caller, authenticate
+from service.keys import Caller, authenticate
 from service.errors import NotFound, Unauthenticated
 
 router = APIRouter(include_in_schema=False)

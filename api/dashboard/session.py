@@ -1,6 +1,6 @@
 """Dashboard sessions: a signed cookie naming an API key, never the key itself.
 
-Signing in posts an API key once; the server checks it (:func:`api.keys.service.authenticate`)
+Signing in posts an API key once; the server checks it (:func:`service.keys.authenticate`)
 and sets the cookie ``dprc_session = v1.<key id>.<expiry>.<HMAC-SHA256>``, HttpOnly,
 SameSite=Strict, Path=/ (Secure over https). The HMAC key is a random secret in the data
 folder (``dashboard.secret``, written 0600 once, shared by every API process of that data
@@ -25,11 +25,9 @@ import time
 from pathlib import Path
 
 from fastapi import Request
-from sqlalchemy import select
 
-from api.keys.service import Caller
 from service.errors import Unauthenticated
-from service.tables import ApiKey, Tenant
+from service.keys import Caller, caller_for_key_id
 
 COOKIE = "dprc_session"
 CSRF_HEADER = "x-dprc-dashboard"
@@ -100,17 +98,12 @@ def session_caller(request: Request) -> Caller | None:
             code="invalid_session",
         )
     with store.sessions() as session:
-        row = session.execute(
-            select(ApiKey, Tenant.name)
-            .join(Tenant, Tenant.id == ApiKey.tenant_id)
-            .where(ApiKey.id == key_id)
-        ).first()
-    if row is None or row[0].revoked_at is not None:
+        caller = caller_for_key_id(session, key_id)
+    if caller is None:
         raise Unauthenticated(
             "the API key of this dashboard session has been revoked", code="invalid_session"
         )
-    key, tenant_name = row
-    return Caller(tenant_id=key.tenant_id, tenant_name=tenant_name, key_id=key.id)
+    return caller
 
 
 def same_origin(request: Request) -> bool:

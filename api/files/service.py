@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api.files.schemas import Budget, BudgetHistory, BudgetPoint, FileObject
-from api.keys.service import Caller
+from service.keys import Caller
 from dprc_core.accounting import PrivacyEvent
 from dprc_core.training.data import DataError, summarize_jsonl
 from dprc_core.training.plan import default_delta

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from api.jobs.schemas import Checkpoint as CheckpointObject
 from api.jobs.schemas import Event, Job, JobCreate, JobError, Ledger
-from api.keys.service import Caller
+from service.keys import Caller
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger
 from dprc_core.training.models import (
     LoraSpec,

@@ -9,7 +9,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.dashboard.session import check_csrf, session_caller
-from api.keys.service import Caller, authenticate
+from service.keys import Caller, authenticate
 
 _bearer = HTTPBearer(auto_error=False, description="an API key from `dprc keys create`")
 

@@ -1,13 +1,11 @@
-"""Schemas of the keys domain (printed by ``dprc keys list``)."""
+"""Schemas of the keys domain: who a key belongs to (``GET /v1/me``)."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel
 
 
-class KeyInfo(BaseModel):
-    id: str
+class Me(BaseModel):
+    object: str = "api_key"
+    key_id: str
     tenant: str
-    prefix: str
-    created_at: int
-    revoked_at: int | None

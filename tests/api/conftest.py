@@ -18,7 +18,7 @@ import psycopg
 import pytest
 import uvicorn
 
-from api.keys.service import create_key
+from service.keys import create_key
 from dprc.app import build_app
 from dprc_core.accounting import PrivacyEvent
 from service.settings import Settings

@@ -8,7 +8,7 @@ import tarfile
 import openai
 import pytest
 
-from api.keys.service import revoke_key
+from service.keys import revoke_key
 from service import job_runs
 from service.tables import ApiKey
 from tests.api.conftest import labelled_lines
@@ -91,7 +91,7 @@ def test_revoked_key_is_401(server):
     client = server.client(key)
     client.models.list()
     with server.store.sessions() as session:
-        from api.keys.service import hash_key
+        from service.keys import hash_key
 
         key_id = session.query(ApiKey).filter_by(key_hash=hash_key(key)).one().id
         assert revoke_key(session, key_id)

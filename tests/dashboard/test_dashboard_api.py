@@ -17,7 +17,7 @@ import dp_accounting
 import pytest
 
 from api.dashboard.session import COOKIE, SECRET_FILE
-from api.keys.service import revoke_key
+from service.keys import revoke_key
 from tests.api.conftest import labelled_lines
 
 

@@ -1,4 +1,5 @@
-"""API keys: high-entropy random secrets stored as SHA-256 hashes, compared in constant time."""
+"""Tenants and their API keys: high-entropy random secrets stored as SHA-256 hashes, compared
+in constant time; the caller a key (or a dashboard session's key id) stands for."""
 
 from __future__ import annotations
 
@@ -73,13 +74,34 @@ def revoke_key(session: Session, key_id: str) -> bool:
     return True
 
 
-def list_keys(session: Session) -> list[tuple[ApiKey, str]]:
+@dataclass(frozen=True)
+class KeyInfo:
+    """A key as ``dprc keys list`` prints it (never its secret)."""
+
+    id: str
+    tenant: str
+    prefix: str
+    created_at: int
+    revoked_at: int | None
+
+
+def list_keys(session: Session) -> list[KeyInfo]:
+    """Every key, oldest first."""
     rows = session.execute(
         select(ApiKey, Tenant.name)
         .join(Tenant, Tenant.id == ApiKey.tenant_id)
         .order_by(ApiKey.created_at, ApiKey.id)
     )
-    return [(k, name) for k, name in rows]
+    return [
+        KeyInfo(
+            id=k.id,
+            tenant=name,
+            prefix=k.prefix,
+            created_at=k.created_at,
+            revoked_at=k.revoked_at,
+        )
+        for k, name in rows
+    ]
 
 
 def authenticate(session: Session, authorization: str | None) -> Caller:
@@ -104,4 +126,18 @@ def authenticate(session: Session, authorization: str | None) -> Caller:
     key, tenant_name = row
     if key.revoked_at is not None:
         raise Unauthenticated("this API key has been revoked", code="invalid_api_key")
+    return Caller(tenant_id=key.tenant_id, tenant_name=tenant_name, key_id=key.id)
+
+
+def caller_for_key_id(session: Session, key_id: str) -> Caller | None:
+    """The caller of the key ``key_id`` (a signed dashboard session's), or None when the key
+    does not exist or has been revoked."""
+    row = session.execute(
+        select(ApiKey, Tenant.name)
+        .join(Tenant, Tenant.id == ApiKey.tenant_id)
+        .where(ApiKey.id == key_id)
+    ).first()
+    if row is None or row[0].revoked_at is not None:
+        return None
+    key, tenant_name = row
     return Caller(tenant_id=key.tenant_id, tenant_name=tenant_name, key_id=key.id)
