@@ -1,5 +1,6 @@
-"""A job's lifecycle: its statuses, the moves between them and who makes each, the one
-function that moves a job (:func:`move`), leases, and the budget settlement a move triggers.
+"""A job's lifecycle: the moves between its statuses (:mod:`service.job_status`) and who makes
+each, the one function that moves a job (:func:`move`), leases, and the budget settlement a
+move triggers (:func:`service.budget.settle`).
 
 The HTTP side (create, cancel, pause, resume) and the workers (start, end, pause at a
 checkpoint, lease renewal) both go through this module; neither knows the other.
@@ -21,35 +22,17 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from dprc_core.accounting import PrivacyEvent
 from service import budget
+from service.budget import settle
 from service.clock import aware, now, utc_now
 from service.db import locked_session
 from service.errors import Conflict, NotFound
 from service.job_events import add_event
+from service.job_status import ACTIVE, TERMINAL, JobStatus
 from service.private_data import remove_resume_state
 from service.store import Store
 from service.tables import File
 from service.tables import Job as JobRow
-
-
-class JobStatus(StrEnum):
-    """The statuses the API returns (OpenAI's fine-tuning job statuses plus ``paused``)."""
-
-    VALIDATING_FILES = "validating_files"  # never assigned: creation validates synchronously
-    QUEUED = "queued"
-    RUNNING = "running"
-    PAUSED = "paused"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-ACTIVE = frozenset(
-    {JobStatus.VALIDATING_FILES, JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.PAUSED}
-)  # hold a budget reservation (their whole plan)
-TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
-INITIAL = JobStatus.QUEUED  # what job creation inserts
 
 
 class Actor(StrEnum):
@@ -143,64 +126,6 @@ def settles(source: JobStatus, target: JobStatus) -> bool:
     """Whether the move changes the job's share of its file's budget (reservation vs what
     ran), so the file's totals must be recomputed."""
     return (source in ACTIVE) != (target in ACTIVE)
-
-
-def committed_event(job: JobRow) -> PrivacyEvent | None:
-    """A job's share of its file's budget: its whole plan while active, what ran once ended."""
-    if JobStatus(job.status) in ACTIVE:
-        return budget.planned_event(job)
-    return budget.spent_event(job)
-
-
-FileEvents = tuple[tuple[PrivacyEvent | None, ...], tuple[PrivacyEvent | None, ...]]
-
-
-def file_events(session: Session, file: File) -> FileEvents:
-    """(spent, committed) events of a file's jobs, one slot per job in creation order (``None``
-    for a job without such an event): what its budget composes. Equal snapshots compose to
-    equal ε (the optimistic check of job creation), and a job keeps its slot, so composing a
-    changed snapshot reuses the blocks that did not change (:func:`service.budget.compose`)."""
-    jobs = budget.file_jobs(session, file.id)
-    return (
-        tuple(budget.spent_event(j) for j in jobs),
-        tuple(committed_event(j) for j in jobs),
-    )
-
-
-def totals(
-    events: FileEvents, delta: float, extra: PrivacyEvent | None = None
-) -> tuple[float, float]:
-    """(spent, committed) composed ε of a file's events at δ, ``extra`` counted as committed in
-    the slot after the file's jobs (where a job being created will be). Pure, and incremental
-    through :func:`service.budget.compose`: a state composed before costs a cache lookup, one
-    more job O(log n) block compositions."""
-    spent, committed = events
-    return (
-        budget.compose(list(spent), delta),
-        budget.compose([*committed, extra] if extra is not None else list(committed), delta),
-    )
-
-
-def settle(
-    session: Session,
-    file: File,
-    extra: PrivacyEvent | None = None,
-    known: tuple[FileEvents, tuple[float, float]] | None = None,
-) -> tuple[float, float]:
-    """Recompute (spent, committed) ε of a budgeted file at its δ, with ``extra`` (a job about
-    to be created) counted as committed; stores them on the row. Call under the file's lock.
-    ``known``: a snapshot of the file's events and its totals computed outside the lock; used
-    as is when the file's events are still those (no composition under the lock)."""
-    if file.delta is None:
-        return 0.0, 0.0
-    events = file_events(session, file)
-    if known is not None and known[0] == events:
-        spent, committed = known[1]
-    else:
-        spent, committed = totals(events, file.delta, extra)
-    file.epsilon_spent = spent
-    file.epsilon_committed = committed
-    return spent, committed
 
 
 def _lock(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
@@ -42,12 +43,15 @@ DEFAULT_BATCH = 32
 # Calibrations (tenths of a second of accountant work each) run one at a time in a process:
 # under the GIL, concurrent ones gain nothing from running together, and one at a time they
 # finish in arrival order — each in its own time instead of all at the end of a burst — and
-# leave the interpreter to the requests that hold a file's turn (api/jobs/service.py).
+# leave the interpreter to the requests that hold a file's turn (service/jobs.py).
 _CALIBRATION_LANE = threading.Lock()
 
 
 @dataclass(frozen=True)
-class Plan:
+class JobPlan:
+    """The service's plan of a job: the library's :class:`PrivacyPlan` with what the job row
+    stores around it (the norm method asked, the accounted envelope, the noise)."""
+
     n_examples: int
     n_epochs: int
     batch_size: int
@@ -193,7 +197,7 @@ def _calibrated(
     return plan
 
 
-def make_plan(req: PlanRequest, n: int, default_k: int) -> Plan:
+def make_plan(req: PlanRequest, n: int, default_k: int) -> JobPlan:
     n_epochs = DEFAULT_EPOCHS if req.n_epochs == "auto" else req.n_epochs
     batch = min(DEFAULT_BATCH, n) if req.batch_size == "auto" else req.batch_size
     if batch > n:
@@ -233,7 +237,7 @@ def make_plan(req: PlanRequest, n: int, default_k: int) -> Plan:
         n, batch, n_epochs, acc_clip, acc_k, req.target_epsilon, delta, sketch=acc_sketch
     )
     assert lib.steps == steps and lib.delta == delta and lib.sketch == acc_sketch
-    return Plan(
+    return JobPlan(
         n,
         n_epochs,
         batch,
@@ -302,7 +306,7 @@ def _steps_and_delta(steps: int, n: int, target_delta: float | None) -> float:
     return check_delta_for(n, target_delta, "privacy.target_delta")
 
 
-def _nu_dpftrl_plan(req: PlanRequest, n: int, n_epochs: int, batch: int) -> Plan:
+def _nu_dpftrl_plan(req: PlanRequest, n: int, n_epochs: int, batch: int) -> JobPlan:
     if req.method != "exact" or req.k is not None:
         raise InvalidInput(
             "correlated noise (nu_dpftrl) needs privacy.clipping.method = 'exact' (and no k): "
@@ -328,7 +332,7 @@ def _nu_dpftrl_plan(req: PlanRequest, n: int, n_epochs: int, batch: int) -> Plan
         param="privacy.noise",
     )
     assert lib.steps == steps and lib.min_separation is not None
-    return Plan(
+    return JobPlan(
         n,
         n_epochs,
         batch,
@@ -348,3 +352,14 @@ def _nu_dpftrl_plan(req: PlanRequest, n: int, n_epochs: int, batch: int) -> Plan
         lib.min_separation,
         privacy=lib,
     )
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Plan":  # the service's plan's former name, for one release
+        warnings.warn(
+            "service.planning.Plan is deprecated; use service.planning.JobPlan",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return JobPlan
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

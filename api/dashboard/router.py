@@ -18,10 +18,9 @@ from api.app_state import get_store
 from api.dashboard import pages
 from api.dashboard.security import SecureStaticFiles, secure
 from api.dashboard.session import COOKIE, SESSION_SECONDS, issue, same_origin, session_caller
-from api.files import service as files_service
-from api.jobs import service as jobs_service
-from service.keys import Caller, authenticate
+from service import files, jobs
 from service.errors import NotFound, Unauthenticated
+from service.keys import Caller, authenticate
 
 router = APIRouter(include_in_schema=False)
 STATIC = Path(__file__).parent / "static"
@@ -108,7 +107,7 @@ def data_set_page(file_id: str, request: Request) -> Response:
     if isinstance(caller, Response):
         return caller
     try:
-        file = files_service.retrieve(get_store(request), caller, file_id)
+        file = files.retrieve(get_store(request), caller, file_id).row
     except NotFound as exc:
         return pages.not_found(caller, exc.message)
     return pages.render("data_set", file.filename, caller, data={"file-id": file.id})
@@ -120,7 +119,7 @@ def job_page(job_id: str, request: Request) -> Response:
     if isinstance(caller, Response):
         return caller
     try:
-        job = jobs_service.retrieve(get_store(request), caller, job_id)
+        job = jobs.retrieve(get_store(request), caller, job_id)
     except NotFound as exc:
         return pages.not_found(caller, exc.message)
     return pages.render("job", job.id, caller, data={"job-id": job.id})

@@ -8,9 +8,10 @@ from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.responses import FileResponse
 
 from api.app_state import get_store
-from api.files import service
+from api.files import views
 from api.files.schemas import BudgetHistory, BudgetRequest, FileDeleted, FileList, FileObject
 from api.keys.dependencies import CallerDep
+from service import files
 from service.errors import NotFound
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
@@ -37,8 +38,9 @@ def upload_file(
     ] = None,
 ) -> FileObject:
     store = get_store(request)
-    data = service.read_capped(file.file, store.settings.max_upload_bytes)
-    return service.create_file(store, caller, data, file.filename, purpose, epsilon_budget, delta)
+    data = files.read_capped(file.file, store.settings.max_upload_bytes)
+    created = files.create_file(store, caller, data, file.filename, purpose, epsilon_budget, delta)
+    return views.file_object(created)
 
 
 @router.get("", response_model=FileList)
@@ -50,7 +52,8 @@ def list_files(
     after: Annotated[str | None, Query(max_length=128)] = None,
     order: Literal["asc", "desc"] = "desc",
 ) -> FileList:
-    data, has_more = service.list_files(get_store(request), caller, purpose, limit, after, order)
+    rows, has_more = files.list_files(get_store(request), caller, purpose, limit, after, order)
+    data = [views.file_object(r) for r in rows]
     return FileList(
         data=data,
         has_more=has_more,
@@ -61,12 +64,12 @@ def list_files(
 
 @router.get("/{file_id}", response_model=FileObject)
 def retrieve_file(file_id: str, request: Request, caller: CallerDep) -> FileObject:
-    return service.retrieve(get_store(request), caller, file_id)
+    return views.file_object(files.retrieve(get_store(request), caller, file_id))
 
 
 @router.delete("/{file_id}", response_model=FileDeleted)
 def delete_file(file_id: str, request: Request, caller: CallerDep) -> FileDeleted:
-    return FileDeleted(id=service.delete(get_store(request), caller, file_id), deleted=True)
+    return FileDeleted(id=files.delete(get_store(request), caller, file_id), deleted=True)
 
 
 @router.get(
@@ -75,7 +78,7 @@ def delete_file(file_id: str, request: Request, caller: CallerDep) -> FileDelete
     responses={200: {"content": {"application/octet-stream": {}}}},
 )
 def file_content(file_id: str, request: Request, caller: CallerDep) -> FileResponse:
-    path, filename = service.content_path(get_store(request), caller, file_id)
+    path, filename = files.content_path(get_store(request), caller, file_id)
     if not path.exists():
         raise NotFound(
             f"the content of file {file_id} is gone", param="file_id", code="file_not_found"
@@ -87,10 +90,11 @@ def file_content(file_id: str, request: Request, caller: CallerDep) -> FileRespo
 def set_budget(
     file_id: str, body: BudgetRequest, request: Request, caller: CallerDep
 ) -> FileObject:
-    return service.set_budget(get_store(request), caller, file_id, body.epsilon_budget, body.delta)
+    changed = files.set_budget(get_store(request), caller, file_id, body.epsilon_budget, body.delta)
+    return views.file_object(changed)
 
 
 @router.get("/{file_id}/budget/history", response_model=BudgetHistory)
 def budget_history(file_id: str, request: Request, caller: CallerDep) -> BudgetHistory:
     """The file's composed ε after each of its jobs, in creation order."""
-    return service.budget_history(get_store(request), caller, file_id)
+    return views.budget_history(files.budget_history(get_store(request), caller, file_id))

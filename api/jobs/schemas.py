@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dprc_core.norm_methods import offered_names
-from service.lifecycle import JobStatus
+from service.job_status import JobStatus
 
 SUFFIX = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 

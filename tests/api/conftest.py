@@ -18,9 +18,9 @@ import psycopg
 import pytest
 import uvicorn
 
-from service.keys import create_key
 from dprc.app import build_app
 from dprc_core.accounting import PrivacyEvent
+from service.keys import create_key
 from service.settings import Settings
 from service.store import Store
 

@@ -8,8 +8,8 @@ import tarfile
 import openai
 import pytest
 
-from service.keys import revoke_key
 from service import job_runs
+from service.keys import revoke_key
 from service.tables import ApiKey
 from tests.api.conftest import labelled_lines
 

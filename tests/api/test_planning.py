@@ -8,11 +8,12 @@ import math
 import pytest
 
 from api.jobs.schemas import JobCreate
-from api.jobs.service import plan_request
+from api.jobs.views import job_request
 from dprc_core.accounting import epsilon
 from dprc_core.training.plan import default_delta, plan_privacy, planned_steps
 from service.errors import InvalidInput
-from service.planning import Plan, make_plan
+from service.jobs import plan_request
+from service.planning import JobPlan, make_plan
 
 
 @pytest.mark.parametrize(
@@ -37,9 +38,9 @@ def _request(**privacy) -> JobCreate:
     )
 
 
-def _plan(req: JobCreate, n: int, default_k: int) -> Plan:
+def _plan(req: JobCreate, n: int, default_k: int) -> JobPlan:
     """The service's plan of the API request ``req`` (as job creation makes it)."""
-    return make_plan(plan_request(req), n, default_k)
+    return make_plan(plan_request(job_request(req)), n, default_k)
 
 
 @pytest.mark.parametrize(

@@ -233,7 +233,7 @@ def _fresh_database(backend: str, tmp_path) -> tuple[str | None, str | None]:
 
 @pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
 def test_a_job_stored_before_0004_reads_shared_after_the_upgrade(backend, tmp_path):
-    from api.jobs.service import to_object
+    from api.jobs.views import job_object
     from service import budget
     from service.tables import Job
 
@@ -279,7 +279,7 @@ def test_a_job_stored_before_0004_reads_shared_after_the_upgrade(backend, tmp_pa
         with Session(engine) as session:
             row = session.scalars(sa.select(Job)).one()
             assert budget.spent_event(row) == PrivacyEvent(1.2, 0.1, 20, "hutch", 32)
-            privacy_out = to_object(row, "org-1").privacy
+            privacy_out = job_object(row, "org-1").privacy
         assert privacy_out["clipping"]["sketch"] == "shared"
         assert privacy_out["accountant"]["sketch"] == "shared"
     finally:

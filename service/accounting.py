@@ -1,25 +1,20 @@
-"""ε for a noise multiplier and σ for a target ε, with every setting used in the answer; the
-plan a job would get (a preview, nothing stored)."""
+"""The accountant's use cases: ε for a noise multiplier and σ for a target ε, with every
+setting used in the answer (:class:`AccountantAnswer`); the plan a job would get and its fit
+in the training file's budget (:class:`JobPlanPreview`, nothing stored).
+
+Requests are :class:`AccountantQuery` (the mechanism's parameters, as the library names them)
+with the ε or σ side given separately; each refusal is an :class:`InvalidInput` naming the
+parameter it is about."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict
-from typing import Any, Literal, TypeVar
+from dataclasses import asdict, dataclass, replace
+from typing import Any, TypeVar
 
-from api.accountant.schemas import (
-    AccountantResult,
-    EpsilonRequest,
-    JobPlanPreview,
-    NoiseMultiplierRequest,
-    PlanBudget,
-)
-from api.files import service as files_service
-from api.jobs import service as jobs_service
-from api.jobs.schemas import JobCreate
-from service.keys import Caller
-from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent, account, noise_multiplier
+from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent, account
+from dprc_core.accounting import noise_multiplier as calibrated_noise_multiplier
 from dprc_core.accounting.describe import (
     ADJACENCY,
     NU_DPFTRL_ACCOUNTANT,
@@ -44,9 +39,10 @@ from dprc_core.accounting.events import (
     check_steps,
 )
 from dprc_core.mechanism_names import NU_DPFTRL
-from service import lifecycle, planning
+from service import budget, files, jobs, planning
 from service import model_registry as models
 from service.errors import InvalidInput
+from service.keys import Caller
 from service.store import Store
 
 T = TypeVar("T")
@@ -54,7 +50,51 @@ T = TypeVar("T")
 MAX_STEPS = 1_000_000
 MAX_RANK = 10**9
 
-ResultKind = Literal["accountant.epsilon", "accountant.noise_multiplier"]
+
+@dataclass(frozen=True)
+class AccountantQuery:
+    """A mechanism to account: Poisson-subsampled Gaussian (``sample_rate``, the envelope
+    ``clipping`` with ``k``/``rank`` and ``sketch``) or ν-DP-FTRL (``nu``, ``bands``,
+    ``participations``, ``min_separation``), for ``steps`` steps."""
+
+    steps: int
+    mechanism: str = "gaussian"
+    sample_rate: float | None = None
+    nu: float | None = None
+    bands: int | None = None
+    participations: int | None = None
+    min_separation: int | None = None
+    clipping: str = "exact"
+    k: int | None = None
+    rank: int | None = None
+    sketch: str = "shared"
+
+
+@dataclass(frozen=True)
+class AccountantAnswer:
+    """An accountant's answer with every setting it used."""
+
+    epsilon: float | None  # None: no finite ε reaches δ
+    noise_multiplier: float
+    delta: float
+    sample_rate: float | None
+    steps: int
+    clipping: str
+    k: int | None
+    rank: int | None
+    envelope: str
+    adjacency: str
+    accountant: dict[str, Any]
+    mechanism: str = "gaussian"
+    nu: float | None = None
+    bands: int | None = None
+    participations: int | None = None
+    min_separation: int | None = None
+    sensitivity: float | None = None
+    target_epsilon: float | None = None
+    rel_tol: float | None = None
+    sketch: str = "shared"
+    sketch_model: str = "none (exact norms draw no sketch)"
 
 
 def _check(param: str | None, fn: Callable[..., T], *args: Any) -> T:
@@ -65,7 +105,7 @@ def _check(param: str | None, fn: Callable[..., T], *args: Any) -> T:
         raise InvalidInput(str(exc), param=param, code="invalid_value") from exc
 
 
-def _clipping(req: EpsilonRequest | NoiseMultiplierRequest) -> tuple[str, int | None, int | None]:
+def _clipping(req: AccountantQuery) -> tuple[str, int | None, int | None]:
     """The clipping, k and rank, checked one parameter at a time so that a refusal names the
     parameter it is about: the method alone, then k with it, then the rank with both."""
     if req.clipping not in CLIPPINGS:
@@ -83,7 +123,7 @@ def _positive_int(name: str, value: int | None) -> int:
 
 
 def _job(
-    req: EpsilonRequest | NoiseMultiplierRequest,
+    req: AccountantQuery,
 ) -> tuple[float, int, str, int | None, int | None, str]:
     if req.sample_rate is None:
         raise InvalidInput(
@@ -111,7 +151,7 @@ def _job(
     return q, steps, clipping, k, rank, sketch
 
 
-def _result(kind: ResultKind, event: PrivacyEvent, delta: float) -> AccountantResult:
+def _result(event: PrivacyEvent, delta: float) -> AccountantAnswer:
     try:
         res = account([event], delta, DEFAULT_SETTINGS)
     except ValueError as exc:  # e.g. "parameters too extreme" for the loss grid
@@ -119,8 +159,7 @@ def _result(kind: ResultKind, event: PrivacyEvent, delta: float) -> AccountantRe
             f"cannot account these parameters: {exc}", param=None, code="accounting_failed"
         ) from exc
     words = describe_event(event)
-    return AccountantResult(
-        object=kind,
+    return AccountantAnswer(
         epsilon=res.epsilon if math.isfinite(res.epsilon) else None,
         noise_multiplier=event.noise_multiplier,
         delta=delta,
@@ -143,7 +182,7 @@ def _result(kind: ResultKind, event: PrivacyEvent, delta: float) -> AccountantRe
     )
 
 
-def _nu_pattern(req: EpsilonRequest | NoiseMultiplierRequest) -> dict[str, Any]:
+def _nu_pattern(req: AccountantQuery) -> dict[str, Any]:
     if req.sample_rate is not None:
         raise InvalidInput(
             "nu_dpftrl has no amplification by sampling: no sample_rate",
@@ -182,13 +221,10 @@ def _nu_pattern(req: EpsilonRequest | NoiseMultiplierRequest) -> dict[str, Any]:
     return pattern
 
 
-def _nu_result(
-    kind: ResultKind, sigma: float, delta: float, pattern: dict[str, Any]
-) -> AccountantResult:
+def _nu_result(sigma: float, delta: float, pattern: dict[str, Any]) -> AccountantAnswer:
     eps = dpftrl_epsilon(sigma, delta, **pattern)
     sens = dpftrl_sensitivity(**pattern)
-    return AccountantResult(
-        object=kind,
+    return AccountantAnswer(
         epsilon=eps if math.isfinite(eps) else None,
         noise_multiplier=sigma,
         delta=delta,
@@ -209,58 +245,75 @@ def _nu_result(
     )
 
 
-def epsilon(req: EpsilonRequest) -> AccountantResult:
+def epsilon(req: AccountantQuery, noise_multiplier: Any, delta: Any) -> AccountantAnswer:
+    """ε at ``delta`` of ``req``'s mechanism with ``noise_multiplier``."""
     if req.mechanism == NU_DPFTRL:
         pattern = _nu_pattern(req)
-        sigma = _check("noise_multiplier", check_noise_multiplier, req.noise_multiplier)
-        delta = _check("delta", check_delta, req.delta)
-        return _nu_result("accountant.epsilon", sigma, delta, pattern)
+        sigma = _check("noise_multiplier", check_noise_multiplier, noise_multiplier)
+        delta = _check("delta", check_delta, delta)
+        return _nu_result(sigma, delta, pattern)
     q, steps, clipping, k, rank, sketch = _job(req)
-    sigma = _check("noise_multiplier", check_noise_multiplier, req.noise_multiplier)
+    sigma = _check("noise_multiplier", check_noise_multiplier, noise_multiplier)
     if sigma < 1e-3 or sigma > 1e4:
         raise InvalidInput(
             "noise_multiplier must be in [0.001, 10000]",
             param="noise_multiplier",
             code="invalid_value",
         )
-    delta = _check("delta", check_delta, req.delta)
+    delta = _check("delta", check_delta, delta)
     event = PrivacyEvent(sigma, q, steps, clipping, k, rank, sketch=sketch)
-    return _result("accountant.epsilon", event, delta)
+    return _result(event, delta)
 
 
-def calibrate(req: NoiseMultiplierRequest) -> AccountantResult:
+def calibrate(
+    req: AccountantQuery, target_epsilon: Any, target_delta: Any, rel_tol: float = 0.005
+) -> AccountantAnswer:
+    """The smallest σ (within ``rel_tol``) whose ε at ``target_delta`` is at most
+    ``target_epsilon`` for ``req``'s mechanism."""
     if req.mechanism == NU_DPFTRL:
         pattern = _nu_pattern(req)
-        target = _check("target_epsilon", check_epsilon, req.target_epsilon)
-        delta = _check("target_delta", check_delta, req.target_delta)
+        target = _check("target_epsilon", check_epsilon, target_epsilon)
+        delta = _check("target_delta", check_delta, target_delta)
         try:
             sigma = dpftrl_noise_multiplier(target, delta, **pattern)
         except ValueError as exc:
             raise InvalidInput(str(exc), param="target_epsilon", code="calibration_failed") from exc
-        out = _nu_result("accountant.noise_multiplier", sigma, delta, pattern)
-        return out.model_copy(update={"target_epsilon": target})
+        out = _nu_result(sigma, delta, pattern)
+        return replace(out, target_epsilon=target)
     q, steps, clipping, k, rank, sketch = _job(req)
-    target = _check("target_epsilon", check_epsilon, req.target_epsilon)
-    delta = _check("target_delta", check_delta, req.target_delta)
-    if not 1e-6 <= req.rel_tol <= 0.5:
+    target = _check("target_epsilon", check_epsilon, target_epsilon)
+    delta = _check("target_delta", check_delta, target_delta)
+    if not 1e-6 <= rel_tol <= 0.5:
         raise InvalidInput("rel_tol must be in [1e-6, 0.5]", param="rel_tol", code="invalid_value")
     try:
-        sigma = noise_multiplier(
-            target, delta, q, steps, clipping, k, rank, rel_tol=float(req.rel_tol), sketch=sketch
+        sigma = calibrated_noise_multiplier(
+            target, delta, q, steps, clipping, k, rank, rel_tol=float(rel_tol), sketch=sketch
         )
     except ValueError as exc:
         raise InvalidInput(str(exc), param="target_epsilon", code="calibration_failed") from exc
     event = PrivacyEvent(sigma, q, steps, clipping, k, rank, sketch=sketch)
-    out = _result("accountant.noise_multiplier", event, delta)
-    return out.model_copy(update={"target_epsilon": target, "rel_tol": float(req.rel_tol)})
+    out = _result(event, delta)
+    return replace(out, target_epsilon=target, rel_tol=float(rel_tol))
 
 
-def job_plan(store: Store, caller: Caller, req: JobCreate) -> JobPlanPreview:
+@dataclass(frozen=True)
+class JobPlanPreview:
+    """What job creation would plan for a request, and its fit in the training file's budget
+    (None: the file has none)."""
+
+    training_file: str
+    n_examples: int
+    plan: planning.JobPlan
+    sketch: str  # the job's sketch (privacy.clipping.sketch, or its default)
+    budget: budget.PlanFit | None
+
+
+def job_plan(store: Store, caller: Caller, req: jobs.JobRequest) -> JobPlanPreview:
     """The plan job creation would make for ``req`` (:func:`service.planning.make_plan`, the
     same call) and the training file's composed budget with it; nothing is stored."""
     models.get_model(store.settings, req.model)
     with store.sessions() as session:
-        file = files_service.get_row(session, caller, req.training_file)
+        file = files.get_row(session, caller, req.training_file)
         if file.purpose != "fine-tune" or file.n_examples is None:
             raise InvalidInput(
                 f"file {file.id} is not a fine-tune data set",
@@ -268,40 +321,17 @@ def job_plan(store: Store, caller: Caller, req: JobCreate) -> JobPlanPreview:
                 code="invalid_file",
             )
         n = file.n_examples
-        events = lifecycle.file_events(session, file)
+        events = budget.file_events(session, file)
         eps_b, delta_b = file.epsilon_budget, file.delta
-    plan = planning.make_plan(jobs_service.plan_request(req), n, store.settings.default_k)
-    preview_budget = None
+    plan = planning.make_plan(jobs.plan_request(req), n, store.settings.default_k)
+    fit = None
     if eps_b is not None and delta_b is not None:
-        committed = lifecycle.totals(events, delta_b)[1]
-        with_job = lifecycle.totals(events, delta_b, plan.event())[1]
-        preview_budget = PlanBudget(
-            epsilon=eps_b,
-            delta=delta_b,
-            committed=committed if math.isfinite(committed) else None,
-            committed_with_job=with_job if math.isfinite(with_job) else None,
-            remaining_after=eps_b - with_job if math.isfinite(with_job) else None,
-            fits=with_job <= eps_b,
-        )
+        fit = budget.plan_fit(events, eps_b, delta_b, plan.event())
+    pr = req.privacy
     return JobPlanPreview(
         training_file=req.training_file,
         n_examples=n,
-        n_epochs=plan.n_epochs,
-        batch_size=plan.batch_size,
-        sample_rate=plan.sample_rate,
-        steps=plan.steps,
-        target_epsilon=plan.target_epsilon,
-        target_delta=plan.target_delta,
-        noise_multiplier=plan.noise_multiplier,
-        planned_epsilon=plan.planned_epsilon,
-        mechanism=plan.mechanism,
-        clipping=plan.method,
-        k=plan.k,
-        sketch=planning.job_sketch(
-            req.privacy.clipping.method, req.privacy.noise.mechanism, req.privacy.clipping.sketch
-        ),
-        accounting_clipping=plan.accounting_clipping,
-        accounting_k=plan.accounting_k,
-        accounting_sketch=plan.sketch,
-        budget=preview_budget,
+        plan=plan,
+        sketch=planning.job_sketch(pr.norm_method, pr.mechanism, pr.sketch),
+        budget=fit,
     )

@@ -1,26 +1,28 @@
-"""The HTTP side of jobs: creation (plan, budget reservation, idempotency, limits), reads,
-and the client's moves (cancel, pause, resume) through :mod:`service.lifecycle`. The
-worker side is :mod:`service.job_runs`."""
+"""The jobs use cases a client asks for: creation (plan, budget reservation, idempotency,
+limits), reads, and the client's moves (cancel, pause, resume) through
+:mod:`service.lifecycle`. The budget's rules are :mod:`service.budget`'s; the worker side is
+:mod:`service.job_runs`.
+
+Creation takes a :class:`JobRequest` (domain values; the API builds it from its schema) and
+returns the job's row; reads return rows (:class:`service.tables.Job`, :class:`JobEvent`,
+:class:`Checkpoint`) and :class:`JobLedger`."""
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import secrets
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.jobs.schemas import Checkpoint as CheckpointObject
-from api.jobs.schemas import Event, Job, JobCreate, JobError, Ledger
-from service.keys import Caller
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger
 from dprc_core.training.models import (
     LoraSpec,
@@ -35,7 +37,9 @@ from service.db import locked_session
 from service.errors import Conflict, InvalidInput, LimitReached, NotFound
 from service.ids import new_id
 from service.job_events import add_event
-from service.lifecycle import Actor, JobStatus
+from service.job_status import ACTIVE, INITIAL, JobStatus
+from service.keys import Caller
+from service.lifecycle import Actor
 from service.pagination import cursor_page
 from service.settings import Settings
 from service.store import Store
@@ -45,67 +49,97 @@ from service.tables import Job as JobRow
 FORMATS_FOR_TASK = {"causal_lm": ("text", "chat"), "classification": ("classification",)}
 
 
-# -- objects ----------------------------------------------------------------------------------
+# -- requests ---------------------------------------------------------------------------------
 
 
-def to_object(row: JobRow, caller_org: str) -> Job:
+@dataclass(frozen=True)
+class Hyperparameters:
+    """A job's training settings (``auto``: the planner's default)."""
+
+    n_epochs: int | Literal["auto"] = "auto"
+    batch_size: int | Literal["auto"] = "auto"
+    learning_rate_multiplier: float | Literal["auto"] | None = None
+    learning_rate: float | None = None
+    max_seq_len: int = 128
+    lora: dict[str, Any] | None = None  # r, alpha, target_modules (what the worker gets)
+    train_only: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class PrivacySettings:
+    """What a job asks of its privacy: the target, the norm method and the noise."""
+
+    target_epsilon: float
+    target_delta: float | None = None
+    max_grad_norm: float = 1.0
+    norm_method: str = "auto"  # a registered norm method (dprc_core.norm_methods)
+    k: int | None = None
+    sketch: str | None = None  # None: the library's default (job_sketch)
+    mechanism: str = "gaussian"  # gaussian | nu_dpftrl
+    nu: float | None = None
+    bands: int | None = None
+    report_train_loss: bool = True
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A job creation request, in domain values (validated for shape by the caller)."""
+
+    model: str
+    training_file: str
+    privacy: PrivacySettings
+    hyperparameters: Hyperparameters = field(default_factory=Hyperparameters)
+    checkpoint_every: int | None = None
+    seed: int | None = None
+    suffix: str | None = None
+    metadata: dict[str, str] | None = None
+    validation_file: str | None = None
+    devices: int = 1
+
+
+@dataclass(frozen=True)
+class Idempotency:
+    """An ``Idempotency-Key`` and the fingerprint of the request it was sent with: the same
+    key with another fingerprint is refused."""
+
+    key: str
+    request_hash: str
+
+
+# -- the job row's privacy, as a read shows it --------------------------------------------------
+
+
+def privacy_of(row: JobRow) -> dict[str, Any]:
+    """The job's ``privacy`` object: what creation stored, with ``epsilon_spent`` and the
+    sketch of a job stored before sketches were offered (shared, migration 0004)."""
     privacy = dict(row.privacy)
     privacy["epsilon_spent"] = row.epsilon_spent
-    # a job stored before sketches were offered had shared ones (migration 0004)
     clipping = privacy["clipping"] = dict(privacy.get("clipping") or {})
     clipping.setdefault("sketch", "shared")
     accountant = privacy["accountant"] = dict(privacy.get("accountant") or {})
     accountant.setdefault("sketch", row.accounting_sketch)
-    error = None
-    if row.error_code or row.error_message:
-        error = JobError(code=row.error_code or "error", message=row.error_message or "")
-    return Job(
-        id=row.id,
-        created_at=row.created_at,
-        error=error,
-        fine_tuned_model=row.fine_tuned_model,
-        finished_at=row.finished_at,
-        hyperparameters={
-            k: v for k, v in row.hyperparameters.items() if k != job_runs.VALIDATION_FILE_KEY
-        },
-        model=row.model,
-        organization_id=caller_org,
-        result_files=list(row.result_files or []),
-        seed=row.seed,
-        status=JobStatus(row.status),
-        trained_tokens=row.trained_tokens,
-        training_file=row.training_file_id,
-        validation_file=job_runs.validation_file_id(row),
-        metadata=row.job_metadata,
-        user_provided_suffix=row.suffix,
-        privacy=privacy,
-        steps_done=row.steps_done,
-        steps_total=row.steps_total,
-        checkpoint_every=row.checkpoint_every,
-        cancel_requested=row.cancel_requested,
-        pause_requested=bool(row.pause_requested),
-        devices=row.devices,
-    )
+    return privacy
 
 
-def _org(caller: Caller) -> str:
-    return f"org-{caller.tenant_id}"
+def public_hyperparameters(row: JobRow) -> dict[str, Any]:
+    """The job's hyperparameters as the client gave them (the validation file is a field of
+    its own: :func:`validation_file`)."""
+    return {k: v for k, v in row.hyperparameters.items() if k != job_runs.VALIDATION_FILE_KEY}
 
 
-def _request_hash(req: JobCreate) -> str:
-    body = json.dumps(req.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(body.encode()).hexdigest()
+def validation_file(row: JobRow) -> str | None:
+    return job_runs.validation_file_id(row)
 
 
-def _idempotent(session: Session, caller: Caller, key: str, digest: str) -> JobRow | None:
+def _idempotent(session: Session, caller: Caller, idem: Idempotency) -> JobRow | None:
     row = session.scalar(
         select(IdempotencyKey).where(
-            IdempotencyKey.tenant_id == caller.tenant_id, IdempotencyKey.key == key
+            IdempotencyKey.tenant_id == caller.tenant_id, IdempotencyKey.key == idem.key
         )
     )
     if row is None:
         return None
-    if row.request_hash != digest:
+    if row.request_hash != idem.request_hash:
         raise Conflict(
             "this Idempotency-Key was already used with a different request",
             param="Idempotency-Key",
@@ -119,15 +153,17 @@ def _idempotent(session: Session, caller: Caller, key: str, digest: str) -> JobR
 # -- create -----------------------------------------------------------------------------------
 
 
-def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: str | None) -> Job:
+def create_job(
+    store: Store, caller: Caller, req: JobRequest, idem: Idempotency | None = None
+) -> JobRow:
     """Validate, plan, then — under the tenant's and the file's locks — check the active-job
-    limit and the file's budget (the composed ε with this job's planned event) and insert."""
-    digest = _request_hash(req)
-    if idempotency_key is not None:
+    limit and the file's budget (the composed ε with this job's planned event) and insert.
+    With ``idem``, a repeated request answers the job it created."""
+    if idem is not None:
         with store.sessions() as session:
-            existing = _idempotent(session, caller, idempotency_key, digest)
+            existing = _idempotent(session, caller, idem)
             if existing is not None:
-                return to_object(existing, _org(caller))
+                return existing
 
     model = models.get_model(store.settings, req.model)
     _check_devices(store.settings, req.devices)
@@ -150,8 +186,8 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
     if req.validation_file is not None:
         _check_validation_file(store, caller, req, FORMATS_FOR_TASK[model.task])
     plan = planning.make_plan(plan_request(req), n, store.settings.default_k)
-    check_model_settings(models.ensure_local(model), model.task, req)  # built on first use
-    new_event = plan.event()  # built before the locks (ν-DP-FTRL's needs its sensitivity)
+    check_model_settings(models.ensure_local(model), model.task, req.hyperparameters)
+    privacy_event = plan.event()  # built before the locks (ν-DP-FTRL's needs its sensitivity)
     # The budget's composition (seconds of accountant work on a long history) runs outside
     # the locks on a snapshot of the file's events; under the locks the snapshot is checked
     # and, if another job changed the file meanwhile, composed again outside them (then, on
@@ -160,17 +196,26 @@ def create_job(store: Store, caller: Caller, req: JobCreate, idempotency_key: st
     # each composes once, on a snapshot no one here changes meanwhile; the database's write
     # lock is held only to check the snapshot and insert. Other processes (API replicas) are
     # caught by the snapshot check.
+    new = _NewJob(req, plan, privacy_event, idem)
     with _file_turn(req.training_file):
-        known = _budget_snapshot(store, caller, req.training_file, new_event)
+        known = _budget_snapshot(store, caller, req.training_file, privacy_event)
         deadline = time.monotonic() + OPTIMISTIC_SECONDS
         while True:
             last = time.monotonic() > deadline  # then composed under the locks, whatever it costs
-            done, stale = _create_locked(
-                store, caller, req, plan, new_event, known, idempotency_key, digest, last
-            )
+            done, stale = _create_locked(store, caller, new, known, last)
             if done is not None:
                 return done
             known = stale
+
+
+@dataclass(frozen=True)
+class _NewJob:
+    """A job being created: its request, its plan and the plan's privacy event."""
+
+    req: JobRequest
+    plan: planning.JobPlan
+    privacy_event: PrivacyEvent
+    idem: Idempotency | None
 
 
 def _check_devices(settings: Settings, devices: int) -> None:
@@ -195,17 +240,14 @@ _SETTING_PARAMS = {
 }
 
 
-def check_model_settings(path: Path, task: str, req: JobCreate) -> None:
+def check_model_settings(path: Path, task: str, hp: Hyperparameters) -> None:
     """400 if the model cannot take the job's ``max_seq_len`` (beyond its positions), LoRA
     target modules (matching no module) or ``train_only`` (leaving nothing to train): checked
     with the library's validators (``dprc_core.training.models``) on the model's config and
     architecture on the meta device, never its weights; cached per model and settings."""
-    hp = req.hyperparameters
     lora = None
     if hp.lora is not None:  # what the worker gets (hyperparameters["lora"]), hashable
-        lora = tuple(
-            (k, tuple(v) if isinstance(v, list) else v) for k, v in hp.lora.model_dump().items()
-        )
+        lora = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in hp.lora.items())
     train_only = tuple(hp.train_only) if hp.train_only is not None else None
     stamp = (path / "config.json").stat().st_mtime_ns
     try:
@@ -215,8 +257,10 @@ def check_model_settings(path: Path, task: str, req: JobCreate) -> None:
     else:
         refused = _check_trainable_cached(str(path), stamp, task, lora, train_only)
     if refused is not None:
-        field, message = refused
-        raise InvalidInput(message, param=_SETTING_PARAMS[field], code="invalid_hyperparameters")
+        field_name, message = refused
+        raise InvalidInput(
+            message, param=_SETTING_PARAMS[field_name], code="invalid_hyperparameters"
+        )
 
 
 @functools.lru_cache(maxsize=256)
@@ -256,88 +300,63 @@ def _file_turn(file_id: str) -> Iterator[None]:
 # (each retry means another job was committed: progress); after that it composes under them.
 OPTIMISTIC_SECONDS = 120.0
 
-Snapshot = tuple[lifecycle.FileEvents, tuple[float, float]] | None
-
 
 def _budget_snapshot(
-    store: Store, caller: Caller, file_id: str, new_event: PrivacyEvent
-) -> Snapshot:
-    """The file's events and their totals with ``new_event``, composed under no lock."""
+    store: Store, caller: Caller, file_id: str, privacy_event: PrivacyEvent
+) -> budget.Snapshot:
+    """The file's events and their totals with ``privacy_event``, composed under no lock."""
     with store.sessions() as session:
         file = _training_file(session, caller, file_id, locked=False)
         if file.epsilon_budget is None or file.delta is None:
             return None
-        events, delta = lifecycle.file_events(session, file), file.delta
-    lifecycle.totals(events, delta)  # warms the cache for a refusal's message
-    return events, lifecycle.totals(events, delta, new_event)
+        events, delta = budget.file_events(session, file), file.delta
+    return budget.snapshot(events, delta, privacy_event)
 
 
 def _create_locked(
-    store: Store,
-    caller: Caller,
-    req: JobCreate,
-    plan: planning.Plan,
-    new_event: PrivacyEvent,
-    known: Snapshot,
-    idempotency_key: str | None,
-    digest: str,
-    last: bool,
-) -> tuple[Job | None, Snapshot]:
+    store: Store, caller: Caller, new: _NewJob, known: budget.Snapshot, last: bool
+) -> tuple[JobRow | None, budget.Snapshot]:
     """One locked attempt: (the job, None), or (None, a fresh snapshot) when the file's
     events changed since ``known`` and this is not the ``last`` attempt."""
     with locked_session(store.sessions) as session:
         # lock order: tenant row, then file row (FOR UPDATE on PostgreSQL; BEGIN IMMEDIATE on
         # SQLite holds the write lock for the whole transaction)
         session.get(Tenant, caller.tenant_id, with_for_update=True)
-        if idempotency_key is not None:
-            existing = _idempotent(session, caller, idempotency_key, digest)
+        if new.idem is not None:
+            existing = _idempotent(session, caller, new.idem)
             if existing is not None:
-                return to_object(existing, _org(caller)), None
-        file = _training_file(session, caller, req.training_file, locked=True)
+                return existing, None
+        file = _training_file(session, caller, new.req.training_file, locked=True)
         _check_active_jobs(session, caller, store.settings.max_active_jobs_per_tenant)
-        stale: tuple[lifecycle.FileEvents, float] | None = None
-        if file.epsilon_budget is not None and file.delta is not None and not last:
-            events = lifecycle.file_events(session, file)
-            if known is None or known[0] != events:
-                stale = (events, file.delta)
-                session.rollback()  # leave the locks; compose again outside them
+        stale = None if last else budget.changed_events(session, file, known)
         if stale is None:
-            job = _reserve_and_insert(
-                session, caller, file, req, plan, new_event, known, idempotency_key, digest
-            )
-            return job, None
-    events, delta = stale
-    lifecycle.totals(events, delta)  # under no lock, as the snapshot
-    return None, (events, lifecycle.totals(events, delta, new_event))
+            return _reserve_and_insert(session, caller, file, new, known), None
+        delta = file.delta
+        assert delta is not None
+        session.rollback()  # leave the locks; compose again outside them
+    return None, budget.snapshot(stale, delta, new.privacy_event)  # under no lock
 
 
 def _reserve_and_insert(
-    session: Session,
-    caller: Caller,
-    file: File,
-    req: JobCreate,
-    plan: planning.Plan,
-    new_event: PrivacyEvent,
-    known: Snapshot,
-    idempotency_key: str | None,
-    digest: str,
-) -> Job:
+    session: Session, caller: Caller, file: File, new: _NewJob, known: budget.Snapshot
+) -> JobRow:
     """Under the locks: reserve the job's planned event on the file (or refuse it) and insert
     it with its Idempotency-Key, in one commit."""
-    _reserve(session, file, plan, new_event, known)
-    row = _insert_job(session, caller, req, plan)
-    if idempotency_key is not None:
+    plan = new.plan
+    budget.reserve(session, file, new.privacy_event, known, plan.planned_epsilon, plan.target_delta)
+    row = _insert_job(session, caller, new.req, plan)
+    if new.idem is not None:
         session.add(
             IdempotencyKey(
                 tenant_id=caller.tenant_id,
-                key=idempotency_key,
-                request_hash=digest,
+                key=new.idem.key,
+                request_hash=new.idem.request_hash,
                 job_id=row.id,
                 created_at=now(),
             )
         )
     session.commit()
-    return to_object(row, _org(caller))
+    return row
 
 
 def _training_file(session: Session, caller: Caller, file_id: str, *, locked: bool) -> File:
@@ -358,7 +377,7 @@ def _training_file(session: Session, caller: Caller, file_id: str, *, locked: bo
 
 
 def _check_validation_file(
-    store: Store, caller: Caller, req: JobCreate, formats: tuple[str, ...]
+    store: Store, caller: Caller, req: JobRequest, formats: tuple[str, ...]
 ) -> None:
     """The validation file: the caller's fine-tune data set (else 404), of a format the model's
     task reads, not the training file (its loss would be a non-private statistic of the training
@@ -408,7 +427,7 @@ def _check_active_jobs(session: Session, caller: Caller, limit: int) -> None:
         session.scalar(
             select(func.count())
             .select_from(JobRow)
-            .where(JobRow.tenant_id == caller.tenant_id, JobRow.status.in_(lifecycle.ACTIVE))
+            .where(JobRow.tenant_id == caller.tenant_id, JobRow.status.in_(ACTIVE))
         )
         or 0
     )
@@ -420,48 +439,25 @@ def _check_active_jobs(session: Session, caller: Caller, limit: int) -> None:
         )
 
 
-def _reserve(
-    session: Session, file: File, plan: planning.Plan, new_event: PrivacyEvent, known: Snapshot
-) -> None:
-    """Refuse the job if the composed ε of the file's events with its planned event exceeds
-    the file's budget (never a sum of ε's); call under the file's lock."""
-    if file.epsilon_budget is None or file.delta is None:
-        return
-    spent, committed = lifecycle.settle(session, file, extra=new_event, known=known)
-    if committed <= file.epsilon_budget:
-        return
-    _before, current = lifecycle.totals(lifecycle.file_events(session, file), file.delta)
-    session.rollback()
-    remaining = max(0.0, file.epsilon_budget - current)
-    raise Conflict(
-        f"privacy budget of file {file.id} exceeded: budget epsilon="
-        f"{file.epsilon_budget:g} at delta={file.delta:g}; already committed "
-        f"epsilon={current:.4g} (spent {spent:.4g}); remaining epsilon="
-        f"{remaining:.4g}; this job (planned epsilon={plan.planned_epsilon:.4g} at "
-        f"its delta={plan.target_delta:g}) would bring the composed epsilon to "
-        f"{committed:.4g}",
-        param="training_file",
-        code="budget_exceeded",
-    )
-
-
-def plan_request(req: JobCreate) -> planning.PlanRequest:
+def plan_request(req: JobRequest) -> planning.PlanRequest:
     hp, pr = req.hyperparameters, req.privacy
     return planning.PlanRequest(
         target_epsilon=pr.target_epsilon,
         target_delta=pr.target_delta,
         n_epochs=hp.n_epochs,
         batch_size=hp.batch_size,
-        method=pr.clipping.method,
-        k=pr.clipping.k,
-        mechanism=pr.noise.mechanism,
-        nu=pr.noise.nu,
-        bands=pr.noise.bands,
-        sketch=planning.job_sketch(pr.clipping.method, pr.noise.mechanism, pr.clipping.sketch),
+        method=pr.norm_method,
+        k=pr.k,
+        mechanism=pr.mechanism,
+        nu=pr.nu,
+        bands=pr.bands,
+        sketch=planning.job_sketch(pr.norm_method, pr.mechanism, pr.sketch),
     )
 
 
-def _insert_job(session: Session, caller: Caller, req: JobCreate, plan: planning.Plan) -> JobRow:
+def _stored_hyperparameters(req: JobRequest, plan: planning.JobPlan) -> dict[str, Any]:
+    """The job row's ``hyperparameters``: the plan's epochs and batch, the learning rate the
+    worker uses, and the validation file when there is one."""
     hp = req.hyperparameters
     lrm = hp.learning_rate_multiplier
     hyper: dict[str, Any] = {
@@ -472,22 +468,26 @@ def _insert_job(session: Session, caller: Caller, req: JobCreate, plan: planning
         else (1.0 if lrm in (None, "auto") else lrm),
         "learning_rate": hp.learning_rate,
         "max_seq_len": hp.max_seq_len,
-        "lora": hp.lora.model_dump() if hp.lora else None,
+        "lora": hp.lora,
         "train_only": hp.train_only,
     }
     if req.validation_file is not None:
         hyper[job_runs.VALIDATION_FILE_KEY] = req.validation_file
+    return hyper
+
+
+def _stored_privacy(req: JobRequest, plan: planning.JobPlan) -> dict[str, Any]:
+    """The job row's ``privacy``: what was asked, what was planned and how it is accounted
+    (read back by budgets, workers and :func:`privacy_of`)."""
     pr = req.privacy
-    privacy = {
+    return {
         "target_epsilon": pr.target_epsilon,
         "target_delta": plan.target_delta,
         "max_grad_norm": pr.max_grad_norm,
         "clipping": {
             "method": plan.method,
             "k": plan.k,
-            "sketch": planning.job_sketch(
-                pr.clipping.method, pr.noise.mechanism, pr.clipping.sketch
-            ),
+            "sketch": planning.job_sketch(pr.norm_method, pr.mechanism, pr.sketch),
         },
         "noise": plan.noise(),
         "report_train_loss": pr.report_train_loss,
@@ -498,15 +498,20 @@ def _insert_job(session: Session, caller: Caller, req: JobCreate, plan: planning
         "planned_epsilon": plan.planned_epsilon,
         "accountant": plan.accountant(),
     }
+
+
+def _insert_job(
+    session: Session, caller: Caller, req: JobRequest, plan: planning.JobPlan
+) -> JobRow:
     row = JobRow(
         id=new_id("ftjob"),
         tenant_id=caller.tenant_id,
         model=req.model,
         training_file_id=req.training_file,
-        status=lifecycle.INITIAL.value,
+        status=INITIAL.value,
         created_at=now(),
-        hyperparameters=hyper,
-        privacy=privacy,
+        hyperparameters=_stored_hyperparameters(req, plan),
+        privacy=_stored_privacy(req, plan),
         seed=req.seed if req.seed is not None else secrets.randbits(63),  # secret: 63 bits
         suffix=req.suffix,
         job_metadata=req.metadata,
@@ -526,10 +531,16 @@ def _insert_job(session: Session, caller: Caller, req: JobCreate, plan: planning
     )
     session.add(row)
     session.flush()
-    add_event(session, row.id, f"Created fine-tuning job: {row.id}")
+    _log_creation(session, row.id, plan)
+    return row
+
+
+def _log_creation(session: Session, job_id: str, plan: planning.JobPlan) -> None:
+    """The job events of a new job: created, its privacy plan, queued."""
+    add_event(session, job_id, f"Created fine-tuning job: {job_id}")
     add_event(
         session,
-        row.id,
+        job_id,
         f"Privacy plan: noise multiplier {plan.noise_multiplier:.4g}, sample rate "
         f"{plan.sample_rate:.4g}, {plan.steps} steps, planned epsilon "
         f"{plan.planned_epsilon:.4g} at delta {plan.target_delta:g}"
@@ -543,8 +554,7 @@ def _insert_job(session: Session, caller: Caller, req: JobCreate, plan: planning
             "sketch": plan.sketch,
         },
     )
-    add_event(session, row.id, "Job queued")
-    return row
+    add_event(session, job_id, "Job queued")
 
 
 # -- reads ------------------------------------------------------------------------------------
@@ -563,72 +573,57 @@ def get_row(session: Session, caller: Caller, job_id: str) -> JobRow:
     return row
 
 
-def retrieve(store: Store, caller: Caller, job_id: str) -> Job:
+def retrieve(store: Store, caller: Caller, job_id: str) -> JobRow:
     with store.sessions() as session:
-        return to_object(get_row(session, caller, job_id), _org(caller))
+        return get_row(session, caller, job_id)
 
 
 def list_jobs(
     store: Store, caller: Caller, after: str | None, limit: int
-) -> tuple[list[Job], bool]:
+) -> tuple[list[JobRow], bool]:
     with store.sessions() as session:
         q = select(JobRow).where(JobRow.tenant_id == caller.tenant_id)
-        rows, more = cursor_page(session, q, JobRow, after, limit, "job")
-        return [to_object(r, _org(caller)) for r in rows], more
+        return cursor_page(session, q, JobRow, after, limit, "job")
 
 
 def list_events(
     store: Store, caller: Caller, job_id: str, after: str | None, limit: int
-) -> tuple[list[Event], bool]:
+) -> tuple[list[JobEvent], bool]:
     with store.sessions() as session:
         job = get_row(session, caller, job_id)
         q = select(JobEvent).where(JobEvent.job_id == job.id)
-        rows, more = cursor_page(session, q, JobEvent, after, limit, "event")
-        data = [
-            Event(
-                id=r.id,
-                created_at=r.created_at,
-                level=r.level,
-                message=r.message,
-                type=r.type,
-                data=r.data,
-            )
-            for r in rows
-        ]
-        return data, more
+        return cursor_page(session, q, JobEvent, after, limit, "event")
 
 
 def list_checkpoints(
     store: Store, caller: Caller, job_id: str, after: str | None, limit: int
-) -> tuple[list[CheckpointObject], bool]:
+) -> tuple[JobRow, list[Checkpoint], bool]:
+    """The job and a page of its checkpoints."""
     with store.sessions() as session:
         job = get_row(session, caller, job_id)
         q = select(Checkpoint).where(Checkpoint.job_id == job.id)
         rows, more = cursor_page(session, q, Checkpoint, after, limit, "checkpoint")
-        data = [
-            CheckpointObject(
-                id=r.id,
-                created_at=r.created_at,
-                fine_tuned_model_checkpoint=f"ft:{job.model}:{job.suffix or ''}:{job.id}:"
-                f"ckpt-step-{r.step}",
-                fine_tuning_job_id=job.id,
-                metrics={"step": r.step, **(r.metrics or {})},
-                step_number=r.step,
-                epsilon=r.epsilon,
-                file_id=r.file_id,
-            )
-            for r in rows
-        ]
-        return data, more
+        return job, rows, more
 
 
-def ledger(store: Store, caller: Caller, job_id: str) -> Ledger:
+@dataclass(frozen=True)
+class JobLedger:
+    """The privacy ledger of the steps a job ran and its planned event, at the job's δ."""
+
+    job_id: str
+    delta: float
+    epsilon_spent: float
+    ledger: dict[str, Any]  # dprc-privacy-ledger JSON
+    planned: dict[str, Any]  # the planned event (the reservation)
+
+
+def ledger(store: Store, caller: Caller, job_id: str) -> JobLedger:
     with store.sessions() as session:
         job = get_row(session, caller, job_id)
         spent = budget.spent_event(job)
         led = PrivacyLedger([spent] if spent is not None else [])
         delta = float(job.privacy["target_delta"])
-        return Ledger(
+        return JobLedger(
             job_id=job.id,
             delta=delta,
             epsilon_spent=led.epsilon(delta),
@@ -640,7 +635,7 @@ def ledger(store: Store, caller: Caller, job_id: str) -> Ledger:
 # -- the client's moves -----------------------------------------------------------------------
 
 
-def cancel(store: Store, caller: Caller, job_id: str) -> Job:
+def cancel(store: Store, caller: Caller, job_id: str) -> JobRow:
     """Queued and paused jobs end now (their reservation is released); a running job is asked
     to stop and its worker ends it, settling to the steps that ran."""
     row = lifecycle.move(
@@ -653,10 +648,10 @@ def cancel(store: Store, caller: Caller, job_id: str) -> Job:
         finished_at=now(),
     )
     assert row is not None
-    return to_object(row, _org(caller))
+    return row
 
 
-def pause(store: Store, caller: Caller, job_id: str) -> Job:
+def pause(store: Store, caller: Caller, job_id: str) -> JobRow:
     """A queued job is paused at once; a running one is asked to stop after the current step
     with a checkpoint (its worker marks it ``paused``). The reservation stays."""
     row = lifecycle.move(
@@ -668,10 +663,10 @@ def pause(store: Store, caller: Caller, job_id: str) -> Job:
         message="Job paused",
     )
     assert row is not None
-    return to_object(row, _org(caller))
+    return row
 
 
-def resume(store: Store, caller: Caller, job_id: str) -> Job:
+def resume(store: Store, caller: Caller, job_id: str) -> JobRow:
     """A paused job goes back to the queue; its worker resumes from the last checkpoint."""
     row = lifecycle.move(
         store,
@@ -683,4 +678,4 @@ def resume(store: Store, caller: Caller, job_id: str) -> Job:
         pause_requested=False,
     )
     assert row is not None
-    return to_object(row, _org(caller))
+    return row

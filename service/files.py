@@ -1,27 +1,27 @@
-"""Files: JSONL validation at upload, storage under ``DPRC_DATA_DIR/files``, budgets."""
+"""The files use cases: JSONL validation at upload, storage under ``DPRC_DATA_DIR/files``,
+reads, deletion, and a data set's budget (its rules are :mod:`service.budget`'s). Reads return
+:class:`DataSet` (the row and the budget it shows)."""
 
 from __future__ import annotations
 
 import io
-import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.files.schemas import Budget, BudgetHistory, BudgetPoint, FileObject
-from service.keys import Caller
-from dprc_core.accounting import PrivacyEvent
 from dprc_core.training.data import DataError, summarize_jsonl
-from dprc_core.training.plan import default_delta
-from service import budget, lifecycle
+from service import budget
 from service.clock import now
 from service.db import locked_session
 from service.errors import Conflict, InvalidInput, NotFound, TooLarge
 from service.file_storage import clean_filename, storage_dir, write_atomic
 from service.ids import new_id
 from service.job_runs import validation_file_id
+from service.job_status import ACTIVE
+from service.keys import Caller
 from service.pagination import cursor_page
 from service.private_data import remove_run_folders
 from service.store import Store
@@ -59,43 +59,17 @@ def read_capped(stream: IO[bytes], cap: int) -> bytes:
 # -- objects ----------------------------------------------------------------------------------
 
 
-def to_object(f: File, live_spent: float | None = None) -> FileObject:
-    """The file object; ``live_spent`` (:func:`service.budget.live_spent`) replaces the
-    stored ``spent``, which is refreshed only when a job is created or ends."""
-    b = None
-    if f.epsilon_budget is not None and f.delta is not None:
-        spent, committed = f.epsilon_spent, f.epsilon_committed
-        if live_spent is not None:
-            spent = live_spent
-        b = Budget(
-            epsilon=f.epsilon_budget,
-            delta=f.delta,
-            spent=spent if math.isfinite(spent) else None,
-            reserved=max(0.0, committed - spent) if math.isfinite(committed) else None,
-            committed=committed if math.isfinite(committed) else None,
-            remaining=max(0.0, f.epsilon_budget - committed),
-        )
-    return FileObject(
-        id=f.id,
-        bytes=f.bytes,
-        created_at=f.created_at,
-        filename=f.filename,
-        purpose=f.purpose,
-        n_examples=f.n_examples,
-        format=f.data_format,
-        budget=b,
-    )
+@dataclass(frozen=True)
+class DataSet:
+    """A file as a read shows it: its row and the budget it shows (None: it has none)."""
+
+    row: File
+    budget: budget.FileBudget | None
 
 
-def _budget_values(
-    n: int, epsilon_budget: float | None, delta: float | None
-) -> tuple[float | None, float | None]:
-    if epsilon_budget is None:
-        if delta is not None:
-            raise InvalidInput("delta needs epsilon_budget", param="delta", code="invalid_value")
-        return None, None
-    d = default_delta(n) if delta is None else budget.check_delta_for(n, delta, "delta")
-    return epsilon_budget, d
+def _shown(f: File, live_spent: float | None = None) -> DataSet:
+    """``live_spent`` (:func:`service.budget.live_spent`) replaces the stored ``spent``."""
+    return DataSet(f, budget.file_budget(f, live_spent))
 
 
 # -- operations -------------------------------------------------------------------------------
@@ -109,7 +83,7 @@ def create_file(
     purpose: str,
     epsilon_budget: float | None,
     delta: float | None,
-) -> FileObject:
+) -> DataSet:
     if purpose not in UPLOAD_PURPOSES:
         raise InvalidInput(
             f"purpose must be one of {UPLOAD_PURPOSES}, got {purpose[:40]!r}",
@@ -117,7 +91,7 @@ def create_file(
             code="invalid_value",
         )
     n, fmt = validate_jsonl(data)
-    eps_b, d = _budget_values(n, epsilon_budget, delta)
+    eps_b, d = budget.budget_values(n, epsilon_budget, delta)
     file_id = new_id("file")
     path = write_atomic(storage_dir(store, caller.tenant_id), f"{file_id}.jsonl", data)
     try:
@@ -141,7 +115,7 @@ def create_file(
             )
             session.add(row)
             session.commit()
-            return to_object(row)
+            return _shown(row)
     except BaseException:
         path.unlink(missing_ok=True)
         raise
@@ -184,21 +158,21 @@ def get_row(session: Session, caller: Caller, file_id: str) -> File:
     return row
 
 
-def _read_object(session: Session, f: File) -> FileObject:
-    """A read's file object: ``spent`` composed from the steps its jobs ran so far."""
+def _read_object(session: Session, f: File) -> DataSet:
+    """A read's data set: ``spent`` composed from the steps its jobs ran so far."""
     if f.epsilon_budget is None or f.delta is None:
-        return to_object(f)
-    return to_object(f, budget.live_spent(session, f))
+        return _shown(f)
+    return _shown(f, budget.live_spent(session, f))
 
 
-def retrieve(store: Store, caller: Caller, file_id: str) -> FileObject:
+def retrieve(store: Store, caller: Caller, file_id: str) -> DataSet:
     with store.sessions() as session:
         return _read_object(session, get_row(session, caller, file_id))
 
 
 def list_files(
     store: Store, caller: Caller, purpose: str | None, limit: int, after: str | None, order: str
-) -> tuple[list[FileObject], bool]:
+) -> tuple[list[DataSet], bool]:
     with store.sessions() as session:
         q = select(File).where(File.tenant_id == caller.tenant_id, File.deleted.is_(False))
         if purpose:
@@ -223,14 +197,12 @@ def delete(store: Store, caller: Caller, file_id: str) -> str:
         active = session.scalar(
             select(func.count())
             .select_from(Job)
-            .where(Job.training_file_id == row.id, Job.status.in_(lifecycle.ACTIVE))
+            .where(Job.training_file_id == row.id, Job.status.in_(ACTIVE))
         )
         active = (active or 0) + sum(  # jobs that score valid_loss on it
             validation_file_id(job) == row.id
             for job in session.scalars(
-                select(Job).where(
-                    Job.tenant_id == caller.tenant_id, Job.status.in_(lifecycle.ACTIVE)
-                )
+                select(Job).where(Job.tenant_id == caller.tenant_id, Job.status.in_(ACTIVE))
             )
         )
         if active:
@@ -250,9 +222,9 @@ def delete(store: Store, caller: Caller, file_id: str) -> str:
 
 def set_budget(
     store: Store, caller: Caller, file_id: str, epsilon_budget: float, delta: float | None
-) -> FileObject:
+) -> DataSet:
     """Set or change a data set's budget; refused (:class:`Conflict`) if what is already
-    committed does not fit the new one."""
+    committed does not fit the new one (:func:`service.budget.change_budget`)."""
     with locked_session(store.sessions) as session:
         row = budget.lock_file(session, file_id, caller.tenant_id)
         if row is None:
@@ -263,32 +235,14 @@ def set_budget(
             raise InvalidInput(
                 "only fine-tune data sets carry a budget", param="file_id", code="invalid_value"
             )
-        eps_b, d = _budget_values(row.n_examples, epsilon_budget, delta)
-        assert eps_b is not None and d is not None
-        old = (row.epsilon_budget, row.delta)
-        row.epsilon_budget, row.delta = eps_b, d
-        _spent, committed = lifecycle.settle(session, row)
-        if committed > eps_b:
-            row.epsilon_budget, row.delta = old
-            session.rollback()
-            raise Conflict(
-                f"the jobs on this file already commit epsilon={committed:.4g} at "
-                f"delta={d:g}, above the requested budget {eps_b:g}",
-                param="epsilon_budget",
-                code="budget_exceeded",
-            )
+        budget.change_budget(session, row, epsilon_budget, delta)
         session.commit()
-        return to_object(row)
+        return _shown(row)
 
 
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
-def budget_history(store: Store, caller: Caller, file_id: str) -> BudgetHistory:
-    """The file's composed ε after each of its jobs, in creation order (the dashboard's step
-    line): at job i, the composition (:func:`service.budget.compose`, never a sum) of the
-    spent and committed events of jobs 1..i."""
+def budget_history(store: Store, caller: Caller, file_id: str) -> budget.History:
+    """The file's composed ε after each of its jobs, in creation order
+    (:func:`service.budget.history`)."""
     with store.sessions() as session:
         row = get_row(session, caller, file_id)
         if row.n_examples is None:
@@ -297,26 +251,4 @@ def budget_history(store: Store, caller: Caller, file_id: str) -> BudgetHistory:
                 param="file_id",
                 code="invalid_value",
             )
-        delta = row.delta if row.delta is not None else default_delta(row.n_examples)
-        jobs = sorted(budget.file_jobs(session, row.id), key=lambda j: j.seq)  # creation order
-        spent: list[PrivacyEvent | None] = []
-        committed: list[PrivacyEvent | None] = []
-        points: list[BudgetPoint] = []
-        for job in jobs:
-            own = budget.spent_event(job)
-            spent.append(own)
-            committed.append(lifecycle.committed_event(job))
-            points.append(
-                BudgetPoint(
-                    job_id=job.id,
-                    job_status=job.status,
-                    created_at=job.created_at,
-                    finished_at=job.finished_at,
-                    job_epsilon_spent=_finite(budget.compose([own], delta)),
-                    spent=_finite(budget.compose(spent, delta)),
-                    committed=_finite(budget.compose(committed, delta)),
-                )
-            )
-        return BudgetHistory(
-            file_id=row.id, delta=delta, epsilon_budget=row.epsilon_budget, data=points
-        )
+        return budget.history(session, row)
