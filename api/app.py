@@ -12,7 +12,6 @@ from urllib.parse import unquote, urlparse
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
 
 import dprc_core
 from api.accountant.router import router as accountant_router
@@ -25,7 +24,7 @@ from api.keys.router import router as keys_router
 from api.models.router import router as models_router
 from service.dispatch import Dispatcher, NoDispatcher
 from service.settings import Settings, get_settings
-from service.store import Store, open_store
+from service.store import Store, open_store, ping
 
 DispatcherFactory = Callable[[Store], Dispatcher]
 
@@ -98,8 +97,7 @@ def create_app(
         checks: dict[str, str] = {}
         ok = True
         try:
-            with request.app.state.store.sessions() as session:
-                session.execute(text("SELECT 1"))
+            ping(request.app.state.store)
             checks["store"] = "ok"
         except Exception as exc:  # noqa: BLE001 - reported, not raised
             ok, checks["store"] = False, f"error: {type(exc).__name__}"

@@ -14,7 +14,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.errors import (
@@ -26,6 +25,7 @@ from service.errors import (
     TooLarge,
     Unauthenticated,
 )
+from service.store import StoreError, StoreValueRefused, is_contention
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +139,8 @@ def install_handlers(app: FastAPI) -> None:
             headers=getattr(exc, "headers", None),
         )
 
-    @app.exception_handler(DataError)
-    async def _data_error(_request: Request, exc: DataError) -> JSONResponse:
+    @app.exception_handler(StoreValueRefused)
+    async def _data_error(_request: Request, exc: StoreValueRefused) -> JSONResponse:
         # a value the database cannot store (e.g. NUL in PostgreSQL text) is the client's
         log.info("database refused a value: %s", exc.orig)
         return JSONResponse(
@@ -153,12 +153,10 @@ def install_handlers(app: FastAPI) -> None:
             status_code=400,
         )
 
-    @app.exception_handler(OperationalError)
-    async def _store_busy(_request: Request, exc: OperationalError) -> JSONResponse:
-        # contention (SQLite's write lock held past the busy timeout, a PostgreSQL lock or
-        # serialization time-out) is not a server fault: the request changed nothing, retry
-        text = str(exc.orig).lower()
-        if not any(w in text for w in ("locked", "lock timeout", "could not serialize")):
+    @app.exception_handler(StoreError)
+    async def _store_busy(_request: Request, exc: StoreError) -> JSONResponse:
+        # contention is not a server fault: the request changed nothing, retry
+        if not is_contention(exc):
             log.exception("database error", exc_info=exc)
             return JSONResponse(
                 error_body("internal server error", "server_error", None, None), status_code=500

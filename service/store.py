@@ -1,11 +1,14 @@
-"""The store as the domains use it (settings, engine, session factory) and how it is opened:
-engine, migrations to head, the files folder."""
+"""The store as the domains use it (settings, engine, session factory), how it is opened
+(engine, migrations to head, the files folder), its health check and the store's errors the
+HTTP layer maps (:data:`StoreValueRefused`, :data:`StoreError`, :func:`is_contention`), so
+that nothing above the domain layer imports the database library."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.db import make_engine, make_sessionmaker, upgrade
@@ -26,3 +29,23 @@ def open_store(settings: Settings) -> Store:
     upgrade(engine)
     settings.files_dir.mkdir(parents=True, exist_ok=True)
     return Store(settings=settings, engine=engine, sessions=make_sessionmaker(engine))
+
+
+def ping(store: Store) -> None:
+    """Raise if the database does not answer a trivial query."""
+    with store.sessions() as session:
+        session.execute(text("SELECT 1"))
+
+
+# a value the database cannot store (e.g. NUL in PostgreSQL text): the client's error
+StoreValueRefused = DataError
+# the database failed the statement (contention, :func:`is_contention`, or a fault)
+StoreError = OperationalError
+
+
+def is_contention(exc: OperationalError) -> bool:
+    """Whether ``exc`` is contention — SQLite's write lock held past the busy timeout, a
+    PostgreSQL lock or serialization time-out — rather than a fault: the statement changed
+    nothing and a retry may succeed."""
+    message = str(exc.orig).lower()
+    return any(w in message for w in ("locked", "lock timeout", "could not serialize"))

@@ -4,6 +4,14 @@
 * ``service`` (the domain layer) imports neither ``api``, ``worker`` nor ``dprc``;
 * ``api`` (HTTP) never imports ``worker`` or ``dprc``; ``worker`` never imports ``api`` or
   ``dprc``: the dispatcher is injected by the composition root ``dprc``.
+* ``api`` reaches the database only through ``service``: it imports neither
+  ``service.tables`` (the ORM rows), ``service.db`` (engine, sessions, locks) nor
+  ``sqlalchemy``. The use cases live in ``service`` and return rows or domain objects;
+  ``api`` converts them to its schemas (``api/<domain>/views.py``).
+* ``dprc`` (the CLI and the composition root) calls ``service``, not ``api``: the one module
+  of ``dprc`` that imports ``api`` is ``dprc/app.py``, which builds the app ``dprc serve``
+  runs (``api.app.create_app`` with the dispatcher). ``dprc.client`` talks to a server over
+  HTTP and imports none of ``api``, ``service`` or ``worker``.
 
 Every ``.py`` file is walked, function-local imports included.
 """
@@ -48,6 +56,41 @@ def test_package_imports_follow_the_layering(package):
         if name.split(".")[0] in FORBIDDEN[package]
     ]
     assert not offenders, offenders
+
+
+# modules a package must not import, by dotted prefix (a module or any module below it)
+FORBIDDEN_MODULES = {
+    "api": ("service.tables", "service.db", "sqlalchemy"),
+    "dprc/client": ("api", "service", "worker"),
+}
+# the only module of ``dprc`` allowed to import ``api``: the composition root
+API_IMPORTERS_IN_DPRC = {"dprc/app.py"}
+
+
+def _is_under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+@pytest.mark.parametrize("folder", sorted(FORBIDDEN_MODULES))
+def test_package_avoids_the_modules_below_its_layer(folder):
+    files = list((ROOT / folder).rglob("*.py"))
+    assert files, f"no Python files under {folder}/"
+    offenders = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in files
+        for name in imported_packages(path)
+        if any(_is_under(name, prefix) for prefix in FORBIDDEN_MODULES[folder])
+    ]
+    assert not offenders, offenders
+
+
+def test_only_the_composition_root_of_dprc_imports_api():
+    importers = {
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "dprc").rglob("*.py")
+        if any(_is_under(name, "api") for name in imported_packages(path))
+    }
+    assert importers <= API_IMPORTERS_IN_DPRC, sorted(importers - API_IMPORTERS_IN_DPRC)
 
 
 def test_no_relative_imports_escape_the_rules():
