@@ -55,7 +55,7 @@ def _event(job: Job, steps: int) -> PrivacyEvent | None:
         noise_multiplier=job.noise_multiplier,
         sample_rate=job.sample_rate,
         steps=steps,
-        clipping=job.accounting_clipping,
+        clipping=job.accounting_envelope,
         k=job.accounting_k,
         sketch=job.accounting_sketch,
     )
@@ -219,11 +219,11 @@ def settle(
 # -- a new job against its file's budget -----------------------------------------------------
 
 
-def snapshot(events: FileEvents, delta: float, new_event: PrivacyEvent) -> Snapshot:
-    """``events`` with their totals with ``new_event``, composed under no lock (the totals
+def snapshot(events: FileEvents, delta: float, privacy_event: PrivacyEvent) -> Snapshot:
+    """``events`` with their totals with ``privacy_event``, composed under no lock (the totals
     without it too: they warm the cache for a refusal's message)."""
     totals(events, delta)
-    return events, totals(events, delta, new_event)
+    return events, totals(events, delta, privacy_event)
 
 
 def changed_events(session: Session, file: File, known: Snapshot) -> FileEvents | None:
@@ -240,17 +240,17 @@ def changed_events(session: Session, file: File, known: Snapshot) -> FileEvents 
 def reserve(
     session: Session,
     file: File,
-    new_event: PrivacyEvent,
+    privacy_event: PrivacyEvent,
     known: Snapshot,
     planned_epsilon: float,
     target_delta: float,
 ) -> None:
-    """Refuse the job whose planned event is ``new_event`` (planned ε ``planned_epsilon`` at
+    """Refuse the job whose planned event is ``privacy_event`` (planned ε ``planned_epsilon`` at
     its δ ``target_delta``) if the composed ε of the file's events with it exceeds the file's
     budget (never a sum of ε's); else store the new totals. Call under the file's lock."""
     if file.epsilon_budget is None or file.delta is None:
         return
-    spent, committed = settle(session, file, extra=new_event, known=known)
+    spent, committed = settle(session, file, extra=privacy_event, known=known)
     if committed <= file.epsilon_budget:
         return
     _before, current = totals(file_events(session, file), file.delta)
@@ -281,12 +281,12 @@ class PlanFit:
 
 
 def plan_fit(
-    events: FileEvents, epsilon_budget: float, delta: float, new_event: PrivacyEvent
+    events: FileEvents, epsilon_budget: float, delta: float, privacy_event: PrivacyEvent
 ) -> PlanFit:
-    """Whether a job with ``new_event`` would fit the budget now (what :func:`reserve`
+    """Whether a job with ``privacy_event`` would fit the budget now (what :func:`reserve`
     checks), with the numbers around it."""
     committed = totals(events, delta)[1]
-    with_job = totals(events, delta, new_event)[1]
+    with_job = totals(events, delta, privacy_event)[1]
     return PlanFit(
         epsilon=epsilon_budget,
         delta=delta,

@@ -258,16 +258,16 @@ def results_rows(session: Any, job_id: str) -> list[dict[str, Any]]:
     """One row per step (:data:`dprc_core.training.results.RESULT_COLUMNS`) from the job's
     step events: the last event of a step wins (an attempt that resumed after a crash replays
     the steps after its checkpoint). ``epsilon`` is the events' ``epsilon_spent``."""
-    events = session.scalars(
+    job_events = session.scalars(
         select(JobEvent)
         .where(JobEvent.job_id == job_id, JobEvent.type == "metrics")
         .order_by(JobEvent.seq)
     )
     by_step: dict[int, dict[str, Any]] = {}
-    for event in events:
-        data = event.data or {}
+    for job_event in job_events:
+        data = job_event.data or {}
         step = data.get("step")
-        if not isinstance(step, int) or not event.message.startswith("Step "):
+        if not isinstance(step, int) or not job_event.message.startswith("Step "):
             continue
         by_step[step] = {
             "step": step,

@@ -24,6 +24,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger
+from dprc_core.accounting.events import SHARED_SKETCH
 from dprc_core.training.models import (
     LoraSpec,
     ModelSettingError,
@@ -110,12 +111,16 @@ class Idempotency:
 
 
 def privacy_of(row: JobRow) -> dict[str, Any]:
-    """The job's ``privacy`` object: what creation stored, with ``epsilon_spent`` and the
-    sketch of a job stored before sketches were offered (shared, migration 0004)."""
+    """The job's ``privacy`` object: what creation stored, with ``epsilon_spent``, the norm
+    method under both its names (``norm_method``, and ``method``, its deprecated name, as
+    stored) and the sketch of a job stored before sketches were offered (shared, migration
+    0004)."""
     privacy = dict(row.privacy)
     privacy["epsilon_spent"] = row.epsilon_spent
     clipping = privacy["clipping"] = dict(privacy.get("clipping") or {})
-    clipping.setdefault("sketch", "shared")
+    if "method" in clipping:
+        clipping.setdefault("norm_method", clipping["method"])
+    clipping.setdefault("sketch", SHARED_SKETCH)
     accountant = privacy["accountant"] = dict(privacy.get("accountant") or {})
     accountant.setdefault("sketch", row.accounting_sketch)
     return privacy
@@ -519,7 +524,7 @@ def _insert_job(
         noise_multiplier=plan.noise_multiplier,
         sample_rate=plan.sample_rate,
         steps_total=plan.steps,
-        accounting_clipping=plan.accounting_clipping,
+        accounting_envelope=plan.accounting_envelope,
         accounting_k=plan.accounting_k,
         accounting_sketch=plan.sketch,
         steps_done=0,
@@ -544,7 +549,7 @@ def _log_creation(session: Session, job_id: str, plan: planning.JobPlan) -> None
         f"Privacy plan: noise multiplier {plan.noise_multiplier:.4g}, sample rate "
         f"{plan.sample_rate:.4g}, {plan.steps} steps, planned epsilon "
         f"{plan.planned_epsilon:.4g} at delta {plan.target_delta:g}"
-        + (", per-example sketches" if plan.sketch != "shared" else ""),
+        + (", per-example sketches" if plan.sketch != SHARED_SKETCH else ""),
         data={
             "noise_multiplier": plan.noise_multiplier,
             "sample_rate": plan.sample_rate,

@@ -61,7 +61,7 @@ class JobPlan:
     target_delta: float
     method: str
     k: int | None
-    accounting_clipping: str
+    accounting_envelope: str  # the accountant's envelope family (auto: hutch)
     accounting_k: int | None
     noise_multiplier: float
     planned_epsilon: float
@@ -73,6 +73,16 @@ class JobPlan:
     sketch: str = SHARED_SKETCH
     # the library's plan this one was made from: the one plan, which builds the event
     privacy: PrivacyPlan | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def accounting_clipping(self) -> str:
+        """Deprecated name of :attr:`accounting_envelope`."""
+        warnings.warn(
+            "JobPlan.accounting_clipping is deprecated; use JobPlan.accounting_envelope",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.accounting_envelope
 
     def event(self) -> PrivacyEvent:
         """The whole plan's privacy event, built by the library's plan."""
@@ -109,12 +119,12 @@ class JobPlan:
             "mechanism": "gaussian",
             "adjacency": "add/remove (epsilon is the larger of the two directions)",
             "sampling": "poisson",
-            "clipping": self.accounting_clipping,
+            "clipping": self.accounting_envelope,
             "k": self.accounting_k,
             "envelope": "dimension-free" if self.accounting_k is not None else None,
             "rank": None,
             "sketch": self.sketch,
-            "sketch_model": sketch_words(self.accounting_clipping, self.sketch),
+            "sketch_model": sketch_words(self.accounting_envelope, self.sketch),
             "steps_rule": "ceil(n_epochs * N / batch_size)",
             "settings": asdict(DEFAULT_SETTINGS),
         }

@@ -8,6 +8,7 @@ its planned event minus what ran (see ``service/budget.py``).
 
 from __future__ import annotations
 
+import warnings
 from datetime import datetime
 from typing import Any
 
@@ -96,7 +97,8 @@ class Job(Base):
     noise_multiplier: Mapped[float] = mapped_column(Float)
     sample_rate: Mapped[float] = mapped_column(Float)
     steps_total: Mapped[int] = mapped_column(Integer)
-    accounting_clipping: Mapped[str] = mapped_column(String(16))
+    # the accountant's envelope family (exact | hutch | hutchpp); column of its earlier name
+    accounting_envelope: Mapped[str] = mapped_column("accounting_clipping", String(16))
     accounting_k: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # how the randomized clipping's projections were drawn, as accounted: shared (the
     # revealed-scale model; every job before migration 0004) | per_example (hidden-scale)
@@ -123,6 +125,25 @@ class Job(Base):
     devices: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
 
     __table_args__ = (Index("ix_jobs_tenant_seq", "tenant_id", "seq"),)
+
+    @property
+    def accounting_clipping(self) -> str:
+        """Deprecated name of :attr:`accounting_envelope`."""
+        warnings.warn(
+            "Job.accounting_clipping is deprecated; use Job.accounting_envelope",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.accounting_envelope
+
+    @accounting_clipping.setter
+    def accounting_clipping(self, value: str) -> None:
+        warnings.warn(
+            "Job.accounting_clipping is deprecated; use Job.accounting_envelope",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self.accounting_envelope = value
 
 
 class JobEvent(Base):

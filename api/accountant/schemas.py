@@ -116,7 +116,8 @@ class JobPlanPreview(BaseModel):
     noise_multiplier: float
     planned_epsilon: float
     mechanism: str
-    clipping: str = Field(description="the job's clipping method")
+    norm_method: str = Field(description="the job's norm method (privacy.clipping.norm_method)")
+    clipping: str = Field(description="the job's norm method (the same; its earlier name)")
     k: int | None
     sketch: str = Field(description="the job's privacy.clipping.sketch")
     accounting_clipping: str = Field(description="what the accountant charges (auto: hutch)")

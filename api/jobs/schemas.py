@@ -100,7 +100,16 @@ SketchName = Literal["shared", "per_example"]
 
 
 class Clipping(Strict):
-    method: NormMethodName = "auto"  # type: ignore[valid-type]  # see NormMethodName
+    """How per-example norms are computed (``norm_method``) and clipped. ``method`` is the
+    deprecated name of ``norm_method``, accepted for one release: give either (both only if
+    equal); after validation both hold the method the job runs."""
+
+    norm_method: NormMethodName | None = Field(  # type: ignore[valid-type]  # NormMethodName
+        default=None, description="how per-example norms are computed (default: auto)"
+    )
+    method: NormMethodName = Field(  # type: ignore[valid-type]  # see NormMethodName
+        default="auto", description="deprecated name of norm_method"
+    )
     k: int | None = Field(
         default=None, ge=1, le=4096, description="projection dimension (hutch, hutchpp, auto)"
     )
@@ -115,6 +124,19 @@ class Clipping(Strict):
         "sketch; a run whose layers all resolve to exact norms draws no sketch, and its "
         "checkpoint ledger records exact, shared",
     )
+
+    @model_validator(mode="after")
+    def _one_norm_method(self) -> Clipping:
+        if self.norm_method is None:
+            self.norm_method = self.method
+        elif "method" in self.model_fields_set and self.method != self.norm_method:
+            raise ValueError(
+                f"norm_method={self.norm_method!r} and method={self.method!r} disagree: "
+                "method is the deprecated name of norm_method; give norm_method alone"
+            )
+        else:
+            self.method = self.norm_method
+        return self
 
 
 class Noise(Strict):

@@ -22,7 +22,7 @@ def job_request(body: JobCreate) -> jobs.JobRequest:
             target_epsilon=pr.target_epsilon,
             target_delta=pr.target_delta,
             max_grad_norm=pr.max_grad_norm,
-            norm_method=pr.clipping.method,
+            norm_method=pr.clipping.norm_method or pr.clipping.method,
             k=pr.clipping.k,
             sketch=pr.clipping.sketch,
             mechanism=pr.noise.mechanism,
@@ -49,8 +49,12 @@ def job_request(body: JobCreate) -> jobs.JobRequest:
 
 
 def request_hash(body: JobCreate) -> str:
-    """The fingerprint an ``Idempotency-Key`` is stored with: the body's canonical JSON."""
-    dump = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    """The fingerprint an ``Idempotency-Key`` is stored with: the body's canonical JSON, the
+    norm method under its one key ``method`` (the same fingerprint whichever name the request
+    used for it)."""
+    canonical = body.model_dump(mode="json")
+    canonical["privacy"]["clipping"].pop("norm_method", None)
+    dump = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(dump.encode()).hexdigest()
 
 

@@ -134,6 +134,16 @@ BAD_JOBS = [
         422,
         "privacy.noise.mechanism",
     ),
+    (
+        {"privacy": {"target_epsilon": 1, "clipping": {"norm_method": "ghost"}}},
+        422,
+        "privacy.clipping.norm_method",
+    ),
+    (
+        {"privacy": {"target_epsilon": 1, "clipping": {"norm_method": "hutch", "method": "exact"}}},
+        422,
+        "privacy.clipping",
+    ),
     ({"privacy": {"target_epsilon": 1, "max_grad_norm": -2}}, 422, "privacy.max_grad_norm"),
     ({"privacy": {"target_epsilon": 1, "sigma": 3}}, 422, "privacy.sigma"),
     ({"hyperparameters": {"batch_size": 0}}, 422, "hyperparameters.batch_size"),

@@ -175,7 +175,12 @@ def test_causal_lm_job_builds_tiny_model(server):
     )
     privacy = job.model_extra["privacy"]
     # the defaults: auto, k = 32, per-example sketches (auto is randomized)
-    assert privacy["clipping"] == {"method": "auto", "k": 32, "sketch": "per_example"}
+    assert privacy["clipping"] == {
+        "norm_method": "auto",
+        "method": "auto",  # the deprecated name, echoed for one release
+        "k": 32,
+        "sketch": "per_example",
+    }
     assert privacy["accountant"]["clipping"] == "hutch"  # auto is planned as hutch
     assert privacy["accountant"]["sketch"] == "per_example"
     _check_sigma(privacy)
