@@ -101,6 +101,10 @@ class _EventType(type):
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls is PrivacyEvent:
+            if "clipping" in kwargs and len(args) > 3:  # the envelope given by position too
+                raise TypeError(
+                    "PrivacyEvent() got both 'envelope' and its deprecated name 'clipping'"
+                )
             take_renamed(kwargs, "clipping", "envelope", "PrivacyEvent", stacklevel=2)
             return _from_flat_fields(*args, **kwargs)
         return super().__call__(*args, **kwargs)
