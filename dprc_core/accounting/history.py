@@ -12,9 +12,9 @@ discretisation is fixed by quantities that rarely change, and the work is cached
 * **Loss grid.** ``h`` is the largest power of two ≤ the interval ``choose_grid`` picks for
   the history's events at τ. Any h gives an upper bound (pessimistic connect-the-dots); a
   smaller h is only tighter and slower. h changes only when that interval crosses a power of 2.
-* **Leaves.** Each event's PLD on (h, τ) — the same per-step constructions as
-  ``compose_events`` (revealed-scale or hidden-scale mixture, Gaussian for ν-DP-FTRL),
-  self-composed over its steps — is cached by the event and the grid.
+* **Leaves.** Each event's PLD on (h, τ) — built by the event class's registered builder
+  (:mod:`dprc_core.accounting.pld_builders`), as in ``compose_events``, self-composed over its
+  compositions — is cached by the event and the grid.
 * **Blocks.** The history is a sequence of slots in a stable order (a job's position on its
   data set; ``None`` for a job without an event yet). The composition of slots [0, n) is that
   of the first power-of-two block [0, m), m the largest power of two < n, with the

@@ -107,7 +107,7 @@ def test_a_stored_sensitivity_is_kept_only_when_larger():
 
 
 # ------------------------------------------------------------------ the JSON format
-# The documented format (docs/accounting.md §7): noise_multiplier, sample_rate, steps,
+# The documented format (docs/accounting.md §6): noise_multiplier, sample_rate, steps,
 # clipping, k, rank, mechanism; "sketch" only when per_example; a nu_dpftrl event adds nu,
 # bands, participations, min_separation, sensitivity (and never writes a sketch).
 EXPECTED = [
