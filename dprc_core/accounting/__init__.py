@@ -2,10 +2,13 @@
 
 Public API::
 
-    epsilon(noise_multiplier, sample_rate, steps, delta, clipping="exact", k=None, rank=None)
-    noise_multiplier(target_epsilon, target_delta, sample_rate, steps, clipping="exact", ...,
+    epsilon(noise_multiplier, sample_rate, steps, delta, envelope="exact", k=None, rank=None)
+    noise_multiplier(target_epsilon, target_delta, sample_rate, steps, envelope="exact", ...,
                      sketch="shared")   # "per_example": hidden-scale model (§10)
-    PrivacyEvent(sigma, q, steps, "hutch", 32, sketch="per_example")   # ledger / epsilon_for_events
+    calibrate(make_event, target_epsilon, target_delta)   # σ for any event family make_event(σ)
+    SubsampledGaussianEvent(sigma, q, steps, "hutch", 32, sketch="per_example")   # one event
+    NuDPFTRLEvent(sigma, steps, nu, participations, min_separation, bands=None)  # one class each
+    PrivacyEvent(sigma, q, steps, "hutch", 32)   # the flat form: the subclass its fields name
     envelope_cdf(x, k, rank=None)     # F(x; Y), an upper bound on P(Y ≤ x) for every spectrum
     x_plus(k, rank)                    # Proposition 1 threshold
     PrivacyLedger().record(...); .epsilon(delta); .to_json(); PrivacyLedger.from_json(s)
@@ -26,7 +29,7 @@ from dprc_core.accounting.accountant import (
     account,
     epsilon_for_events,
 )
-from dprc_core.accounting.calibration import noise_multiplier
+from dprc_core.accounting.calibration import calibrate, noise_multiplier
 from dprc_core.accounting.dp_sgd import epsilon
 from dprc_core.accounting.dpftrl import (
     dpftrl_epsilon,
@@ -36,27 +39,36 @@ from dprc_core.accounting.dpftrl import (
 from dprc_core.accounting.envelope import RANK_ENVELOPE_MAX, envelope_cdf, x_plus
 from dprc_core.accounting.events import (
     CLIPPINGS,
+    ENVELOPES,
     PER_EXAMPLE_SKETCH,
     SHARED_SKETCH,
     SKETCHES,
+    NuDPFTRLEvent,
     PrivacyEvent,
+    SubsampledGaussianEvent,
     UnsupportedMechanismError,
 )
 from dprc_core.accounting.ledger import PrivacyLedger
+from dprc_core.accounting.pld_builders import PLDBuilder, pld_builder
 
 __all__ = [
     "CLIPPINGS",
     "DEFAULT_SETTINGS",
+    "ENVELOPES",
     "PER_EXAMPLE_SKETCH",
     "RANK_ENVELOPE_MAX",
     "SHARED_SKETCH",
     "SKETCHES",
     "AccountingResult",
     "AccountingSettings",
+    "NuDPFTRLEvent",
+    "PLDBuilder",
     "PrivacyEvent",
     "PrivacyLedger",
+    "SubsampledGaussianEvent",
     "UnsupportedMechanismError",
     "account",
+    "calibrate",
     "dpftrl_epsilon",
     "dpftrl_noise_multiplier",
     "dpftrl_sensitivity",
@@ -64,5 +76,6 @@ __all__ = [
     "epsilon",
     "epsilon_for_events",
     "noise_multiplier",
+    "pld_builder",
     "x_plus",
 ]

@@ -2,192 +2,141 @@
 
 Pipeline for a list of events and a target δ (docs/accounting.md has the soundness argument):
 
-1. Tail budget: every truncation may cost at most ``tail_fraction·δ`` in total, i.e.
-   ``τ = tail_fraction·δ / Σ steps`` per step.
-2. Per event, a dominating discrete scale distribution (a = 1 for exact clipping; the envelope
-   of §4 discretised with upper-edge rounding for hutch/hutch++, scale tail ≤ τ/(4q) at +∞).
-3. The loss grid h: ``rel_h · std · n^{-1/4}`` (std of the per-step loss, n steps), the smallest
-   over events, clipped to [h_min, h_max] and enlarged if one step's loss range would need
-   more than ``max_step_grid`` points or the composed one more than ``max_grid``. When the
-   bulk of the loss drives ε, the connect-the-dots error of the composition scales as
-   √n·h²/std², so this keeps it at a fixed small level (a few 0.01%); when a long loss tail
-   drives it (tiny q), a grid of 2^17 points over the step's loss range is ample.
-4. Per-step PLD (both adjacencies) by connect-the-dots on that grid — the revealed-scale
-   mixture (:mod:`random_scale_pld`) for exact norms and shared sketches, the hidden-scale
-   mixture (:mod:`hidden_scale_pld`) for ``sketch="per_example"`` events — ``self_compose(steps)``
-   and ``compose`` across events with ``dp_accounting``; ε from the composed PMFs.
+1. Merge: events their builder marks ``mergeable_steps`` and equal up to their step counts
+   are one event (composition is commutative).
+2. Tail budget: every truncation may cost at most ``tail_fraction·δ`` in total, i.e.
+   ``τ = tail_fraction·δ / Σ compositions`` per composition (a DP-SGD step, a whole
+   ν-DP-FTRL run).
+3. Per event, its registered builder (:mod:`dprc_core.accounting.pld_builders`) prepares it
+   for τ: :mod:`~dprc_core.accounting.subsampled_gaussian_builder` (a dominating discrete
+   scale distribution and the revealed- or hidden-scale mixture) and
+   :mod:`~dprc_core.accounting.nu_dpftrl_builder` (one Gaussian mechanism per run).
+4. The loss grid h (:func:`choose_grid`): the smallest interval any event asks for (for
+   DP-SGD ``rel_h · std · n^{-1/4}``, std of the per-step loss, n steps), clipped to
+   [h_min, h_max] and enlarged if one composition's loss range would need more than
+   ``max_step_grid`` points or the composed one more than ``max_grid``. When the bulk of the
+   loss drives ε, the connect-the-dots error of the composition scales as √n·h²/std², so this
+   keeps it at a fixed small level (a few 0.01%); when a long loss tail drives it (tiny q), a
+   grid of 2^17 points over the step's loss range is ample.
+5. Each event's PLD on that grid, ``self_compose`` over its compositions, and ``compose``
+   across events with ``dp_accounting``; ε from the composed PMFs.
 
-A ν-DP-FTRL event is one Gaussian mechanism for its whole run (μ = sensitivity/σ, no
-sampling): its PLD is ``dp_accounting``'s Gaussian PLD, pessimistic connect-the-dots on the
-same grid, composed with the others (a PLD composition, never a sum of ε's). Its loss has
-std μ, so it asks for h ≤ rel_h·μ like a one-step event.
+When every event is exactly a Gaussian mechanism (ν-DP-FTRL runs), the composition is the
+Gaussian mechanism with μ = sqrt(Σ μ_i²) and ε is analytic. The accountant supports the event
+classes in :data:`SUPPORTED_EVENTS` and refuses others with ``UnsupportedMechanismError``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any, cast
 
 import numpy as np
-from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
 from dprc_core.accounting.dpftrl import gaussian_epsilon
-from dprc_core.accounting.events import NU_DPFTRL, PER_EXAMPLE_SKETCH, PrivacyEvent, check_delta
-from dprc_core.accounting.hidden_scale_pld import hidden_step_geometry, hidden_step_pld
+from dprc_core.accounting.events import (
+    NuDPFTRLEvent,
+    PrivacyEvent,
+    SubsampledGaussianEvent,
+    UnsupportedMechanismError,
+    check_delta,
+)
+from dprc_core.accounting.nu_dpftrl_builder import gaussian_pld
+from dprc_core.accounting.pld_builders import PreparedEvent, builder_for
 from dprc_core.accounting.pld_epsilon import epsilon_from_pld
-from dprc_core.accounting.random_scale_pld import (
-    StepGeometry,
-    StepMechanism,
-    step_geometry,
-    step_pld,
-)
-from dprc_core.accounting.scale_distribution import (
-    DEFAULT_RELATIVE_WIDTH,
-    ScaleDistribution,
-    envelope_scale,
-    exact_scale,
+from dprc_core.accounting.settings import DEFAULT_SETTINGS, AccountingSettings
+from dprc_core.accounting.subsampled_gaussian_builder import (
+    SCALE_CAP_SIGMAS,
+    scale_distribution,
 )
 
-_COARSE_WIDTH = 0.05  # scale bins used only to size the grid (a dominating, coarser scale)
-# Largest finite scale in units of σ: beyond a/σ = 40 a step reveals the example anyway (losses
-# of order 800), and the rest of the scale tail is sent to +∞ (charged to δ).
-SCALE_CAP_SIGMAS = 40.0
+__all__ = [
+    "DEFAULT_SETTINGS",
+    "SCALE_CAP_SIGMAS",
+    "SUPPORTED_EVENTS",
+    "AccountingResult",
+    "AccountingSettings",
+    "account",
+    "check_supported",
+    "choose_grid",
+    "compose_events",
+    "compositions",
+    "epsilon_for_events",
+    "gaussian_composition_mu",
+    "gaussian_pld",
+    "prepare",
+    "scale_distribution",
+]
+
+# The event classes this accountant composes (each has its PLD builder registered).
+SUPPORTED_EVENTS: tuple[type[PrivacyEvent], ...] = (SubsampledGaussianEvent, NuDPFTRLEvent)
 
 
-@dataclass(frozen=True)
-class AccountingSettings:
-    """Discretisation knobs. Every setting yields an upper bound; they trade time for
-    tightness. :meth:`finer` divides both resolutions by a factor (the "10× finer" check)."""
-
-    rel_h: float = 0.5
-    scale_width: float = DEFAULT_RELATIVE_WIDTH
-    tail_fraction: float = 1e-3
-    h_min: float = 1e-8
-    h_max: float = 1e-3
-    max_step_grid: int = 1 << 17
-    max_grid: int = 1 << 22
-
-    def finer(self, factor: float = 10.0) -> AccountingSettings:
-        return replace(
-            self,
-            rel_h=self.rel_h / factor,
-            scale_width=self.scale_width / factor,
-            h_min=self.h_min / factor,
-            h_max=self.h_max / factor,
-            max_step_grid=int(self.max_step_grid * factor),
-            max_grid=int(self.max_grid * factor),
-        )
+def check_supported(events: Sequence[PrivacyEvent]) -> None:
+    """``UnsupportedMechanismError`` for an event of a class this accountant does not know."""
+    for e in events:
+        if type(e) not in SUPPORTED_EVENTS:
+            raise UnsupportedMechanismError(
+                f"the PLD accountant does not support {type(e).__name__} events; it supports "
+                f"{', '.join(t.__name__ for t in SUPPORTED_EVENTS)}"
+            )
 
 
-DEFAULT_SETTINGS = AccountingSettings()
+def prepare(event: PrivacyEvent, tail: float, settings: AccountingSettings) -> PreparedEvent:
+    """``event`` made ready by its builder for a per-composition tail budget ``tail``."""
+    return builder_for(event).prepare(event, tail, settings)
 
 
-def scale_distribution(event: PrivacyEvent, inf_budget: float, width: float) -> ScaleDistribution:
-    """Dominating discrete sensitivity scale of one step of ``event``."""
-    if event.clipping == "exact":
-        return exact_scale()
-    rank = event.rank if event.clipping == "hutch" else None  # Hutch++: dimension-free
-    assert event.k is not None
-    return envelope_scale(
-        event.k,
-        rank,
-        inf_budget,
-        relative_width=width,
-        a_cap=SCALE_CAP_SIGMAS * event.noise_multiplier,
-    )
+def compositions(event: PrivacyEvent) -> int:
+    """How many mechanisms ``event`` counts as in the tail budget."""
+    return builder_for(event).compositions(event)
 
 
-@dataclass(frozen=True)
-class _Prepared:
-    event: PrivacyEvent
-    mech: StepMechanism
-    geometry: StepGeometry
+def gaussian_composition_mu(events: Sequence[PrivacyEvent]) -> float | None:
+    """μ = sqrt(Σ μ_i²) when every event is exactly a Gaussian mechanism (their composition
+    is one), else None."""
+    mus = [builder_for(e).gaussian_mu(e) for e in events]
+    if not mus or any(mu is None for mu in mus):
+        return None
+    return math.sqrt(sum(mu**2 for mu in mus if mu is not None))
 
 
-def _hidden_scale(event: PrivacyEvent) -> bool:
-    """Per-example sketches are accounted with the hidden-scale model (hidden_scale_pld.py);
-    everything else — shared sketches, exact norms — with the revealed-scale mixture."""
-    return event.sketch == PER_EXAMPLE_SKETCH
-
-
-def _prepare(event: PrivacyEvent, tail: float, settings: AccountingSettings) -> _Prepared:
-    inf_budget = tail / (4.0 * event.sample_rate)
-    fine = scale_distribution(event, inf_budget, settings.scale_width)
-    coarse = scale_distribution(event, inf_budget, max(_COARSE_WIDTH, settings.scale_width))
-    geometry_of = hidden_step_geometry if _hidden_scale(event) else step_geometry
-    geometry = geometry_of(StepMechanism(event.noise_multiplier, event.sample_rate, coarse), tail)
-    return _Prepared(
-        event, StepMechanism(event.noise_multiplier, event.sample_rate, fine), geometry
-    )
-
-
-def _step_pld(p: _Prepared, h: float, tail: float) -> PrivacyLossDistribution:
-    """The per-step PLD of a prepared DP-SGD event in its own model (see :func:`_hidden_scale`)."""
-    build = hidden_step_pld if _hidden_scale(p.event) else step_pld
-    return build(p.mech, h, tail, p.geometry)
-
-
-def choose_grid(
-    prepared: Sequence[_Prepared],
-    settings: AccountingSettings,
-    gaussian_mus: Sequence[float] = (),
-) -> float:
-    """The common loss-grid interval h for a set of events (see module docstring);
-    ``gaussian_mus``: the μ of whole-run Gaussian (ν-DP-FTRL) events, loss ~ N(μ²/2, μ²)."""
+def choose_grid(prepared: Sequence[PreparedEvent], settings: AccountingSettings) -> float:
+    """The common loss-grid interval h for a set of prepared events (module docstring, 4)."""
     h = settings.h_max
     composed_range = 0.0
     step_range = 0.0
-    for mu in gaussian_mus:
-        h = min(h, settings.rel_h * mu)
-        composed_range = max(composed_range, mu * mu / 2 + 12.0 * mu)
-        step_range = max(step_range, mu * mu + 24.0 * mu)
     for p in prepared:
-        n = p.event.steps
-        std = min(p.geometry.std.values())
-        if std > 0:
-            h = min(h, settings.rel_h * std * n**-0.25)
-        for d in p.geometry.lims:
-            lo, hi = p.geometry.lims[d]
-            step_range = max(step_range, hi - lo)
-            composed_range = max(
-                composed_range,
-                n * abs(p.geometry.mean[d]) + 12.0 * math.sqrt(n) * p.geometry.std[d] + (hi - lo),
-            )
+        needs = p.grid_needs(settings)
+        h = min(h, needs.h)
+        step_range = max(step_range, needs.step_range)
+        composed_range = max(composed_range, needs.composed_range)
     h = max(h, settings.h_min)
     return max(h, step_range / settings.max_step_grid, composed_range / settings.max_grid)
 
 
+def _with_steps(event: PrivacyEvent, steps: int) -> PrivacyEvent:
+    """The same event with ``steps`` steps (every event class is a dataclass)."""
+    new: PrivacyEvent = replace(cast(Any, event), steps=steps)
+    return new
+
+
 def _merge(events: Sequence[PrivacyEvent]) -> list[PrivacyEvent]:
-    """DP-SGD events equal up to their step counts are one event (composition is
-    commutative). ν-DP-FTRL events are never merged: the steps of a run enter its sensitivity,
-    and two runs are two Gaussian mechanisms, not one longer run."""
-    merged: dict[tuple, int] = {}
+    """Mergeable events equal up to their step counts as one event with the steps summed (in
+    the order they first appear), then the others in their order."""
+    merged: dict[Hashable, PrivacyEvent] = {}
     others: list[PrivacyEvent] = []
     for e in events:
-        if e.mechanism == NU_DPFTRL:
+        if not builder_for(e).mergeable_steps:
             others.append(e)
             continue
-        key = (e.noise_multiplier, e.sample_rate, e.clipping, e.k, e.rank, e.mechanism, e.sketch)
-        merged[key] = merged.get(key, 0) + e.steps
-    return [
-        PrivacyEvent(sig, q, steps, clip, k, rank, mech, sketch=sketch)
-        for (sig, q, clip, k, rank, mech, sketch), steps in merged.items()
-    ] + others
-
-
-def _gaussian_pld(mu: float, h: float, tail: float) -> PrivacyLossDistribution:
-    """Pessimistic (connect-the-dots) PLD of the Gaussian mechanism with sensitivity μ, σ = 1;
-    the truncated x-tails (mass ≤ tail) go to +∞ loss, i.e. into δ."""
-    return pld_lib.from_gaussian_mechanism(
-        1.0,
-        sensitivity=mu,
-        pessimistic_estimate=True,
-        value_discretization_interval=h,
-        log_mass_truncation_bound=math.log(tail),
-        use_connect_dots=True,
-    )
+        key = _with_steps(e, 1)
+        seen = merged.get(key)
+        merged[key] = e if seen is None else _with_steps(seen, seen.steps + e.steps)
+    return list(merged.values()) + others
 
 
 @dataclass(frozen=True)
@@ -224,32 +173,26 @@ def compose_events(
     description of the discretisation (its ``epsilon`` field is NaN: see :func:`account`)."""
     if not events:
         raise ValueError("no privacy events to compose")
+    check_supported(events)
     delta = check_delta(delta)
     events = _merge(events)
-    sgd = [e for e in events if e.mechanism != NU_DPFTRL]
-    gaussians = [e for e in events if e.mechanism == NU_DPFTRL]
-    # a whole ν-DP-FTRL run is one mechanism: it counts as one "step" in the tail budget
-    total_steps = sum(e.steps for e in sgd) + len(gaussians)
-    tail = settings.tail_fraction * delta / total_steps
+    tail = settings.tail_fraction * delta / sum(compositions(e) for e in events)
     truncation = min(1e-15, 1e-3 * delta)
-    prepared = [_prepare(e, tail, settings) for e in sgd]
-    h = choose_grid(prepared, settings, [e.mu for e in gaussians])
+    prepared = [prepare(e, tail, settings) for e in events]
+    h = choose_grid(prepared, settings)
     result: PrivacyLossDistribution | None = None
-    plds: list[tuple[PrivacyLossDistribution, int]] = [
-        (_step_pld(p, h, tail), p.event.steps) for p in prepared
-    ]
-    plds += [(_gaussian_pld(e.mu, h, tail), 1) for e in gaussians]
-    for pld, steps in plds:
+    for p in prepared:
+        pld = p.pld(h, tail)
         # dp_accounting's Chernoff bounds take logsumexp over PMFs with many exact zeros, which
         # raises harmless overflow warnings inside scipy; the results are unaffected.
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-            if steps > 1:
-                pld = pld.self_compose(steps, tail_mass_truncation=truncation)
+            if p.compositions > 1:
+                pld = pld.self_compose(p.compositions, tail_mass_truncation=truncation)
             if result is not None:
                 pld = result.compose(pld, tail_mass_truncation=truncation)
         result = pld
     assert result is not None
-    bins = tuple(len(p.mech.scale.values) for p in prepared) + (1,) * len(gaussians)
+    bins = tuple(p.scale_bins for p in prepared)
     info = AccountingResult(math.nan, delta, h, bins, tail, settings)
     return result, info
 
@@ -265,8 +208,9 @@ def account(
     exactly the Gaussian mechanism with μ = sqrt(Σ μ_i²) and ε is analytic (no discretisation;
     the same value as :func:`dprc_core.accounting.dpftrl_epsilon` for a single run, so a σ
     calibrated by ``dpftrl_noise_multiplier`` meets its target in the ledger too)."""
-    if events and all(e.mechanism == NU_DPFTRL for e in events):
-        mu = math.sqrt(sum(e.mu**2 for e in events))
+    check_supported(events)
+    mu = gaussian_composition_mu(events)
+    if mu is not None:
         eps = gaussian_epsilon(mu, check_delta(delta))
         return AccountingResult(eps, delta, math.nan, (1,) * len(events), 0.0, settings)
     pld, info = compose_events(events, delta, settings)

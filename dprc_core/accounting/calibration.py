@@ -1,4 +1,8 @@
-"""Noise calibration: the smallest σ (to within a relative tolerance) with ε(σ) ≤ target."""
+"""Noise calibration: the smallest σ (to within a relative tolerance) with ε(σ) ≤ target.
+
+:func:`calibrate` searches σ for any family of events given as ``make_event(σ)``;
+:func:`noise_multiplier` is the calibration of a Poisson-subsampled Gaussian job.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,11 @@ from dprc_core.accounting.accountant import DEFAULT_SETTINGS, AccountingSettings
 from dprc_core.accounting.events import (
     SHARED_SKETCH,
     PrivacyEvent,
+    SubsampledGaussianEvent,
     check_delta,
     check_epsilon,
 )
+from dprc_core.accounting.renamed_keywords import renamed_keyword
 
 SIGMA_MIN = 0.01
 SIGMA_MAX = 1e3
@@ -134,12 +140,41 @@ def _calibrate(
     return hi
 
 
+def calibrate(
+    make_event: Callable[[float], PrivacyEvent],
+    target_epsilon: float,
+    target_delta: float,
+    *,
+    rel_tol: float = 0.005,
+    sigma_max: float = SIGMA_MAX,
+    settings: AccountingSettings = DEFAULT_SETTINGS,
+) -> float:
+    """Smallest σ (within a relative ``rel_tol``) whose event ``make_event(σ)`` has ε at
+    ``target_delta`` at most ``target_epsilon`` (ε by :func:`account`).
+
+    ``make_event(1.0)`` is built once before the search, so an invalid event family is refused
+    before any ε is computed. Raises ``ValueError`` if even ``sigma_max`` does not reach the
+    target.
+    """
+    target = check_epsilon(target_epsilon)
+    delta = check_delta(target_delta)
+    rel_tol = check_rel_tol(rel_tol)
+    sigma_max = _check_sigma_max(sigma_max)
+    make_event(1.0)  # validate the rest
+
+    def eps_of(sigma: float) -> float:
+        return account([make_event(sigma)], delta, settings).epsilon
+
+    return _calibrate(eps_of, target, rel_tol, sigma_max)
+
+
+@renamed_keyword("clipping", "envelope")
 def noise_multiplier(
     target_epsilon: float,
     target_delta: float,
     sample_rate: float,
     steps: int,
-    clipping: str = "exact",
+    envelope: str = "exact",
     k: int | None = None,
     rank: int | None = None,
     *,
@@ -147,23 +182,28 @@ def noise_multiplier(
     rel_tol: float = 0.005,
     sigma_max: float = SIGMA_MAX,
     settings: AccountingSettings = DEFAULT_SETTINGS,
+    clipping: str | None = None,
 ) -> float:
-    """Smallest σ (within a relative ``rel_tol``) whose ε at ``target_delta`` is ≤ target.
+    """Smallest σ (within a relative ``rel_tol``) whose ε at ``target_delta`` is ≤ target,
+    for ``steps`` Poisson-subsampled Gaussian steps (:class:`SubsampledGaussianEvent`).
 
     The returned σ satisfies ``epsilon(σ, …) ≤ target_epsilon`` exactly as computed by
     :func:`dprc_core.accounting.epsilon`, and ``epsilon(σ / (1 + rel_tol), …)`` exceeds it.
-    Raises ``ValueError`` if even ``sigma_max`` does not reach the target. ``sketch``:
+    Raises ``ValueError`` if even ``sigma_max`` does not reach the target. ``envelope``:
+    ``exact`` | ``hutch`` | ``hutchpp`` (with ``k`` and, for hutch, ``rank``); ``sketch``:
     ``"shared"`` (the revealed-scale model) or ``"per_example"`` (the hidden-scale model of
-    independent per-example sketches, randomized clipping only; docs/accounting.md §10).
+    independent per-example sketches, randomized envelopes only; docs/accounting.md §10).
+    ``clipping``: the deprecated name of ``envelope``.
     """
-    target = check_epsilon(target_epsilon)
-    delta = check_delta(target_delta)
-    rel_tol = check_rel_tol(rel_tol)
-    sigma_max = _check_sigma_max(sigma_max)
-    PrivacyEvent(1.0, sample_rate, steps, clipping, k, rank, sketch=sketch)  # validate the rest
 
-    def eps_of(sigma: float) -> float:
-        event = PrivacyEvent(sigma, sample_rate, steps, clipping, k, rank, sketch=sketch)
-        return account([event], delta, settings).epsilon
+    def make_event(sigma: float) -> PrivacyEvent:
+        return SubsampledGaussianEvent(sigma, sample_rate, steps, envelope, k, rank, sketch)
 
-    return _calibrate(eps_of, target, rel_tol, sigma_max)
+    return calibrate(
+        make_event,
+        target_epsilon,
+        target_delta,
+        rel_tol=rel_tol,
+        sigma_max=sigma_max,
+        settings=settings,
+    )

@@ -7,6 +7,9 @@ planner's rule, :func:`dprc_core.accounting.steps.planned_steps`, so the steps c
 are the steps ``dprc train`` and the service run). ``--mechanism nu_dpftrl`` routes to
 :mod:`dprc_core.accounting.dpftrl_cli`, which computes and returns; this module prints.
 
+``--envelope`` names the accountant's envelope family (exact | hutch | hutchpp);
+``--clipping`` is its deprecated spelling (accepted with a note on stderr).
+
 ``--server [URL]`` sends the same job to a dprc server's ``/v1/accountant`` instead
 (:func:`api_request` builds the request from the same arguments, so q and steps are the
 planner's here too). The server's client is supplied by the ``dprc`` console script as the
@@ -17,13 +20,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 from dprc_core.accounting import dpftrl_cli
 from dprc_core.accounting.accountant import DEFAULT_SETTINGS, account
 from dprc_core.accounting.calibration import noise_multiplier
 from dprc_core.accounting.describe import describe_event
-from dprc_core.accounting.events import CLIPPINGS, SHARED_SKETCH, SKETCHES, PrivacyEvent
+from dprc_core.accounting.events import (
+    ENVELOPES,
+    SHARED_SKETCH,
+    SKETCHES,
+    PrivacyEvent,
+    SubsampledGaussianEvent,
+)
 from dprc_core.accounting.steps import planned_steps
 from dprc_core.mechanism_names import NU_DPFTRL
 
@@ -66,6 +77,20 @@ def add_subparser(subparsers: Any) -> None:
     sig.set_defaults(func=_sigma_command)
 
 
+class _DeprecatedClipping(argparse.Action):
+    """``--clipping``: the envelope under its earlier option name, with a note on stderr."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        print("dprc: note: --clipping is deprecated, use --envelope", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
     job = parser.add_argument_group("job (either --sample-rate/--steps or N/B/epochs)")
     job.add_argument("--sample-rate", "-q", type=float, help="Poisson sampling rate")
@@ -73,8 +98,22 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--dataset-size", type=int, help="N (gives q = B/N)")
     job.add_argument("--batch-size", type=int, help="expected batch size B")
     job.add_argument("--epochs", type=float, help="epochs (steps = ceil(epochs * N / B))")
-    clip = parser.add_argument_group("clipping")
-    clip.add_argument("--clipping", choices=CLIPPINGS, default="exact")
+    clip = parser.add_argument_group("envelope")
+    clip.add_argument(
+        "--envelope",
+        choices=ENVELOPES,
+        default="exact",
+        help="the accountant's envelope family: exact norms, or the hutch / hutchpp envelope "
+        "of randomized norms (default exact)",
+    )
+    clip.add_argument(
+        "--clipping",
+        choices=ENVELOPES,
+        dest="envelope",
+        default=argparse.SUPPRESS,
+        action=_DeprecatedClipping,
+        help="deprecated spelling of --envelope",
+    )
     clip.add_argument("--k", type=int, help="projection dimension (hutch/hutchpp)")
     clip.add_argument(
         "--rank",
@@ -147,7 +186,7 @@ def _common(event: PrivacyEvent, delta: float, extra: dict[str, Any]) -> dict[st
         "sample_rate": event.sample_rate,
         "steps": event.steps,
         **extra,
-        "clipping": event.clipping,
+        "clipping": event.envelope,
         "k": event.k,
         "rank": event.rank,
         **describe_event(event),
@@ -171,7 +210,7 @@ def api_request(args: argparse.Namespace, kind: str) -> dict[str, Any]:
     else:
         dpftrl_cli.refuse_ftrl_options(args)
         q, steps, _extra = _job(args)
-        body = {"sample_rate": q, "steps": steps, "clipping": args.clipping}
+        body = {"sample_rate": q, "steps": steps, "clipping": args.envelope}
         body.update({"k": args.k, "rank": args.rank})
         if args.sketch != SHARED_SKETCH:  # the server's default otherwise
             body["sketch"] = args.sketch
@@ -200,8 +239,8 @@ def _epsilon_command(args: argparse.Namespace) -> int:
         return 0
     dpftrl_cli.refuse_ftrl_options(args)
     q, steps, extra = _job(args)
-    event = PrivacyEvent(
-        args.noise_multiplier, q, steps, args.clipping, args.k, args.rank, sketch=args.sketch
+    event = SubsampledGaussianEvent(
+        args.noise_multiplier, q, steps, args.envelope, args.k, args.rank, args.sketch
     )
     result = _common(event, args.delta, extra)
     _report(result, args.json, f"epsilon = {result['epsilon']:.6g} (upper bound)", "epsilon")
@@ -222,13 +261,13 @@ def _sigma_command(args: argparse.Namespace) -> int:
         args.delta,
         q,
         steps,
-        args.clipping,
+        args.envelope,
         args.k,
         args.rank,
         sketch=args.sketch,
         rel_tol=args.rel_tol,
     )
-    event = PrivacyEvent(sigma, q, steps, args.clipping, args.k, args.rank, sketch=args.sketch)
+    event = SubsampledGaussianEvent(sigma, q, steps, args.envelope, args.k, args.rank, args.sketch)
     result = _common(event, args.delta, extra)
     result = {"target_epsilon": args.epsilon, "rel_tol": args.rel_tol, **result}
     headline = (

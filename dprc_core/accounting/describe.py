@@ -9,6 +9,7 @@ from dprc_core.accounting.events import (
     SHARED_SKETCH,
     PrivacyEvent,
 )
+from dprc_core.accounting.renamed_keywords import renamed_keyword
 
 ADJACENCY = {
     "gaussian": "add/remove, Poisson sampling, max over both directions",
@@ -21,13 +22,17 @@ NU_DPFTRL_ACCOUNTANT = (
 )
 
 
-def envelope_words(clipping: str, k: int | None, rank: int | None) -> str:
-    """Which bound on the clipped contribution the accountant used."""
-    if clipping == "exact":
+@renamed_keyword("clipping", "envelope")
+def envelope_words(
+    envelope: str, k: int | None, rank: int | None, *, clipping: str | None = None
+) -> str:
+    """Which envelope — the bound on the clipped contribution — the accountant used
+    (``clipping``: the deprecated name of ``envelope``)."""
+    if envelope == "exact":
         return "exact per-sample norms (sensitivity 1)"
-    if clipping == "hutchpp" or rank is None:
-        return f"{clipping}, k={k}, dimension-free envelope"
-    return f"{clipping}, k={k}, rank-dependent envelope with total rank D={rank}"
+    if envelope == "hutchpp" or rank is None:
+        return f"{envelope}, k={k}, dimension-free envelope"
+    return f"{envelope}, k={k}, rank-dependent envelope with total rank D={rank}"
 
 
 SKETCH_WORDS = {
@@ -38,9 +43,11 @@ SKETCH_WORDS = {
 }
 
 
-def sketch_words(clipping: str, sketch: str) -> str:
-    """How the accountant modelled the sketch (nothing to say for exact norms)."""
-    if clipping == "exact":
+@renamed_keyword("clipping", "envelope")
+def sketch_words(envelope: str, sketch: str, *, clipping: str | None = None) -> str:
+    """How the accountant modelled the sketch of an event with this envelope (nothing to say
+    for exact norms; ``clipping``: the deprecated name of ``envelope``)."""
+    if envelope == "exact":
         return "none (exact norms draw no sketch)"
     return SKETCH_WORDS[sketch]
 
@@ -48,7 +55,7 @@ def sketch_words(clipping: str, sketch: str) -> str:
 def describe_event(event: PrivacyEvent) -> dict[str, str]:
     """``envelope``, ``sketch`` and ``adjacency`` of an event, in words."""
     return {
-        "envelope": envelope_words(event.clipping, event.k, event.rank),
-        "sketch": sketch_words(event.clipping, event.sketch),
+        "envelope": envelope_words(event.envelope, event.k, event.rank),
+        "sketch": sketch_words(event.envelope, event.sketch),
         "adjacency": ADJACENCY[event.mechanism],
     }

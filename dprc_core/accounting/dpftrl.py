@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 from scipy import signal, special
 
+from dprc_core.accounting.renamed_keywords import renamed_keyword
+
 # Relative inflation of every computed sensitivity: covers float64 round-off of the O(T·k)
 # sums (≤ 1e-11 relative for T·k ≤ 1e5), so the value returned stays an upper bound.
 ROUNDOFF_MARGIN = 1e-9
@@ -344,15 +346,20 @@ def gaussian_mu(epsilon: float, delta: float) -> float:
 # Public ε / σ for one ν-DP-FTRL run.
 
 
-def check_dpftrl_clipping(clipping: Any) -> str:
-    if clipping != "exact":
+def check_dpftrl_envelope(envelope: Any) -> str:
+    """ν-DP-FTRL is accounted for exact norms only."""
+    if envelope != "exact":
         raise ValueError(
-            f"nu_dpftrl needs exact per-sample clipping, got clipping={clipping!r}: randomized "
+            f"nu_dpftrl needs exact per-sample clipping, got clipping={envelope!r}: randomized "
             "clipping (hutch/hutchpp) with correlated noise has no privacy analysis"
         )
     return "exact"
 
 
+check_dpftrl_clipping = check_dpftrl_envelope  # the same check under its earlier name
+
+
+@renamed_keyword("clipping", "envelope")
 def dpftrl_epsilon(
     noise_multiplier: float,
     delta: float,
@@ -361,11 +368,14 @@ def dpftrl_epsilon(
     participations: int,
     min_separation: int,
     bands: int | None = None,
-    clipping: str = "exact",
+    envelope: str = "exact",
+    *,
+    clipping: str | None = None,
 ) -> float:
     """ε at ``delta`` of one ν-DP-FTRL run (noise std σ·C per step before correlation): the
-    Gaussian mechanism with μ = sensitivity/σ, exactly. No amplification by sampling."""
-    check_dpftrl_clipping(clipping)
+    Gaussian mechanism with μ = sensitivity/σ, exactly. No amplification by sampling.
+    ``envelope`` must be ``"exact"`` (``clipping``: its deprecated name)."""
+    check_dpftrl_envelope(envelope)
     sigma = float(noise_multiplier) if _is_real(noise_multiplier) else noise_multiplier
     if not _is_real(sigma) or not math.isfinite(sigma) or sigma <= 0:
         raise ValueError(f"noise_multiplier must be a finite number > 0, got {noise_multiplier!r}")
@@ -373,6 +383,7 @@ def dpftrl_epsilon(
     return gaussian_epsilon(sens / sigma, delta)
 
 
+@renamed_keyword("clipping", "envelope")
 def dpftrl_noise_multiplier(
     target_epsilon: float,
     target_delta: float,
@@ -381,10 +392,13 @@ def dpftrl_noise_multiplier(
     participations: int,
     min_separation: int,
     bands: int | None = None,
-    clipping: str = "exact",
+    envelope: str = "exact",
+    *,
+    clipping: str | None = None,
 ) -> float:
-    """Smallest σ (to 1e-12 relative, rounded up) with ``dpftrl_epsilon(σ, …) ≤ target``."""
-    check_dpftrl_clipping(clipping)
+    """Smallest σ (to 1e-12 relative, rounded up) with ``dpftrl_epsilon(σ, …) ≤ target``;
+    ``envelope`` must be ``"exact"`` (``clipping``: its deprecated name)."""
+    check_dpftrl_envelope(envelope)
     sens = dpftrl_sensitivity(nu, steps, participations, min_separation, bands)
     mu = gaussian_mu(target_epsilon, target_delta)
     sigma = sens / mu * (1.0 + 1e-11)

@@ -17,7 +17,7 @@ from typing import Any
 
 from dprc_core.accounting.describe import ADJACENCY, NU_DPFTRL_ACCOUNTANT
 from dprc_core.accounting.dpftrl import (
-    check_dpftrl_clipping,
+    check_dpftrl_envelope,
     dpftrl_epsilon,
     dpftrl_noise_multiplier,
     dpftrl_sensitivity_details,
@@ -69,7 +69,7 @@ def refuse_ftrl_options(args: argparse.Namespace) -> None:
 def _job(args: argparse.Namespace) -> dict[str, Any]:
     if args.sample_rate is not None:
         raise ValueError("nu_dpftrl uses fixed-order batches: --sample-rate does not apply")
-    check_dpftrl_clipping(args.clipping)
+    check_dpftrl_envelope(args.envelope)
     if args.k is not None or args.rank is not None:
         raise ValueError("--k and --rank are for randomized clipping, which nu_dpftrl refuses")
     if getattr(args, "sketch", "shared") != "shared":

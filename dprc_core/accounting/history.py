@@ -12,9 +12,9 @@ discretisation is fixed by quantities that rarely change, and the work is cached
 * **Loss grid.** ``h`` is the largest power of two ≤ the interval ``choose_grid`` picks for
   the history's events at τ. Any h gives an upper bound (pessimistic connect-the-dots); a
   smaller h is only tighter and slower. h changes only when that interval crosses a power of 2.
-* **Leaves.** Each event's PLD on (h, τ) — the same per-step constructions as
-  ``compose_events`` (revealed-scale or hidden-scale mixture, Gaussian for ν-DP-FTRL),
-  self-composed over its steps — is cached by the event and the grid.
+* **Leaves.** Each event's PLD on (h, τ) — built by the event class's registered builder
+  (:mod:`dprc_core.accounting.pld_builders`), as in ``compose_events``, self-composed over its
+  compositions — is cached by the event and the grid.
 * **Blocks.** The history is a sequence of slots in a stable order (a job's position on its
   data set; ``None`` for a job without an event yet). The composition of slots [0, n) is that
   of the first power-of-two block [0, m), m the largest power of two < n, with the
@@ -45,14 +45,15 @@ from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from dprc_core.accounting.accountant import (
     DEFAULT_SETTINGS,
     AccountingSettings,
-    _gaussian_pld,
-    _prepare,
-    _Prepared,
-    _step_pld,
+    check_supported,
     choose_grid,
+    compositions,
     epsilon_for_events,
+    gaussian_composition_mu,
+    prepare,
 )
-from dprc_core.accounting.events import NU_DPFTRL, PrivacyEvent, check_delta
+from dprc_core.accounting.events import PrivacyEvent, check_delta
+from dprc_core.accounting.pld_builders import PreparedEvent
 from dprc_core.accounting.pld_epsilon import epsilon_from_pld
 
 # Bytes of composed PMFs kept across calls (leaves and blocks of every history asked for).
@@ -81,20 +82,18 @@ def _power_of_two_below(x: float) -> float:
 
 
 @lru_cache(maxsize=8192)
-def _prepared(event: PrivacyEvent, tail: float, settings: AccountingSettings) -> _Prepared:
-    return _prepare(event, tail, settings)
+def _prepared(event: PrivacyEvent, tail: float, settings: AccountingSettings) -> PreparedEvent:
+    return prepare(event, tail, settings)
 
 
 def history_grid(
     events: Sequence[PrivacyEvent], delta: float, settings: AccountingSettings = DEFAULT_SETTINGS
 ) -> HistoryGrid:
     """The grid of a history's (non-empty) events at δ; see the module docstring."""
-    sgd = sorted({e for e in events if e.mechanism != NU_DPFTRL}, key=repr)
-    gaussians = [e for e in events if e.mechanism == NU_DPFTRL]
-    total = sum(e.steps for e in events if e.mechanism != NU_DPFTRL) + len(gaussians)
+    total = sum(compositions(e) for e in events)
     tail = settings.tail_fraction * delta / _steps_bucket(total)
-    prepared = [_prepared(e, tail, settings) for e in sgd]
-    h = _power_of_two_below(choose_grid(prepared, settings, sorted({e.mu for e in gaussians})))
+    prepared = [_prepared(e, tail, settings) for e in sorted(set(events), key=repr)]
+    h = _power_of_two_below(choose_grid(prepared, settings))
     return HistoryGrid(h, tail, min(1e-15, 1e-3 * delta), settings)
 
 
@@ -152,13 +151,11 @@ _CACHE = _BlockCache(CACHE_BYTES)
 def _leaf(event: PrivacyEvent | None, grid: HistoryGrid) -> PrivacyLossDistribution | None:
     if event is None:
         return None
-    if event.mechanism == NU_DPFTRL:
-        return _gaussian_pld(event.mu, grid.h, grid.tail)
     p = _prepared(event, grid.tail, grid.settings)
-    pld = _step_pld(p, grid.h, grid.tail)
-    if event.steps > 1:
+    pld = p.pld(grid.h, grid.tail)
+    if p.compositions > 1:
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-            pld = pld.self_compose(event.steps, tail_mass_truncation=grid.truncation)
+            pld = pld.self_compose(p.compositions, tail_mass_truncation=grid.truncation)
     return pld
 
 
@@ -196,7 +193,8 @@ def epsilon_for_history(
     present = [e for e in slots if e is not None]
     if not present:
         return 0.0
-    if len(present) == 1 or all(e.mechanism == NU_DPFTRL for e in present):
+    check_supported(present)
+    if len(present) == 1 or gaussian_composition_mu(present) is not None:
         # a single event as calibrated; ν-DP-FTRL runs alone compose analytically
         return epsilon_for_events(present, delta, settings)
     grid = history_grid(present, delta, settings)

@@ -1,7 +1,7 @@
 """Privacy ledger: a list of events; ε is always recomputed from them by composing their PLDs.
 
 Heterogeneous events (a job resumed with a new σ, several jobs on one dataset, different
-clipping methods) are composed into **one** PLD per adjacency direction — never by adding ε's.
+envelopes, mechanisms) are composed into **one** PLD per adjacency direction — never by adding ε's.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dprc_core.accounting.events import (
     check_delta,
     check_mechanism,
 )
+from dprc_core.accounting.renamed_keywords import renamed_keyword
 
 LEDGER_FORMAT = "dprc-privacy-ledger"
 LEDGER_VERSION = 1
@@ -37,6 +38,7 @@ class PrivacyLedger:
         for event in events:
             self.record(event)
 
+    @renamed_keyword("clipping", "envelope")
     def record(
         self,
         event: PrivacyEvent | None = None,
@@ -44,7 +46,7 @@ class PrivacyLedger:
         noise_multiplier: float | None = None,
         sample_rate: float | None = None,
         steps: int | None = None,
-        clipping: str = "exact",
+        envelope: str = "exact",
         k: int | None = None,
         rank: int | None = None,
         mechanism: str = DP_SGD,
@@ -53,12 +55,13 @@ class PrivacyLedger:
         participations: int | None = None,
         min_separation: int | None = None,
         sketch: str = SHARED_SKETCH,
+        clipping: str | None = None,
     ) -> PrivacyEvent:
         """Record an event, given either as a :class:`PrivacyEvent` or by its fields.
 
         ``sketch``: ``"per_example"`` when the engine drew independent per-example projections
         (``engine.accounting_sketch``); the default ``"shared"`` is never accounted with the
-        hidden-scale model.
+        hidden-scale model. ``clipping``: the deprecated name of ``envelope``.
 
         A ν-DP-FTRL run: ``mechanism="nu_dpftrl"`` with ``nu``, ``participations``,
         ``min_separation`` (and ``bands``); its ``sample_rate`` defaults to 1 (no sampling)."""
@@ -84,7 +87,7 @@ class PrivacyLedger:
                 noise_multiplier,
                 sample_rate,
                 steps,
-                clipping,
+                envelope,
                 k,
                 rank,
                 mechanism,

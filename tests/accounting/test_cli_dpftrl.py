@@ -78,7 +78,7 @@ BASE = "accountant epsilon --mechanism nu-dpftrl --sigma 1 --delta 1e-5 "
     "argv,match",
     [
         (
-            BASE + "--nu 0.1 --steps 10 --participations 1 --min-separation 10 --clipping hutch "
+            BASE + "--nu 0.1 --steps 10 --participations 1 --min-separation 10 --envelope hutch "
             "--k 8",
             "randomized clipping",
         ),

@@ -237,8 +237,8 @@ def test_inputs_are_validated_and_randomized_clipping_refused():
         with pytest.raises(ValueError):
             dpftrl_sensitivity(**args)
     with pytest.raises(ValueError, match="randomized clipping"):
-        dpftrl_epsilon(1.0, 1e-5, 0.1, 10, 1, 10, clipping="hutch")
+        dpftrl_epsilon(1.0, 1e-5, 0.1, 10, 1, 10, envelope="hutch")
     with pytest.raises(ValueError, match="randomized clipping"):
-        dpftrl_noise_multiplier(1.0, 1e-5, 0.1, 10, 1, 10, clipping="hutchpp")
+        dpftrl_noise_multiplier(1.0, 1e-5, 0.1, 10, 1, 10, envelope="hutchpp")
     with pytest.raises(ValueError):
         dpftrl_epsilon(0.0, 1e-5, 0.1, 10, 1, 10)

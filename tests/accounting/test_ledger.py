@@ -55,7 +55,7 @@ def test_heterogeneous_events_compose_as_one_pld():
 
 def test_mixed_clipping_jobs_on_one_dataset():
     ledger = PrivacyLedger()
-    ledger.record(noise_multiplier=1.0, sample_rate=0.01, steps=500, clipping="hutch", k=32)
+    ledger.record(noise_multiplier=1.0, sample_rate=0.01, steps=500, envelope="hutch", k=32)
     ledger.record(noise_multiplier=1.0, sample_rate=0.01, steps=500)
     both = ledger.epsilon(1e-5)
     hutch_only = accounting.epsilon(1.0, 0.01, 1000, 1e-5, "hutch", 32)
@@ -66,7 +66,7 @@ def test_mixed_clipping_jobs_on_one_dataset():
 def test_json_round_trip_recomputes_epsilon():
     ledger = PrivacyLedger()
     ledger.record(
-        noise_multiplier=1.1, sample_rate=0.005, steps=1234, clipping="hutch", k=16, rank=3
+        noise_multiplier=1.1, sample_rate=0.005, steps=1234, envelope="hutch", k=16, rank=3
     )
     ledger.record(noise_multiplier=0.9, sample_rate=0.01, steps=10)
     text = ledger.to_json()

@@ -97,7 +97,7 @@ def test_two_runs_are_two_gaussians_not_one_longer_run():
 
 def test_json_round_trip_and_v1_dp_sgd_ledgers_unchanged():
     ledger = PrivacyLedger()
-    ledger.record(noise_multiplier=1.0, sample_rate=0.01, steps=500, clipping="hutch", k=32)
+    ledger.record(noise_multiplier=1.0, sample_rate=0.01, steps=500, envelope="hutch", k=32)
     text_v1 = ledger.to_json()
     # a DP-SGD-only ledger is written exactly as before: no ν-DP-FTRL keys
     for event in json.loads(text_v1)["events"]:
@@ -141,8 +141,8 @@ def test_stored_sensitivity_can_only_raise_the_recomputed_one():
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        (dict(clipping="hutch", k=32), "randomized clipping"),
-        (dict(clipping="hutchpp", k=8), "randomized clipping"),
+        (dict(envelope="hutch", k=32), "randomized clipping"),
+        (dict(envelope="hutchpp", k=8), "randomized clipping"),
         (dict(sample_rate=0.01), "sample_rate must be 1"),
         (dict(nu=None), "needs"),
         (dict(participations=None), "needs"),

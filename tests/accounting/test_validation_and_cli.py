@@ -25,12 +25,12 @@ from dprc_core.cli import main
         ({"steps": True}, "steps"),
         ({"delta": 0.0}, "delta"),
         ({"delta": 1.0}, "delta"),
-        ({"clipping": "ghost"}, "clipping"),
-        ({"clipping": "hutch"}, "projection dimension k"),
-        ({"clipping": "hutch", "k": 0}, "k must be"),
-        ({"clipping": "hutch", "k": 1}, "k must be >= 2"),
-        ({"clipping": "hutchpp", "k": 8.5}, "integer"),
-        ({"clipping": "hutch", "k": 8, "rank": 0}, "rank"),
+        ({"envelope": "ghost"}, "clipping"),
+        ({"envelope": "hutch"}, "projection dimension k"),
+        ({"envelope": "hutch", "k": 0}, "k must be"),
+        ({"envelope": "hutch", "k": 1}, "k must be >= 2"),
+        ({"envelope": "hutchpp", "k": 8.5}, "integer"),
+        ({"envelope": "hutch", "k": 8, "rank": 0}, "rank"),
         ({"k": 8}, "only meaningful for randomized clipping"),
         ({"rank": 4}, "only meaningful for randomized clipping"),
     ],
@@ -84,7 +84,7 @@ def test_cli_epsilon_prints_result_and_settings(capsys):
             "1000",
             "--delta",
             "1e-5",
-            "--clipping",
+            "--envelope",
             "hutch",
             "--k",
             "32",
@@ -132,10 +132,10 @@ def test_cli_sigma_plans_exactly_the_steps_the_job_runs(capsys):
 
     # a hutch job runs per-example sketches by default; the accountant's own default is the
     # shared-sketch bound, valid for both, hence at least as large
-    argv = [*README_SIGMA, "--clipping", "hutch", "--k", "32", "--sketch", "per_example", "--json"]
+    argv = [*README_SIGMA, "--envelope", "hutch", "--k", "32", "--sketch", "per_example", "--json"]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
-    assert main([*README_SIGMA, "--clipping", "hutch", "--k", "32", "--json"]) == 0
+    assert main([*README_SIGMA, "--envelope", "hutch", "--k", "32", "--json"]) == 0
     shared = json.loads(capsys.readouterr().out)
     assert shared["sketch"].startswith("shared")
     assert shared["noise_multiplier"] > result["noise_multiplier"]
@@ -181,7 +181,7 @@ def test_cli_errors_are_one_clear_line(capsys, argv, match):
 
 
 def test_cli_sketch_per_example(capsys):
-    base = [*README_SIGMA, "--clipping", "hutch", "--k", "32", "--json"]
+    base = [*README_SIGMA, "--envelope", "hutch", "--k", "32", "--json"]
     assert main([*base, "--sketch", "per_example"]) == 0
     per = json.loads(capsys.readouterr().out)
     assert main(base) == 0
@@ -202,7 +202,7 @@ def test_cli_server_request_carries_the_sketch():
 
     parser = argparse.ArgumentParser()
     add_subparser(parser.add_subparsers(dest="command"))
-    argv = [*README_SIGMA, "--clipping", "hutch", "--k", "32"]
+    argv = [*README_SIGMA, "--envelope", "hutch", "--k", "32"]
     body = api_request(parser.parse_args([*argv, "--sketch", "per_example"]), "sigma")
     assert body["sketch"] == "per_example"
     assert "sketch" not in api_request(parser.parse_args(argv), "sigma")  # the server default

@@ -1,0 +1,127 @@
+"""Validation of what a privacy event and the accountant's functions are given.
+
+Every check returns the value normalised (a float, an int, a canonical name) or raises
+``ValueError`` with a message naming the argument.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from typing import Any
+
+from dprc_core.accounting.envelope import check_k, check_rank
+from dprc_core.accounting.renamed_keywords import renamed_keyword
+from dprc_core.mechanism_names import canonical_mechanism
+from dprc_core.norm_methods import ENVELOPES
+
+# How the randomized-norm sketch was drawn (docs/accounting.md §10): "shared" — one
+# projection per layer per step for the whole batch, accounted with the revealed-scale model
+# (the adversary is given the scale a); "per_example" — an independent projection per example,
+# per layer, per step, accounted with the hidden-scale model. "shared" is the default and what
+# ledgers without the field mean.
+SHARED_SKETCH = "shared"
+PER_EXAMPLE_SKETCH = "per_example"
+SKETCHES = (SHARED_SKETCH, PER_EXAMPLE_SKETCH)
+
+__all__ = [
+    "ENVELOPES",
+    "PER_EXAMPLE_SKETCH",
+    "SHARED_SKETCH",
+    "SKETCHES",
+    "check_clipping",
+    "check_delta",
+    "check_envelope",
+    "check_epsilon",
+    "check_mechanism",
+    "check_noise_multiplier",
+    "check_sample_rate",
+    "check_sketch",
+    "check_steps",
+]
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_noise_multiplier(sigma: Any) -> float:
+    if not is_real(sigma) or not math.isfinite(sigma) or sigma <= 0:
+        raise ValueError(f"noise_multiplier must be a finite number > 0, got {sigma!r}")
+    return float(sigma)
+
+
+def check_sample_rate(q: Any) -> float:
+    if not is_real(q) or not math.isfinite(q) or not 0 < q <= 1:
+        raise ValueError(f"sample_rate must be in (0, 1], got {q!r}")
+    return float(q)
+
+
+def check_steps(steps: Any) -> int:
+    if not is_int(steps) or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    return int(steps)
+
+
+def check_delta(delta: Any) -> float:
+    if not is_real(delta) or not math.isfinite(delta) or not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    return float(delta)
+
+
+def check_epsilon(epsilon: Any) -> float:
+    if not is_real(epsilon) or not math.isfinite(epsilon) or epsilon <= 0:
+        raise ValueError(f"target epsilon must be a finite number > 0, got {epsilon!r}")
+    return float(epsilon)
+
+
+def check_envelope(envelope: Any, k: Any, rank: Any) -> tuple[str, int | None, int | None]:
+    """Validate the accountant's envelope family (``exact``, or randomized ``hutch`` /
+    ``hutchpp``) with its projection dimension k and total rank. The messages name the
+    job's ``clipping``, the word users give it by."""
+    if envelope not in ENVELOPES:
+        raise ValueError(f"clipping must be one of {ENVELOPES}, got {envelope!r}")
+    if envelope == "exact":
+        if k is not None:
+            raise ValueError("k is only meaningful for randomized clipping (hutch/hutchpp)")
+        if rank is not None:
+            raise ValueError("rank is only meaningful for randomized clipping (hutch/hutchpp)")
+        return envelope, None, None
+    if k is None:
+        raise ValueError(f"clipping={envelope!r} needs the projection dimension k")
+    if envelope == "hutchpp" and rank is not None:
+        raise ValueError(
+            "rank applies to clipping='hutch' only: Hutch++ is always accounted with the "
+            "dimension-free envelope, so a rank would be ignored"
+        )
+    return envelope, check_k(k), check_rank(rank)
+
+
+def check_clipping(clipping: Any, k: Any, rank: Any) -> tuple[str, int | None, int | None]:
+    """Deprecated name of :func:`check_envelope`."""
+    warnings.warn(
+        "check_clipping is deprecated, use check_envelope", DeprecationWarning, stacklevel=2
+    )
+    return check_envelope(clipping, k, rank)
+
+
+def check_mechanism(mechanism: Any) -> str:
+    return canonical_mechanism(mechanism)
+
+
+@renamed_keyword("clipping", "envelope")
+def check_sketch(sketch: Any, envelope: str, *, clipping: str | None = None) -> str:
+    """Validate how the sketch was drawn; ``per_example`` needs a randomized envelope."""
+    if sketch not in SKETCHES:
+        raise ValueError(f"sketch must be one of {SKETCHES}, got {sketch!r}")
+    if sketch == PER_EXAMPLE_SKETCH and envelope == "exact":
+        raise ValueError(
+            "sketch='per_example' applies to randomized clipping (hutch/hutchpp) only: exact "
+            "norms draw no sketch"
+        )
+    return str(sketch)

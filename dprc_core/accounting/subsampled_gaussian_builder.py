@@ -1,0 +1,119 @@
+"""The PLD of a :class:`~dprc_core.accounting.events.SubsampledGaussianEvent`.
+
+Per step, a dominating discrete sensitivity scale (a = 1 for exact norms; the envelope of §4
+discretised with upper-edge rounding for hutch/hutch++, scale tail ≤ τ/(4q) at +∞), then the
+pessimistic connect-the-dots PLD of both adjacencies: the revealed-scale mixture
+(:mod:`~dprc_core.accounting.random_scale_pld`) for exact norms and shared sketches, the
+hidden-scale mixture (:mod:`~dprc_core.accounting.hidden_scale_pld`) for
+``sketch="per_example"``. The PLD is self-composed over the event's steps, and events equal
+up to their step counts are one event.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+
+from dprc_core.accounting.events import PER_EXAMPLE_SKETCH, SubsampledGaussianEvent
+from dprc_core.accounting.hidden_scale_pld import hidden_step_geometry, hidden_step_pld
+from dprc_core.accounting.pld_builders import GridNeeds, PLDBuilder, pld_builder
+from dprc_core.accounting.random_scale_pld import (
+    StepGeometry,
+    StepMechanism,
+    step_geometry,
+    step_pld,
+)
+from dprc_core.accounting.scale_distribution import (
+    ScaleDistribution,
+    envelope_scale,
+    exact_scale,
+)
+from dprc_core.accounting.settings import AccountingSettings
+
+_COARSE_WIDTH = 0.05  # scale bins used only to size the grid (a dominating, coarser scale)
+# Largest finite scale in units of σ: beyond a/σ = 40 a step reveals the example anyway (losses
+# of order 800), and the rest of the scale tail is sent to +∞ (charged to δ).
+SCALE_CAP_SIGMAS = 40.0
+
+
+def scale_distribution(
+    event: SubsampledGaussianEvent, inf_budget: float, width: float
+) -> ScaleDistribution:
+    """Dominating discrete sensitivity scale of one step of ``event``."""
+    if event.envelope == "exact":
+        return exact_scale()
+    rank = event.rank if event.envelope == "hutch" else None  # Hutch++: dimension-free
+    assert event.k is not None
+    return envelope_scale(
+        event.k,
+        rank,
+        inf_budget,
+        relative_width=width,
+        a_cap=SCALE_CAP_SIGMAS * event.noise_multiplier,
+    )
+
+
+def hidden_scale(event: SubsampledGaussianEvent) -> bool:
+    """Per-example sketches are accounted with the hidden-scale model (hidden_scale_pld.py);
+    everything else — shared sketches, exact norms — with the revealed-scale mixture."""
+    return event.sketch == PER_EXAMPLE_SKETCH
+
+
+@dataclass(frozen=True)
+class PreparedSubsampledGaussian:
+    """One step's mechanism on the fine scale, and the geometry of its loss (coarse scale)."""
+
+    event: SubsampledGaussianEvent
+    mech: StepMechanism
+    geometry: StepGeometry
+
+    @property
+    def compositions(self) -> int:
+        return self.event.steps
+
+    @property
+    def scale_bins(self) -> int:
+        return len(self.mech.scale.values)
+
+    def grid_needs(self, settings: AccountingSettings) -> GridNeeds:
+        """h ≤ rel_h·std·n^{-1/4} (std of the per-step loss, n steps), and the loss ranges of
+        one step and of n steps (mean·n ± 12·√n·std plus one step's range)."""
+        n = self.event.steps
+        std = min(self.geometry.std.values())
+        h = settings.rel_h * std * n**-0.25 if std > 0 else math.inf
+        step_range = 0.0
+        composed_range = 0.0
+        for d in self.geometry.lims:
+            lo, hi = self.geometry.lims[d]
+            step_range = max(step_range, hi - lo)
+            composed_range = max(
+                composed_range,
+                n * abs(self.geometry.mean[d])
+                + 12.0 * math.sqrt(n) * self.geometry.std[d]
+                + (hi - lo),
+            )
+        return GridNeeds(h, step_range, composed_range)
+
+    def pld(self, h: float, tail: float) -> PrivacyLossDistribution:
+        build = hidden_step_pld if hidden_scale(self.event) else step_pld
+        return build(self.mech, h, tail, self.geometry)
+
+
+@pld_builder(SubsampledGaussianEvent)
+class SubsampledGaussianPLD(PLDBuilder[SubsampledGaussianEvent]):
+    """Steps are self-compositions of one step's PLD; equal events merge their steps."""
+
+    mergeable_steps = True
+
+    def prepare(
+        self, event: SubsampledGaussianEvent, tail: float, settings: AccountingSettings
+    ) -> PreparedSubsampledGaussian:
+        inf_budget = tail / (4.0 * event.sample_rate)
+        fine = scale_distribution(event, inf_budget, settings.scale_width)
+        coarse = scale_distribution(event, inf_budget, max(_COARSE_WIDTH, settings.scale_width))
+        geometry_of = hidden_step_geometry if hidden_scale(event) else step_geometry
+        sigma, q = event.noise_multiplier, event.sample_rate
+        geometry = geometry_of(StepMechanism(sigma, q, coarse), tail)
+        return PreparedSubsampledGaussian(event, StepMechanism(sigma, q, fine), geometry)
