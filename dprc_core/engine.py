@@ -219,6 +219,8 @@ class PrivacyEngine:
         self.optimizer = optimizer
         self.clipping: Clipping = clipping
         self.mechanism: NoiseMechanism = noise
+        self.max_grad_norm: float = clipping.max_grad_norm  # C, and σ: what the step uses
+        self.noise_multiplier: float = _sigma(noise)
         self.expected_batch_size = finite_number(
             "expected_batch_size", expected_batch_size, positive=True
         )
@@ -289,16 +291,6 @@ class PrivacyEngine:
 
     # ------------------------------------------------------------------ public API
     # -- the mechanism's settings, read from the objects
-    @property
-    def max_grad_norm(self) -> float:
-        return self.clipping.max_grad_norm
-
-    @property
-    def noise_multiplier(self) -> float:
-        sigma = self.mechanism.noise_multiplier
-        assert sigma is not None  # _mechanism_objects refuses a mechanism without σ
-        return sigma
-
     @property
     def norm_method(self) -> str:
         """The norm method's name (how per-sample norms are computed)."""
@@ -935,6 +927,12 @@ def _from_keywords(kw: dict[str, Any]) -> tuple[Clipping, NoiseMechanism]:
     return clipping, Gaussian(sigma, secure=bool(kw["secure_rng"]))
 
 
+def _sigma(noise: NoiseMechanism) -> float:
+    sigma = noise.noise_multiplier
+    assert sigma is not None  # _mechanism_objects refuses a mechanism without σ
+    return sigma
+
+
 def _event(
     mechanism: NoiseMechanism,
     steps: int,
@@ -946,8 +944,7 @@ def _event(
     min_separation: int | None,
 ) -> PrivacyEvent:
     """The one place an engine's privacy event is built."""
-    sigma = mechanism.noise_multiplier
-    assert sigma is not None
+    sigma = _sigma(mechanism)
     if isinstance(mechanism, NuDPFTRL):
         assert mechanism.nu is not None and min_separation is not None
         return PrivacyEvent.nu_dpftrl_prefix(
