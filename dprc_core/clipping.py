@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 from dprc_core.accounting.events import default_sketch
 from dprc_core.norm_methods import get_norm_method
-from dprc_core.sketches import check_sketch_mode
+from dprc_core.sketches import check_sketch_mode, resolve_sketch
 
 DEFAULT_K = 32
 # How the clipped sum is formed: a second backward, or from the stored factors / gradients
@@ -103,8 +103,7 @@ class Exact:
 def _resolve_sketch(norm: Any) -> None:
     """A randomized norm's ``k`` checked and its ``sketch`` validated or defaulted."""
     check_k(norm.k, randomized=True)
-    sketch = default_sketch(randomized=True) if norm.sketch is None else norm.sketch
-    object.__setattr__(norm, "sketch", check_sketch_mode(sketch, randomized=True))
+    object.__setattr__(norm, "sketch", resolve_sketch(norm.sketch, randomized=True))
 
 
 @dataclass(frozen=True)
