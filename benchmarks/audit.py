@@ -52,7 +52,8 @@ from dprc_core.auditing import (  # noqa: E402
     run_gradient_canary_audit,
     scores_from_updates,
 )
-from dprc_core.noise import GaussianNoise  # noqa: E402
+from dprc_core.clipping import Clipping, norm_from_method  # noqa: E402
+from dprc_core.noise import Gaussian, GaussianNoise  # noqa: E402
 
 M, Q, T, DELTA, C, MICRO = 4000, 0.05, 100, 1e-5, 1.0, 8
 
@@ -106,13 +107,10 @@ def factory(kind: str, sigma: float, method: str = "exact"):
 
     def make(model, opt, expected_batch_size, seed):
         kw = dict(
-            max_grad_norm=C,
-            noise_multiplier=sigma,
+            clipping=Clipping(C, norm_from_method(norm_method, k=32, sketch=sketch or "shared")),
+            noise=Gaussian(sigma),
             expected_batch_size=expected_batch_size,
-            norm_method=norm_method,
-            k=32,
             seed=seed,
-            sketch=sketch or "shared",
         )
         if kind == "real":
             return PrivacyEngine(model, opt, **kw)

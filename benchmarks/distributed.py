@@ -53,8 +53,10 @@ def rank_main(args: argparse.Namespace) -> None:
     import dprc_core.engine as engine_mod
     from benchmarks.step import model_dir
     from dprc_core import PrivacyEngine
+    from dprc_core.clipping import Clipping, Hutch
     from dprc_core.distributed import current_ranks, shard_indices
     from dprc_core.losses import causal_lm_per_sample_loss
+    from dprc_core.noise import Gaussian
 
     torch.set_num_threads(args.threads)
     distributed = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
@@ -90,11 +92,9 @@ def rank_main(args: argparse.Namespace) -> None:
     engine = PrivacyEngine(
         model,
         opt,
-        max_grad_norm=1.0,
-        noise_multiplier=1.0,
+        clipping=Clipping(1.0, Hutch(32)),
+        noise=Gaussian(1.0),
         expected_batch_size=float(B_LOGICAL),
-        norm_method="hutch",
-        k=32,
         seed=1,
     )
     gen = torch.Generator().manual_seed(0)

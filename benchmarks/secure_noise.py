@@ -53,8 +53,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dprc_core import PrivacyEngine  # noqa: E402
+from dprc_core.clipping import Clipping, Exact  # noqa: E402
 from dprc_core.losses import causal_lm_per_sample_loss  # noqa: E402
-from dprc_core.noise import SecureGaussianNoise, SecureStream  # noqa: E402
+from dprc_core.noise import Gaussian, SecureGaussianNoise, SecureStream  # noqa: E402
 
 FULL = dict(hidden=768, layers=12, heads=12, intermediate=2304, vocab=32768)
 QUICK = dict(hidden=256, layers=4, heads=8, intermediate=688, vocab=4096)
@@ -96,11 +97,9 @@ def make_engine(model: torch.nn.Module, config: str) -> tuple[PrivacyEngine, Any
         engine = PrivacyEngine(
             model,
             opt,
-            max_grad_norm=1.0,
-            noise_multiplier=1.0,
+            clipping=Clipping(1.0, Exact(), check_independence=False),
+            noise=Gaussian(1.0),
             expected_batch_size=float(B),
-            norm_method="exact",
-            check_independence=False,
         )
     noise = None
     if config != "torch":

@@ -62,7 +62,9 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere: import the check
     sys.path.insert(0, str(ROOT))
 
 from dprc_core import PrivacyEngine  # noqa: E402
+from dprc_core.clipping import Clipping, norm_from_method  # noqa: E402
 from dprc_core.losses import causal_lm_per_sample_loss  # noqa: E402
+from dprc_core.noise import Gaussian  # noqa: E402
 
 HAVE_OPACUS = importlib.util.find_spec("opacus") is not None
 if HAVE_OPACUS:  # imported in every process so that absolute peak RSS stays comparable
@@ -167,13 +169,10 @@ def make_step(
         engine = PrivacyEngine(
             model,
             opt,
-            max_grad_norm=MAX_GRAD_NORM,
-            noise_multiplier=NOISE_MULTIPLIER,
+            clipping=Clipping(MAX_GRAD_NORM, norm_from_method(method, k=K), clipped_sum=mode),
+            noise=Gaussian(NOISE_MULTIPLIER),
             expected_batch_size=BATCH,
-            norm_method=method,
-            k=K,
             seed=0,
-            clipping_mode=mode,
         )
 
         def dp_step() -> None:

@@ -4,15 +4,14 @@ One logical (Poisson-sampled) batch, possibly split into micro-batches:
 
 1. forward; 2. norm backward yielding per-sample norm estimates n̂_i (no parameter gradients);
 3. clip factors c_i = min(1, C / n̂_i); 4. clipped sum Σ_i c_i g_i, either by a second backward
-on Σ_i c_i L_i (``clipping_mode="two_pass"``) or from the stored layer factors or per-sample
-gradients, whichever is smaller (``clipping_mode="bookkeeping"``, the default: no second
-backward); 5. once per logical batch: add
-N(0, σ²C²) per coordinate, divide by the expected batch size, ``optimizer.step()``.
+on Σ_i c_i L_i (``Clipping(clipped_sum="two_pass")``) or from the stored layer factors or
+per-sample gradients, whichever is smaller (``clipped_sum="bookkeeping"``, the default: no
+second backward); 5. once per logical batch: add the noise (``Gaussian(σ)``: N(0, σ²C²) per
+coordinate), divide by the expected batch size, ``optimizer.step()``.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +20,19 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from dprc_core.accounting.events import PrivacyEvent
 from dprc_core.batching import batch_size, select_samples
+from dprc_core.clipping import (
+    CLIPPED_SUMS,
+    DEFAULT_K,
+    Auto,
+    Clipping,
+    Exact,
+    NormChoice,
+    check_k,
+    finite_number,
+    norm_from_method,
+)
 from dprc_core.distributed import (
     all_reduce_sum,
     broadcast_int,
@@ -34,24 +45,22 @@ from dprc_core.estimators import MatrixContribution, auto_method
 from dprc_core.hooks import PerSampleHooks, trainable_parameters
 from dprc_core.independence import check_sample_independence
 from dprc_core.noise import (
+    Gaussian,
     GaussianNoise,
     NoiseMechanism,
+    NuDPFTRL,
     NuDPFTRLNoise,
     SecureGaussianNoise,
     SecureStream,
     as_noise_mechanism,
 )
+from dprc_core.noise.mechanisms import check_noise_multiplier
 from dprc_core.norm_methods import envelope_for, get_norm_method
 from dprc_core.seeding import derive_seed, fresh_seed
-from dprc_core.sketches import (
-    PER_EXAMPLE_SKETCH,
-    SHARED_SKETCH,
-    per_example_source,
-    resolve_sketch,
-)
+from dprc_core.sketches import PER_EXAMPLE_SKETCH, SHARED_SKETCH, per_example_source
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
-CLIPPING_MODES = ("two_pass", "bookkeeping")
+CLIPPING_MODES = CLIPPED_SUMS  # the values of Clipping.clipped_sum
 
 
 @dataclass
@@ -75,35 +84,9 @@ class PrivacyWarning(UserWarning):
     """A setting that makes a run not (meaningfully) private."""
 
 
-def _check_k(k: Any, randomized: bool = False) -> int:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k (sketch dimension) must be an integer >= 1, got {k!r}")
-    if randomized and k < 2:
-        raise ValueError(
-            "k (sketch dimension) must be >= 2 for randomized clipping: the privacy analysis of "
-            "the Hutchinson estimate (the chi-square(k)/k envelope, docs/design.md §4) needs "
-            f"k >= 2, and the accountant refuses k=1; got k={k!r}"
-        )
-    return k
-
-
-def _number(name: str, value: Any, *, positive: bool) -> float:
-    """A finite real number (bools refused), > 0 if ``positive`` else >= 0."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = ok and math.isfinite(value) and (value > 0 if positive else value >= 0)
-    if not ok:
-        bound = "> 0" if positive else ">= 0"
-        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
-    return float(value)
-
-
 def _check_method(method: str) -> str:
     get_norm_method(method)  # raises for an unknown name
     return method
-
-
-def _randomized(method: str) -> bool:
-    return get_norm_method(method).randomized
 
 
 class _Generators:
@@ -145,7 +128,7 @@ def per_sample_grad_norms(
     not the batch but happens to equal it (T == B) is not detected.
     """
     _check_method(method)
-    _check_k(k)
+    check_k(k)
     hooks = PerSampleHooks(model, verified_layouts=check_independence)
     try:
         if check_independence and (batch_size(batch) or 0) >= 2:
@@ -165,7 +148,14 @@ def per_sample_grad_norms(
 
 
 class PrivacyEngine:
-    """DP-SGD with (randomized) per-sample clipping for a model and its optimizer."""
+    """DP-SGD with (randomized) per-sample clipping for a model and its optimizer.
+
+    ``PrivacyEngine(model, optimizer, clipping=Clipping(C, Hutch(k)), noise=Gaussian(σ),
+    expected_batch_size=q·N)``: each logical batch's per-sample gradients are clipped as
+    ``clipping`` says (:mod:`dprc_core.clipping`), summed, noised as ``noise`` says
+    (:mod:`dprc_core.noise.mechanisms`) and divided by ``expected_batch_size`` before
+    ``optimizer.step()``. :meth:`privacy_event` is the event an accountant counts for it.
+    """
 
     # the state of the logical batch being accumulated, (re)set by _reset_batch()
     _in_batch: bool
@@ -180,99 +170,95 @@ class PrivacyEngine:
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         *,
-        max_grad_norm: float,
-        noise_multiplier: float,
+        clipping: Clipping | None = None,
+        noise: NoiseMechanism | None = None,
         expected_batch_size: float,
-        norm_method: str = "hutch",
-        k: int = 32,
         seed: int | None = None,
-        clipping_mode: str = "bookkeeping",
-        max_seq_len: int | None = None,
-        check_independence: bool = True,
-        noise_mechanism: NoiseMechanism | str = "gaussian",
-        nu: float | None = None,
-        bands: int | None = None,
         process_group: Any = None,
-        secure_rng: bool = False,
         secure_stream: SecureStream | None = None,
-        sketch: str | None = None,
+        **deprecated: Any,
     ):
-        """``noise_mechanism``: ``Gaussian()`` / ``"gaussian"`` (default), or
-        ``dprc_core.noise.NuDPFTRL(nu=..., bands=...)``; ``nu`` / ``bands`` beside the name
-        ``"nu_dpftrl"`` are the deprecated spelling of the latter.
+        """Parameters:
 
-        Inside an initialised ``torch.distributed`` process group (``process_group``, default
-        the default group) every rank builds the same engine for its copy of the (unwrapped)
-        model; ``expected_batch_size`` is the *global* q·N. Each rank accumulates its own part
-        of the logical batch; ``step()`` adds rank 0's single noise draw and SUM-reduces the
-        clipped sums across ranks, so every rank takes the same update. The seed is rank 0's.
+        * ``model``: the (unwrapped) model; its parameters with ``requires_grad=True`` are
+          trained. ``optimizer``: holds only those parameters (else refused).
+        * ``clipping``: :class:`~dprc_core.clipping.Clipping` — the clipping norm C, the norm
+          method (``Exact()``, ``Hutch(k, sketch)``, ``HutchPP(k, sketch)``,
+          ``Auto(max_seq_len, k, sketch)``), how the clipped sum is formed
+          (``clipped_sum``) and whether sample independence is checked.
+        * ``noise``: ``Gaussian(σ, secure=...)`` or ``NuDPFTRL(σ, nu, bands)`` (exact norm
+          methods only). σ = 0 warns (:class:`PrivacyWarning`): the run is not private.
+        * ``expected_batch_size``: q·N, the expected (Poisson) logical batch size; the noised
+          sum is divided by it. With several ranks it is the *global* one.
+        * ``seed``: the secret seed of the noise and the projections (None: fresh from the
+          OS). ``Gaussian(σ, secure=True)``: the noise comes from a ChaCha20 keystream keyed
+          from the OS, as a float64 sum of normals generated one step ahead in a background
+          thread, and ``seed`` then no longer determines it (docs/engine.md, "Secure mode");
+          per-example projections then come from the stream too.
+        * ``process_group``: inside an initialised ``torch.distributed`` process group
+          (default: the default group) every rank builds the same engine for its copy of the
+          model; each rank accumulates its part of the logical batch, ``step()`` adds rank
+          0's single noise draw and SUM-reduces the clipped sums, so every rank takes the
+          same update. The seed is rank 0's.
+        * ``secure_stream``: secure mode's root :class:`~dprc_core.noise.SecureStream` (e.g.
+          to resume); None: a fresh OS key. Unused without secure noise.
 
-        ``secure_rng=True`` (secure mode, docs/engine.md): the Gaussian noise comes from a
-        ChaCha20 keystream keyed from the OS (``secure_stream``: a given root stream, e.g. to
-        resume), as a float64 sum of normals generated one step ahead in a background thread;
-        ``seed`` then no longer determines the noise. Gaussian mechanism only.
+        A randomized method's ``sketch``: ``"per_example"`` (the default,
+        :func:`~dprc_core.accounting.events.default_sketch`) — an independent projection per
+        example, keyed by (secret, step, parameter, example id: ``accumulate(...,
+        example_ids=)``), accounted with the hidden-scale model (docs/accounting.md §10) — or
+        ``"shared"`` — one projection per parameter per logical batch, accounted with the
+        revealed-scale model (a larger σ for the same ε).
 
-        ``sketch`` (randomized norm methods): ``"per_example"`` — an independent projection
-        per example, keyed by (secret, step, parameter, example id: ``accumulate(...,
-        example_ids=)``), accounted with the hidden-scale model (docs/accounting.md §10;
-        :attr:`accounting_sketch`) — or ``"shared"`` — one projection per parameter per logical
-        batch, accounted with the revealed-scale model (a larger σ for the same ε). ``None``
-        (the default): per-example for a randomized method, none for exact norms
-        (:func:`dprc_core.sketches.default_sketch`). In secure mode per-example projections
-        come from the ChaCha20 stream too."""
-        if clipping_mode not in CLIPPING_MODES:
-            raise ValueError(
-                f"clipping_mode must be one of {CLIPPING_MODES}, got {clipping_mode!r}"
-            )
+        The keyword form ``max_grad_norm=, noise_multiplier=, norm_method=, k=,
+        clipping_mode=, max_seq_len=, check_independence=, noise_mechanism=, nu=, bands=,
+        secure_rng=, sketch=`` is deprecated (one DeprecationWarning) and converted into the
+        same objects; it cannot be mixed with ``clipping=`` / ``noise=``."""
+        clipping, noise = _mechanism_objects(clipping, noise, deprecated)
         self.model = model
         self.optimizer = optimizer
-        self.max_grad_norm = _number("max_grad_norm", max_grad_norm, positive=True)
-        self.noise_multiplier = _number("noise_multiplier", noise_multiplier, positive=False)
-        self.expected_batch_size = _number(
+        self.clipping: Clipping = clipping
+        self.mechanism: NoiseMechanism = noise
+        self.max_grad_norm: float = clipping.max_grad_norm  # C, and σ: what the step uses
+        self.noise_multiplier: float = _sigma(noise)
+        self.expected_batch_size = finite_number(
             "expected_batch_size", expected_batch_size, positive=True
         )
-        self.norm_method = _check_method(norm_method)
-        self.k = _check_k(k, randomized=_randomized(norm_method))
-        self.sketch = resolve_sketch(sketch, _randomized(norm_method))
-        if max_seq_len is not None and (
-            isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1
-        ):
-            raise ValueError(f"max_seq_len must be a positive integer, got {max_seq_len!r}")
-        if norm_method == "auto" and max_seq_len is None:
-            raise ValueError(
-                "norm_method='auto' needs max_seq_len (the longest sequence the model will "
-                "see): auto resolves exact or hutch once per layer for that length and keeps "
-                "it fixed, so that the accounting is known before training"
-            )
-        self.max_seq_len = max_seq_len
-        self.clipping_mode = clipping_mode
-        self.check_independence = bool(check_independence)
         self.params = trainable_parameters(model)
         self._check_optimizer()
         refuse_wrapped_model(model)
         self.ranks = current_ranks(process_group)
         self._comm_device = self.params[0].device if self.params else torch.device("cpu")
+        self._warn_if_not_private()
+        self._seed_group(seed)
+        self._make_noise(secure_stream)
+        self.hooks = PerSampleHooks(model, verified_layouts=self.check_independence)
+        self._independence_checked = False
+        self.layer_methods: dict[str, str] = self._resolve_layer_methods()
+        check_same_on_all_ranks("the engine's settings", self._fingerprint(), self.ranks)
+        self.steps = 0
+        self._reset_batch()
+
+    # -- construction
+    def _warn_if_not_private(self) -> None:
         if self.noise_multiplier == 0:
             warnings.warn(
                 "noise_multiplier=0: no noise is added, the updates are NOT differentially "
                 "private (clipping alone gives no privacy guarantee)",
                 PrivacyWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
+
+    def _seed_group(self, seed: int | None) -> None:
+        """The secret seed (rank 0's for a group) and the noise's generators from it."""
         self.seed = fresh_seed() if seed is None else int(seed)
         if self.ranks.distributed:  # one secret seed for the group: rank 0's
             self.seed = broadcast_int(self.seed, self.ranks)
         self.generators = _Generators(self.seed)  # the noise's (rank 0 draws it)
-        self.mechanism = as_noise_mechanism(noise_mechanism, nu, bands)
-        self.noise_mechanism = self.mechanism.name
-        if self.mechanism.exact_clipping_only and _randomized(norm_method):
-            raise ValueError(
-                f"norm_method={norm_method!r} with correlated noise ({self.mechanism.name}) is "
-                "refused: randomized clipping with correlated noise has no privacy analysis; "
-                "use an exact method (exact, ghost, fgc)"
-            )
-        self.secure_rng = bool(secure_rng)
-        # secure mode's per-example projections: one key for every rank (the root's)
+
+    def _make_noise(self, secure_stream: SecureStream | None) -> None:
+        """The noise sampler, and secure mode's per-example projection stream (one key for
+        every rank: the root's)."""
         self._projection_stream: SecureStream | None = None
         if self.secure_rng and self.sketch == PER_EXAMPLE_SKETCH:
             root = secure_stream if secure_stream is not None else SecureStream()
@@ -280,61 +266,148 @@ class PrivacyEngine:
         self.noise: GaussianNoise | NuDPFTRLNoise | SecureGaussianNoise
         std = self.noise_multiplier * self.max_grad_norm
         if self.secure_rng:
-            if self.mechanism.name != "gaussian":
-                raise ValueError(
-                    f"secure_rng=True covers the Gaussian mechanism only, not "
-                    f"{self.mechanism.name!r}: its noise would come from torch's generator"
-                )
             # rank 0 alone draws the noise: only there is it generated (ahead, in a thread)
             self.noise = SecureGaussianNoise(std, stream=secure_stream, prefetch=self.ranks.is_main)
             if self.ranks.is_main:
                 self.noise.expect(self.params)
         else:
             self.noise = self.mechanism.sampler(std)
-        self.hooks = PerSampleHooks(model, verified_layouts=self.check_independence)
-        self._independence_checked = False
-        self.norm_plan = self._make_plan()
-        check_same_on_all_ranks("the engine's settings", self._fingerprint(), self.ranks)
-        self.steps = 0
-        self._reset_batch()
 
-    # ------------------------------------------------------------------ public API
-    @property
-    def randomized(self) -> bool:
-        """Whether any parameter's norm is a randomized estimate (for the accountant)."""
-        return any(_randomized(m) for m in self.norm_plan.values())
-
-    @property
-    def accounting_clipping(self) -> str:
-        """The ``clipping`` argument of the accountant that covers this engine's mechanism.
-
-        From the resolved plan: ``"exact"`` when no parameter uses a sketch (``auto`` with
-        every layer exact included), ``"hutchpp"`` for Hutch++, else ``"hutch"``. A mix of
-        exact and Hutchinson layers is covered by the dimension-free envelope (docs/design.md §4).
-        """
-        return accounting_clipping_for(self.norm_plan)
-
-    @property
-    def accounting_sketch(self) -> str:
-        """The accountant's ``sketch``: ``"per_example"`` when per-example projections are
-        drawn and some parameter is sketched; else ``"shared"`` (exact plans included)."""
-        if self.sketch == PER_EXAMPLE_SKETCH and self.accounting_clipping != "exact":
-            return PER_EXAMPLE_SKETCH
-        return SHARED_SKETCH
+    def _resolve_layer_methods(self) -> dict[str, str]:
+        by_name, by_id = resolve_layer_methods(
+            self.hooks, self.norm_method, self.k, self.max_seq_len
+        )
+        self.hooks.plan = by_id
+        return by_name
 
     def _fingerprint(self) -> str:
         """What every rank's engine must agree on (not the parameters' values)."""
         return (
             f"{parameter_fingerprint(self.params)}|C={self.max_grad_norm!r}|"
             f"sigma={self.noise_multiplier!r}|qN={self.expected_batch_size!r}|"
-            f"{sorted(self.norm_plan.items())}|k={self.k}|{self.clipping_mode}|"
+            f"{sorted(self.layer_methods.items())}|k={self.k}|{self.clipped_sum}|"
             f"{self.noise_mechanism}|seed={self.seed}|sketch={self.sketch}"
         )
 
-    def _make_plan(self) -> dict[str, str]:
-        by_name, by_id = make_norm_plan(self.hooks, self.norm_method, self.k, self.max_seq_len)
-        self.hooks.plan = by_id
-        return by_name
+    # ------------------------------------------------------------------ public API
+    # -- the mechanism's settings, read from the objects
+    @property
+    def norm_method(self) -> str:
+        """The norm method's name (how per-sample norms are computed)."""
+        return self.clipping.norm_method
+
+    @property
+    def k(self) -> int:
+        return self.clipping.k
+
+    @property
+    def sketch(self) -> str:
+        """How the projections are drawn: ``"per_example"`` or ``"shared"`` (exact norms)."""
+        return self.clipping.sketch
+
+    @property
+    def max_seq_len(self) -> int | None:
+        return self.clipping.max_seq_len
+
+    @property
+    def clipped_sum(self) -> str:
+        """How the clipped sum is formed: ``"bookkeeping"`` or ``"two_pass"``."""
+        return self.clipping.clipped_sum
+
+    @property
+    def check_independence(self) -> bool:
+        return self.clipping.check_independence
+
+    @property
+    def noise_mechanism(self) -> str:
+        """The noise mechanism's name: ``"gaussian"`` or ``"nu_dpftrl"``."""
+        return self.mechanism.name
+
+    @property
+    def secure_rng(self) -> bool:
+        """Whether the noise comes from the ChaCha20 keystream (secure mode)."""
+        return self.mechanism.secure
+
+    @property
+    def randomized(self) -> bool:
+        """Whether any parameter's norm is a randomized estimate (for the accountant)."""
+        return any(get_norm_method(m).randomized for m in self.layer_methods.values())
+
+    @property
+    def accounting_envelope(self) -> str:
+        """The accountant's envelope family (its ``clipping`` argument) that covers this
+        engine's mechanism.
+
+        From the resolved layer methods: ``"exact"`` when no parameter uses a sketch (``auto``
+        with every layer exact included), ``"hutchpp"`` for Hutch++, else ``"hutch"``. A mix
+        of exact and Hutchinson layers is covered by the dimension-free envelope
+        (docs/design.md §4).
+        """
+        return accounting_envelope_for(self.layer_methods)
+
+    @property
+    def accounting_sketch(self) -> str:
+        """The accountant's ``sketch``: ``"per_example"`` when per-example projections are
+        drawn and some parameter is sketched; else ``"shared"`` (exact plans included)."""
+        if self.sketch == PER_EXAMPLE_SKETCH and self.accounting_envelope != "exact":
+            return PER_EXAMPLE_SKETCH
+        return SHARED_SKETCH
+
+    def privacy_event(
+        self,
+        steps: int,
+        sample_rate: float | None = None,
+        *,
+        min_separation: int | None = None,
+    ) -> PrivacyEvent:
+        """The privacy event of ``steps`` steps of this engine.
+
+        Gaussian noise: ``sample_rate`` q (the Poisson rate, expected_batch_size / N: the
+        engine does not know N) is required; the event carries σ, the accounting envelope, k
+        and the sketch the engine draws. ν-DP-FTRL: ``min_separation`` (the steps of one
+        fixed-order epoch, ⌈N / B⌉) is required and the event is the first ``steps`` steps of
+        the run (:meth:`PrivacyEvent.nu_dpftrl_prefix`); ``sample_rate`` is not used (no
+        amplification by sampling is claimed). σ = 0 has no event (nothing is private)."""
+        if self.noise_multiplier == 0:
+            raise ValueError("noise_multiplier=0 is not private: there is no privacy event")
+        if isinstance(self.mechanism, NuDPFTRL):
+            if min_separation is None:
+                raise ValueError(
+                    "a nu_dpftrl engine's privacy_event needs min_separation (the steps of "
+                    "one fixed-order epoch)"
+                )
+        elif min_separation is not None:
+            raise ValueError("min_separation applies to nu_dpftrl noise only")
+        elif sample_rate is None:
+            raise ValueError("privacy_event needs sample_rate (expected_batch_size / N)")
+        return _event(
+            self.mechanism,
+            steps,
+            sample_rate=sample_rate,
+            envelope=self.accounting_envelope,
+            k=self.k,
+            sketch=self.accounting_sketch,
+            min_separation=min_separation,
+        )
+
+    # -- deprecated names
+    @property
+    def clipping_mode(self) -> str:
+        """Deprecated name of :attr:`clipped_sum`."""
+        _deprecated_name("clipping_mode", "clipped_sum")
+        return self.clipped_sum
+
+    @property
+    def norm_plan(self) -> dict[str, str]:
+        """Deprecated name of :attr:`layer_methods`."""
+        _deprecated_name("norm_plan", "layer_methods")
+        return self.layer_methods
+
+    @property
+    def accounting_clipping(self) -> str:
+        """Deprecated name of :attr:`accounting_envelope`."""
+        _deprecated_name("accounting_clipping", "accounting_envelope")
+        return self.accounting_envelope
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs to continue exactly: step count and the generators' states
@@ -393,7 +466,7 @@ class PrivacyEngine:
         losses, result = self._norm_pass(loss_fn, batch, ids)
         norms = result.sq_norms.clamp(min=0).sqrt()
         keep = self._kept_samples(norms, result)
-        if self.clipping_mode == "two_pass" and not bool(keep.all()):
+        if self.clipped_sum == "two_pass" and not bool(keep.all()):
             del losses
             self._rerun_kept(loss_fn, batch, size, norms, keep, ids)
             return
@@ -441,7 +514,7 @@ class PrivacyEngine:
     def _norm_pass(
         self, loss_fn: LossFn, batch: Any, ids: list[int] | None = None
     ) -> tuple[torch.Tensor, Any]:
-        two_pass = self.clipping_mode == "two_pass"
+        two_pass = self.clipped_sum == "two_pass"
         return self.hooks.norm_pass(
             loss_fn,
             batch,
@@ -465,7 +538,7 @@ class PrivacyEngine:
     def _kept_samples(self, norms: torch.Tensor, result: Any) -> torch.Tensor:
         """Samples whose loss, norm and (book-keeping) gradient factors are all finite."""
         keep = torch.isfinite(norms) & torch.isfinite(result.losses).to(norms.device)
-        if self.clipping_mode != "two_pass":
+        if self.clipped_sum != "two_pass":
             keep &= _finite_samples(result.contributions, keep)
         return keep
 
@@ -492,7 +565,7 @@ class PrivacyEngine:
     def _add_clipped_sum(
         self, losses: torch.Tensor, result: Any, clip: torch.Tensor, keep: torch.Tensor
     ) -> None:
-        if self.clipping_mode == "two_pass":
+        if self.clipped_sum == "two_pass":
             weighted = (losses * clip.to(losses.dtype).detach()).sum()
             torch.autograd.backward(weighted, inputs=self.params)
         else:
@@ -676,7 +749,7 @@ class PrivacyEngine:
             p.grad = total if p.grad is None else p.grad + total
 
 
-def make_norm_plan(
+def resolve_layer_methods(
     hooks: PerSampleHooks, norm_method: str, k: int, max_seq_len: int | None
 ) -> tuple[dict[str, str], dict[int, str]]:
     """Parameter name -> the norm method it gets, fixed for an engine's life; and the same
@@ -711,25 +784,177 @@ def make_norm_plan(
     return by_name, by_id
 
 
+def accounting_envelope_for(methods: dict[str, str]) -> str:
+    """The accountant's envelope family for resolved layer methods (see
+    :attr:`PrivacyEngine.accounting_envelope`)."""
+    return envelope_for(set(methods.values()))
+
+
+def layer_methods(
+    model: nn.Module,
+    norm_method: str | NormChoice,
+    k: int = DEFAULT_K,
+    max_seq_len: int | None = None,
+) -> dict[str, str]:
+    """The layer methods a :class:`PrivacyEngine` would resolve for ``model`` (no hooks left
+    behind): lets a caller know ``accounting_envelope_for(methods)`` — hence calibrate σ —
+    before building the engine. ``norm_method``: a name (with ``k`` and ``max_seq_len``) or a
+    norm object (``Exact()``, ``Hutch(k)``, ``Auto(max_seq_len, k)``, ...)."""
+    if not isinstance(norm_method, str):
+        norm = norm_method
+        norm_method, k = norm.method, DEFAULT_K if isinstance(norm, Exact) else norm.k
+        max_seq_len = norm.max_seq_len if isinstance(norm, Auto) else None
+    _check_method(norm_method)
+    check_k(k, randomized=get_norm_method(norm_method).randomized)
+    hooks = PerSampleHooks(model)
+    try:
+        return resolve_layer_methods(hooks, norm_method, k, max_seq_len)[0]
+    finally:
+        hooks.remove()
+
+
+def make_norm_plan(
+    hooks: PerSampleHooks, norm_method: str, k: int, max_seq_len: int | None
+) -> tuple[dict[str, str], dict[int, str]]:
+    """Deprecated name of :func:`resolve_layer_methods`."""
+    _deprecated_name("make_norm_plan", "resolve_layer_methods")
+    return resolve_layer_methods(hooks, norm_method, k, max_seq_len)
+
+
 def accounting_clipping_for(plan: dict[str, str]) -> str:
-    """The accountant's ``clipping`` for a resolved norm plan (see
-    :attr:`PrivacyEngine.accounting_clipping`)."""
-    return envelope_for(set(plan.values()))
+    """Deprecated name of :func:`accounting_envelope_for`."""
+    _deprecated_name("accounting_clipping_for", "accounting_envelope_for")
+    return accounting_envelope_for(plan)
 
 
 def norm_plan(
-    model: nn.Module, norm_method: str, k: int = 32, max_seq_len: int | None = None
+    model: nn.Module, norm_method: str, k: int = DEFAULT_K, max_seq_len: int | None = None
 ) -> dict[str, str]:
-    """The plan a :class:`PrivacyEngine` would resolve for ``model`` (no hooks left behind):
-    lets a caller know ``accounting_clipping_for(plan)`` — hence calibrate σ — before building
-    the engine."""
-    _check_method(norm_method)
-    _check_k(k, randomized=_randomized(norm_method))
-    hooks = PerSampleHooks(model)
-    try:
-        return make_norm_plan(hooks, norm_method, k, max_seq_len)[0]
-    finally:
-        hooks.remove()
+    """Deprecated name of :func:`layer_methods`."""
+    _deprecated_name("norm_plan", "layer_methods")
+    return layer_methods(model, norm_method, k, max_seq_len)
+
+
+def _deprecated_name(old: str, new: str) -> None:
+    warnings.warn(f"{old} is deprecated; use {new}", DeprecationWarning, stacklevel=3)
+
+
+# ---------------------------------------------------------------- the mechanism objects
+# The deprecated keyword form of PrivacyEngine(...) and its defaults.
+_KEYWORDS: dict[str, Any] = {
+    "max_grad_norm": None,
+    "noise_multiplier": None,
+    "norm_method": "hutch",
+    "k": DEFAULT_K,
+    "clipping_mode": "bookkeeping",
+    "max_seq_len": None,
+    "check_independence": True,
+    "noise_mechanism": "gaussian",
+    "nu": None,
+    "bands": None,
+    "secure_rng": False,
+    "sketch": None,
+}
+
+
+def _mechanism_objects(
+    clipping: Clipping | None, noise: NoiseMechanism | None, deprecated: dict[str, Any]
+) -> tuple[Clipping, NoiseMechanism]:
+    """The engine's ``(clipping, noise)``: as given, or converted from the deprecated keyword
+    form (one DeprecationWarning); the combination checked."""
+    unknown = sorted(set(deprecated) - set(_KEYWORDS))
+    if unknown:
+        raise TypeError(f"PrivacyEngine() got an unexpected keyword argument {unknown[0]!r}")
+    if deprecated:
+        if clipping is not None or noise is not None:
+            raise TypeError(
+                "PrivacyEngine takes clipping= and noise= or the deprecated keywords "
+                f"({', '.join(sorted(deprecated))}), not both"
+            )
+        warnings.warn(
+            "PrivacyEngine(max_grad_norm=, noise_multiplier=, norm_method=, ...) is "
+            "deprecated; pass clipping=dprc_core.clipping.Clipping(C, Exact() | Hutch(k) | "
+            "HutchPP(k) | Auto(max_seq_len)) and noise=dprc_core.noise.Gaussian(σ) | "
+            "NuDPFTRL(σ, nu, bands)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        clipping, noise = _from_keywords({**_KEYWORDS, **deprecated})
+    if not isinstance(clipping, Clipping):
+        raise TypeError(f"PrivacyEngine needs clipping=Clipping(...), got {clipping!r}")
+    if not isinstance(noise, (Gaussian, NuDPFTRL)):
+        raise TypeError(
+            f"PrivacyEngine needs noise=Gaussian(σ) or NuDPFTRL(σ, nu, bands), got {noise!r}"
+        )
+    if noise.noise_multiplier is None:
+        raise ValueError(f"noise={noise!r} needs its noise_multiplier σ")
+    if noise.exact_clipping_only and clipping.randomized:
+        raise ValueError(
+            f"norm_method={clipping.norm_method!r} with correlated noise ({noise.name}) is "
+            "refused: randomized clipping with correlated noise has no privacy analysis; "
+            "use an exact method (exact, ghost, fgc)"
+        )
+    return clipping, noise
+
+
+def _from_keywords(kw: dict[str, Any]) -> tuple[Clipping, NoiseMechanism]:
+    """The objects that the deprecated keywords describe (the same checks and messages)."""
+    for required in ("max_grad_norm", "noise_multiplier"):
+        if kw[required] is None:
+            raise TypeError(f"PrivacyEngine() missing required keyword argument: {required!r}")
+    if kw["clipping_mode"] not in CLIPPED_SUMS:
+        raise ValueError(
+            f"clipping_mode must be one of {CLIPPED_SUMS}, got {kw['clipping_mode']!r}"
+        )
+    sigma = check_noise_multiplier(kw["noise_multiplier"])
+    norm = norm_from_method(
+        kw["norm_method"], k=kw["k"], max_seq_len=kw["max_seq_len"], sketch=kw["sketch"]
+    )
+    clipping = Clipping(kw["max_grad_norm"], norm, kw["clipping_mode"], kw["check_independence"])
+    mechanism = as_noise_mechanism(kw["noise_mechanism"], kw["nu"], kw["bands"], warn=False)
+    if mechanism.noise_multiplier is not None:
+        raise ValueError(
+            "noise_mechanism= takes a mechanism without its noise_multiplier (given as "
+            "noise_multiplier=); or pass noise= with clipping= instead of the keywords"
+        )
+    if isinstance(mechanism, NuDPFTRL):
+        if kw["secure_rng"]:
+            raise ValueError(
+                f"secure_rng=True covers the Gaussian mechanism only, not {mechanism.name!r}: "
+                "its noise would come from torch's generator"
+            )
+        return clipping, NuDPFTRL(sigma, mechanism.nu, mechanism.bands)
+    return clipping, Gaussian(sigma, secure=bool(kw["secure_rng"]))
+
+
+def _sigma(noise: NoiseMechanism) -> float:
+    sigma = noise.noise_multiplier
+    assert sigma is not None  # _mechanism_objects refuses a mechanism without σ
+    return sigma
+
+
+def _event(
+    mechanism: NoiseMechanism,
+    steps: int,
+    *,
+    sample_rate: float | None,
+    envelope: str,
+    k: int,
+    sketch: str,
+    min_separation: int | None,
+) -> PrivacyEvent:
+    """The one place an engine's privacy event is built."""
+    sigma = _sigma(mechanism)
+    if isinstance(mechanism, NuDPFTRL):
+        assert mechanism.nu is not None and min_separation is not None
+        return PrivacyEvent.nu_dpftrl_prefix(
+            sigma, steps, mechanism.nu, min_separation, mechanism.bands
+        )
+    assert sample_rate is not None
+    randomized = envelope != "exact"
+    return PrivacyEvent(
+        sigma, sample_rate, steps, envelope, k if randomized else None, sketch=sketch
+    )
 
 
 def _finite_samples(contributions: dict[int, list], keep: torch.Tensor) -> torch.Tensor:

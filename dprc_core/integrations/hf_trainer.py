@@ -43,17 +43,18 @@ from transformers import Trainer, TrainerCallback
 from transformers.utils import logging as hf_logging
 
 from dprc_core.accounting import PrivacyLedger
+from dprc_core.accounting.events import default_sketch
 from dprc_core.batching import batch_size, select_samples
 from dprc_core.engine import (
     PrivacyEngine,
     PrivacyWarning,
     StepStats,
-    accounting_clipping_for,
-    norm_plan,
+    accounting_envelope_for,
+    layer_methods,
 )
 from dprc_core.integrations.privacy_arguments import PrivacyArguments
 from dprc_core.losses import causal_lm_per_sample_loss, sequence_classification_per_sample_loss
-from dprc_core.noise import Gaussian, NuDPFTRL
+from dprc_core.noise import NuDPFTRL
 from dprc_core.seeding import derive_seed, fresh_seed
 from dprc_core.training.plan import PrivacyPlan, plan_privacy
 from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
@@ -398,8 +399,8 @@ class DPTrainer(Trainer):
         b = args.per_device_train_batch_size * args.gradient_accumulation_steps
         if p.noise_mechanism == NuDPFTRL.name and p.nu is None:
             raise DPTrainerError("noise_mechanism='nu_dpftrl' needs PrivacyArguments.nu")
-        methods = norm_plan(self.dp_model, p.norm_method, p.k, p.max_seq_len)
-        clipping = accounting_clipping_for(methods)
+        methods = layer_methods(self.dp_model, p.norm_method, p.k, p.max_seq_len)
+        clipping = accounting_envelope_for(methods)
         sigma_zero = p.noise_multiplier == 0
         if sigma_zero:
             warnings.warn(
@@ -425,7 +426,7 @@ class DPTrainer(Trainer):
             nu=p.nu,
             bands=p.bands,
             # nothing sketched (an auto plan of exact layers): nothing drawn per example
-            sketch=p.sketch if clipping != "exact" else "shared",
+            sketch=p.sketch if clipping != "exact" else default_sketch(randomized=False),
         )
         if args.max_steps > 0 and plan.steps != args.max_steps:
             raise DPTrainerError(
@@ -506,25 +507,15 @@ class DPTrainer(Trainer):
         if isinstance(optimizer, _EngineStepOptimizer):
             return optimizer
         p = self.privacy_args
-        mechanism: Gaussian | NuDPFTRL = Gaussian()
-        if p.noise_mechanism == NuDPFTRL.name:
-            assert p.nu is not None  # _plan refused nu_dpftrl without nu
-            mechanism = NuDPFTRL(p.nu, p.bands)
         self.engine = PrivacyEngine(
             self.dp_model,
             optimizer,
-            max_grad_norm=p.per_sample_max_grad_norm,
-            noise_multiplier=self.plan.noise_multiplier,
+            clipping=p.clipping(),
+            noise=p.noise(self.plan.noise_multiplier),
             expected_batch_size=self.plan.batch_size,
-            norm_method=p.norm_method,
-            k=p.k,
             seed=self.dp_seed,
-            clipping_mode=p.clipping_mode,
-            max_seq_len=p.max_seq_len,
-            noise_mechanism=mechanism,
-            sketch=p.sketch,
         )
-        if (self.engine.accounting_clipping, self.engine.accounting_sketch) != (
+        if (self.engine.accounting_envelope, self.engine.accounting_sketch) != (
             self.clipping,
             self.plan.sketch,
         ):

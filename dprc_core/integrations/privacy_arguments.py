@@ -10,9 +10,12 @@ rounded down). Importing this module does not import transformers.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
-from dprc_core.mechanism_names import canonical_mechanism
+from dprc_core.clipping import CLIPPED_SUMS, Clipping, norm_from_method
+from dprc_core.mechanism_names import NU_DPFTRL, canonical_mechanism
+from dprc_core.noise.mechanisms import Gaussian, NoiseMechanism, NuDPFTRL
 from dprc_core.norm_methods import get_norm_method, method_names
 from dprc_core.sketches import check_sketch_mode
 
@@ -68,8 +71,12 @@ class PrivacyArguments:
     max_seq_len: int | None = field(
         default=None, metadata={"help": "norm_method=auto: the longest sequence the model sees"}
     )
-    clipping_mode: str = field(
-        default="bookkeeping", metadata={"help": "bookkeeping (one backward) | two_pass"}
+    clipped_sum: str = field(
+        default="bookkeeping",
+        metadata={"help": "how the clipped sum is formed: bookkeeping (one backward) | two_pass"},
+    )
+    clipping_mode: str | None = field(
+        default=None, metadata={"help": "deprecated name of clipped_sum"}
     )
     dp_seed: int | None = field(
         default=None,
@@ -113,10 +120,34 @@ class PrivacyArguments:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if self.clipping_mode not in ("bookkeeping", "two_pass"):
+        if self.clipping_mode is not None:
+            warnings.warn(
+                "PrivacyArguments.clipping_mode is deprecated; use clipped_sum",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            if self.clipping_mode not in CLIPPED_SUMS:
+                raise ValueError(
+                    f"clipping_mode must be 'bookkeeping' or 'two_pass', got {self.clipping_mode!r}"
+                )
+            self.clipped_sum, self.clipping_mode = self.clipping_mode, None
+        if self.clipped_sum not in CLIPPED_SUMS:
             raise ValueError(
-                f"clipping_mode must be 'bookkeeping' or 'two_pass', got {self.clipping_mode!r}"
+                f"clipped_sum must be 'bookkeeping' or 'two_pass', got {self.clipped_sum!r}"
             )
         s = self.dp_seed
         if s is not None and (isinstance(s, bool) or not isinstance(s, int) or s < 0):
             raise ValueError(f"dp_seed must be a non-negative integer, got {s!r}")
+
+    def clipping(self) -> Clipping:
+        """The engine's :class:`~dprc_core.clipping.Clipping` for these settings."""
+        norm = norm_from_method(
+            self.norm_method, k=self.k, max_seq_len=self.max_seq_len, sketch=self.sketch
+        )
+        return Clipping(self.per_sample_max_grad_norm, norm, self.clipped_sum)
+
+    def noise(self, noise_multiplier: float) -> NoiseMechanism:
+        """The engine's noise object with σ = ``noise_multiplier`` (the plan's)."""
+        if self.noise_mechanism == NU_DPFTRL:
+            return NuDPFTRL(noise_multiplier, self.nu, self.bands)
+        return Gaussian(noise_multiplier)

@@ -15,8 +15,10 @@ from pathlib import Path
 import torch
 
 from dprc_core.accounting import PrivacyLedger, noise_multiplier
+from dprc_core.clipping import Clipping, Hutch
 from dprc_core.engine import PrivacyEngine
 from dprc_core.losses import causal_lm_per_sample_loss
+from dprc_core.noise import Gaussian
 from dprc_core.training.sampling import PoissonSampler
 
 VOCAB, SEQ, N = 64, 32, 512
@@ -71,16 +73,16 @@ def run(
     engine = PrivacyEngine(
         model,
         opt,
-        max_grad_norm=1.0,
-        noise_multiplier=sigma,
+        clipping=Clipping(1.0, Hutch(k)),
+        noise=Gaussian(sigma),
         expected_batch_size=q * N,
-        norm_method="hutch",
-        k=k,
     )
     # Charge the whole planned run before the first step: a crash never leaves steps unrecorded.
+    # σ was calibrated in the revealed-scale model (the accountant's default sketch), which
+    # also bounds the per-example sketch the engine draws; the ledger records that model.
     ledger = PrivacyLedger()
     ledger.record(
-        noise_multiplier=sigma, sample_rate=q, steps=steps, clipping=engine.accounting_clipping, k=k
+        noise_multiplier=sigma, sample_rate=q, steps=steps, clipping=engine.accounting_envelope, k=k
     )
     (out_dir / "privacy_ledger.json").write_text(ledger.to_json())
     t0 = time.perf_counter()
