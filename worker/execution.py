@@ -18,7 +18,6 @@ to ``rank_attempts`` attempts, after which the job fails (``rank_failed``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import socket
@@ -26,6 +25,7 @@ import tarfile
 import tempfile
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from service import builtin_models as builtin
 from service import job_runs as runs
 from service import lifecycle
 from service.lifecycle import WorkerOutcome
-from service.model_registry import registry
+from service.model_registry import Model, registry
 from service.private_data import engine_seed, run_folder
 from service.store import Store
 from worker.ranks import RankFailure, RanksDied, run_on_ranks
@@ -86,19 +86,44 @@ class Heartbeat:
 
 
 def build_spec(store: Store, req: runs.JobRequest) -> JobSpec:
+    """The runner's spec of a job: the allow-listed model's folder, the job's files on disk,
+    its hyperparameters, and the service's plan (σ, δ, the norm method) used as is."""
     settings = store.settings
-    models = registry(settings)
-    model = models.get(req.model)
+    model = _ready_model(store, req.model)
+    _check_files_on_disk(req)
+    return JobSpec(
+        model=str(model.path),
+        task=model.task,
+        train_file=str(req.file_path),
+        validation_file=str(req.validation_path) if req.validation_path is not None else None,
+        output_dir=str(run_dir(store, req.id)),
+        **_hyperparameter_fields(store, req.hyperparameters),
+        **_privacy_fields(store, req),
+        checkpoint_every=req.checkpoint_every,
+        seed=engine_seed(settings.data_dir, req.seed),  # not the API-visible seed
+        max_physical_batch_size=settings.max_physical_batch_size,
+        device=settings.device,
+    )
+
+
+def _ready_model(store: Store, name: str) -> Model:
+    """The allow-listed model ``name``, its folder on disk (a buildable one built first)."""
+    model = registry(store.settings).get(name)
     if model is None:
-        raise JobFailure("model_not_found", f"model {req.model!r} is no longer in the allow-list")
+        raise JobFailure("model_not_found", f"model {name!r} is no longer in the allow-list")
     if model.buildable and not model.ready:
         builtin.build_tiny_llama(model.path)
     if not model.ready:
         raise JobFailure(
             "model_not_found",
-            f"model {req.model!r}: its folder {model.path} has "
+            f"model {name!r}: its folder {model.path} has "
             "no config.json (was it removed from disk?)",
         )
+    return model
+
+
+def _check_files_on_disk(req: runs.JobRequest) -> None:
+    """The training file's data, and the validation file's when the job has one."""
     if not req.file_path.is_file():
         raise JobFailure("training_file_missing", "the training file's data is missing on disk")
     if req.validation_file is not None and (
@@ -108,46 +133,46 @@ def build_spec(store: Store, req: runs.JobRequest) -> JobSpec:
             "validation_file_missing",
             f"the validation file {req.validation_file} was deleted or its data is missing",
         )
-    hp, pr = req.hyperparameters, req.privacy
+
+
+def _hyperparameter_fields(store: Store, hp: dict[str, Any]) -> dict[str, Any]:
+    """The spec's training fields from the job's hyperparameters (the learning rate: given,
+    else the service's base rate times the multiplier)."""
     lr = hp.get("learning_rate")
     if lr is None:
-        lr = settings.base_learning_rate * float(hp.get("learning_rate_multiplier") or 1.0)
-    lora = LoraSpec(**hp["lora"]) if hp.get("lora") else None
+        lr = store.settings.base_learning_rate * float(hp.get("learning_rate_multiplier") or 1.0)
+    return {
+        "epochs": int(hp["n_epochs"]),
+        "batch_size": int(hp["batch_size"]),
+        "learning_rate": float(lr),
+        "optimizer": "adam",
+        "max_seq_len": int(hp.get("max_seq_len") or 128),
+        "lora": LoraSpec(**hp["lora"]) if hp.get("lora") else None,
+        "train_only": hp.get("train_only"),
+    }
+
+
+def _privacy_fields(store: Store, req: runs.JobRequest) -> dict[str, Any]:
+    """The spec's privacy fields from the job's privacy settings and the service's plan."""
+    settings, pr = store.settings, req.privacy
     clip = pr["clipping"]
-    k = clip.get("k") or settings.default_k
     noise = pr.get("noise") or {"mechanism": "gaussian"}
-    return JobSpec(
-        model=str(model.path),
-        task=model.task,
-        train_file=str(req.file_path),
-        validation_file=str(req.validation_path) if req.validation_path is not None else None,
-        output_dir=str(run_dir(store, req.id)),
-        epochs=int(hp["n_epochs"]),
-        batch_size=int(hp["batch_size"]),
-        learning_rate=float(lr),
-        optimizer="adam",
-        max_seq_len=int(hp.get("max_seq_len") or 128),
-        lora=lora,
-        train_only=hp.get("train_only"),
-        target_epsilon=None,
-        target_delta=float(pr["target_delta"]),
-        noise_multiplier=req.noise_multiplier,
-        max_grad_norm=float(pr["max_grad_norm"]),
-        norm_method=clip["method"],
-        k=int(k),
+    return {
+        "target_epsilon": None,
+        "target_delta": float(pr["target_delta"]),
+        "noise_multiplier": req.noise_multiplier,
+        "max_grad_norm": float(pr["max_grad_norm"]),
+        "norm_method": clip["method"],
+        "k": int(clip.get("k") or settings.default_k),
         # the request's sketch (a job stored before sketches were offered: shared); the runner
         # accounts shared for a plan that resolves to exact norms only
-        sketch=str(clip.get("sketch", "shared")),
-        checkpoint_every=req.checkpoint_every,
-        seed=engine_seed(settings.data_dir, req.seed),  # not the API-visible seed
-        max_physical_batch_size=settings.max_physical_batch_size,
-        device=settings.device,
-        report_train_loss=bool(pr.get("report_train_loss", True)),
-        noise_mechanism=noise["mechanism"],
-        secure_rng=settings.secure_rng and noise["mechanism"] == "gaussian",
-        nu=noise.get("nu"),
-        bands=noise.get("bands"),
-    )
+        "sketch": str(clip.get("sketch", "shared")),
+        "report_train_loss": bool(pr.get("report_train_loss", True)),
+        "noise_mechanism": noise["mechanism"],
+        "secure_rng": settings.secure_rng and noise["mechanism"] == "gaussian",
+        "nu": noise.get("nu"),
+        "bands": noise.get("bands"),
+    }
 
 
 def _archive(ckpt: Path) -> Path:
@@ -164,64 +189,17 @@ def _archive(ckpt: Path) -> Path:
 def execute_job(
     store: Store, job_id: str, owner: str | None = None, stop: threading.Event | None = None
 ) -> WorkerOutcome:
-    """Run or resume ``job_id``. Returns what happened (:class:`WorkerOutcome`)."""
+    """Run or resume ``job_id``. Returns what happened (:class:`WorkerOutcome`).
+
+    Phases: take the lease (a live copy elsewhere: skipped) and start the heartbeat; run the
+    attempt; end the job by how the attempt ended."""
     owner = owner or worker_id()
     lease = store.settings.lease_seconds
     if not runs.start_job(store, job_id, owner, lease, store.settings.worker_devices):
         return WorkerOutcome.SKIPPED
     beat = Heartbeat(store, job_id, owner, lease)
     try:
-        req = runs.job_request(store, job_id)
-        spec = build_spec(store, req)
-        if spec.task == "causal_lm" and req.n_examples < 2:
-            raise JobFailure("invalid_training_file", "the training file needs >= 2 examples")
-        spec = _keep_checkpoint_mode(spec)
-        if settings_secure_but_not(store, spec):
-            runs.record_event(
-                store,
-                job_id,
-                "Secure mode covers Gaussian noise only: this job's ν-DP-FTRL noise and batch "
-                "order come from torch's generator, seeded from the OS"
-                if spec.noise_mechanism != "gaussian"
-                else "Secure mode is on, but this job resumes from a checkpoint written without "
-                "it: its noise and batches continue from torch's generator",
-            )
-        latest = ckpt_io.latest_checkpoint(Path(spec.output_dir))
-        if latest is not None and (latest / "resume").is_dir():
-            step = json.loads((latest / "metadata.json").read_text())["step"]
-            runs.record_event(store, job_id, f"Resuming from the checkpoint at step {step}")
-
-        def on_progress(p: Progress) -> None:
-            metrics: dict[str, Any] = {"batch_size": p.batch_size, "dropped": p.dropped}
-            if p.loss is not None:
-                metrics["train_loss"] = p.loss
-            if p.clipped_fraction is not None:
-                metrics["clipped_fraction"] = p.clipped_fraction
-            if p.valid_loss is not None:
-                metrics["valid_loss"] = p.valid_loss
-            runs.record_progress(store, job_id, p.step, p.epsilon or 0.0, metrics)
-            if p.checkpoint is not None:
-                runs.record_checkpoint(
-                    store, job_id, p.step, p.epsilon or 0.0, _archive(Path(p.checkpoint)), metrics
-                )
-
-        def should_stop() -> bool:
-            return (
-                beat.lost
-                or (stop is not None and stop.is_set())
-                or any(lifecycle.stop_requested(store, job_id))
-            )
-
-        result: Any
-        if req.devices > 1:
-            result = run_on_ranks(spec, req.devices, on_progress, should_stop)
-        else:
-            result = run_job(spec, on_progress=on_progress, should_stop=should_stop)
-        if result.steps != req.steps_total:
-            raise JobFailure(
-                "plan_mismatch",
-                f"the runner planned {result.steps} steps, the job {req.steps_total}",
-            )
+        spec, result = _run_attempt(store, job_id, beat, stop)
     except RankFailure as exc:
         return _fail(store, job_id, exc.code, str(exc), beat)
     except RanksDied as exc:
@@ -234,7 +212,97 @@ def execute_job(
     finally:
         beat.stop()
     _record_missed_checkpoint(store, job_id, Path(spec.output_dir))
-    if result.status == "succeeded":
+    return _end_attempt(store, job_id, owner, result.status, beat)
+
+
+def _run_attempt(
+    store: Store, job_id: str, beat: Heartbeat, stop: threading.Event | None
+) -> tuple[JobSpec, Any]:
+    """The job's spec and the runner's result (on one device or on ``devices`` ranks), with
+    progress and checkpoints recorded in the store as they come."""
+    req = runs.job_request(store, job_id)
+    spec = _attempt_spec(store, req)
+    on_progress = _progress_recorder(store, job_id)
+    should_stop = _stop_check(store, job_id, beat, stop)
+    result: Any
+    if req.devices > 1:
+        result = run_on_ranks(spec, req.devices, on_progress, should_stop)
+    else:
+        result = run_job(spec, on_progress=on_progress, should_stop=should_stop)
+    if result.steps != req.steps_total:
+        raise JobFailure(
+            "plan_mismatch",
+            f"the runner planned {result.steps} steps, the job {req.steps_total}",
+        )
+    return spec, result
+
+
+def _attempt_spec(store: Store, req: runs.JobRequest) -> JobSpec:
+    """The spec this attempt runs: the job's, in its checkpoint's randomness mode; what it
+    runs with that the settings do not say (and a resume) told in the job's events."""
+    spec = build_spec(store, req)
+    if spec.task == "causal_lm" and req.n_examples < 2:
+        raise JobFailure("invalid_training_file", "the training file needs >= 2 examples")
+    spec = _keep_checkpoint_mode(spec)
+    if settings_secure_but_not(store, spec):
+        runs.record_event(
+            store,
+            req.id,
+            "Secure mode covers Gaussian noise only: this job's ν-DP-FTRL noise and batch "
+            "order come from torch's generator, seeded from the OS"
+            if spec.noise_mechanism != "gaussian"
+            else "Secure mode is on, but this job resumes from a checkpoint written without "
+            "it: its noise and batches continue from torch's generator",
+        )
+    latest = ckpt_io.latest_checkpoint(Path(spec.output_dir))
+    if latest is not None and (latest / "resume").is_dir():
+        step = ckpt_io.read_metadata(latest)["step"]
+        runs.record_event(store, req.id, f"Resuming from the checkpoint at step {step}")
+    return spec
+
+
+def _progress_recorder(store: Store, job_id: str) -> Callable[[Progress], None]:
+    """The runner's progress callback: each step's metrics, and each checkpoint's archive."""
+
+    def on_progress(p: Progress) -> None:
+        metrics: dict[str, Any] = {"batch_size": p.batch_size, "dropped": p.dropped}
+        if p.loss is not None:
+            metrics["train_loss"] = p.loss
+        if p.clipped_fraction is not None:
+            metrics["clipped_fraction"] = p.clipped_fraction
+        if p.valid_loss is not None:
+            metrics["valid_loss"] = p.valid_loss
+        runs.record_progress(store, job_id, p.step, p.epsilon or 0.0, metrics)
+        if p.checkpoint is not None:
+            runs.record_checkpoint(
+                store, job_id, p.step, p.epsilon or 0.0, _archive(Path(p.checkpoint)), metrics
+            )
+
+    return on_progress
+
+
+def _stop_check(
+    store: Store, job_id: str, beat: Heartbeat, stop: threading.Event | None
+) -> Callable[[], bool]:
+    """The runner's ``should_stop``: the lease lost, the worker stopping, or a cancel or a
+    pause asked for."""
+
+    def should_stop() -> bool:
+        return (
+            beat.lost
+            or (stop is not None and stop.is_set())
+            or any(lifecycle.stop_requested(store, job_id))
+        )
+
+    return should_stop
+
+
+def _end_attempt(
+    store: Store, job_id: str, owner: str, status: str, beat: Heartbeat
+) -> WorkerOutcome:
+    """End the job by how the runner returned: succeeded; stopped for a lost lease, a cancel
+    or a pause; else interrupted (the next sweep resumes it)."""
+    if status == "succeeded":
         runs.end_job(store, job_id, lifecycle.JobStatus.SUCCEEDED)
         return WorkerOutcome.SUCCEEDED
     if beat.lost:
@@ -255,7 +323,7 @@ def _record_missed_checkpoint(store: Store, job_id: str, out: Path) -> None:
     latest = ckpt_io.latest_checkpoint(out)
     if latest is None:
         return
-    meta = json.loads((latest / "metadata.json").read_text())
+    meta = ckpt_io.read_metadata(latest)
     step, eps = int(meta["step"]), float(meta["epsilon"])
     done, recorded = runs.recorded_progress(store, job_id)
     if step in recorded:
@@ -269,11 +337,10 @@ def _keep_checkpoint_mode(spec: JobSpec) -> JobSpec:
     """A job resumes in the randomness mode its checkpoint was written in, even if the
     worker's ``DPRC_SECURE_RNG`` changed meanwhile (the resume state holds that mode's keys)."""
     latest = ckpt_io.latest_checkpoint(Path(spec.output_dir))
-    state_file = latest / "resume" / "state.json" if latest is not None else None
-    if state_file is None or not state_file.is_file():
+    written = ckpt_io.written_secure_rng(latest) if latest is not None else None
+    if written is None or written == spec.secure_rng:
         return spec
-    written = bool(json.loads(state_file.read_text()).get("secure_rng", False))
-    return spec if written == spec.secure_rng else dataclasses.replace(spec, secure_rng=written)
+    return dataclasses.replace(spec, secure_rng=written)
 
 
 def settings_secure_but_not(store: Store, spec: JobSpec) -> bool:

@@ -46,7 +46,7 @@ from dprc_core.distributed import (
     broadcast_int,
     current_ranks,
 )
-from dprc_core.engine import PrivacyEngine, accounting_clipping_for, norm_plan
+from dprc_core.engine import PrivacyEngine, StepStats, accounting_clipping_for, norm_plan
 from dprc_core.losses import causal_lm_per_sample_loss, sequence_classification_per_sample_loss
 from dprc_core.noise import Gaussian, NuDPFTRL, SecureStream
 from dprc_core.noise.secure_stream import new_key
@@ -67,6 +67,8 @@ from dprc_core.training.results import ResultsFile
 from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
 from dprc_core.training.secure_sampling import SecurePoissonSampler
 from dprc_core.training.validation import prepare_validation, validation_loss
+
+Sampler = PoissonSampler | FixedOrderSampler | SecurePoissonSampler
 
 OPTIMIZERS = ("adam", "sgd")
 
@@ -239,6 +241,27 @@ def prepare_data(spec: JobSpec, tokenizer: Any) -> tuple[TokenizedData, list[str
     return tokenize(examples, tokenizer, spec.max_seq_len, classes), classes
 
 
+@dataclass(frozen=True)
+class JobData:
+    """The job's tokenized data: the training set, its classes, the validation set."""
+
+    tokenizer: Any
+    train: TokenizedData
+    classes: list[str] | None  # classification: the class names, in label order
+    validation: TokenizedData | None  # scored at checkpoints (validation.py)
+
+
+def load_job_data(spec: JobSpec) -> JobData:
+    """The tokenizer, the tokenized training file and the validation file of ``spec``."""
+    check_max_seq_len(spec.model, spec.max_seq_len)  # the API's check at create, again
+    tokenizer = load_tokenizer(spec.model)
+    train, classes = prepare_data(spec, tokenizer)
+    validation = prepare_validation(
+        spec.validation_file, spec.task, tokenizer, spec.max_seq_len, classes
+    )
+    return JobData(tokenizer, train, classes, validation)
+
+
 def run_job(
     spec: JobSpec,
     on_progress: Callable[[Progress], None] | None = None,
@@ -247,67 +270,122 @@ def run_job(
 ) -> JobResult:
     """Run (or resume) a job; returns when it finishes or ``should_stop()`` turns true.
 
-    Stages: load the data and the model (from the last checkpoint when resuming); plan the
-    privacy; build the engine and the sampler; restore their state; run the steps; finish."""
-    t0 = time.perf_counter()
+    Phases: start the run (data, model, plan, engine and sampler, restored from the last
+    checkpoint when resuming: :func:`start_run`); train the remaining steps; finish (the final
+    checkpoint and the result)."""
+    started = time.perf_counter()
+    run = start_run(spec, resume)
+    recording = _results_recording(run, on_progress)
+    try:
+        status = run.train(recording, should_stop)
+    finally:
+        run.engine.detach()
+    return run.finish(status, started)
+
+
+def start_run(spec: JobSpec, resume: bool = True) -> TrainingRun:
+    """The job's run, ready for its next step: data, model and plan; the engine, optimizer and
+    sampler, with their state as the last checkpoint of ``output_dir`` holds it when resuming."""
     ranks = current_ranks()
     out = Path(spec.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     device = _rank_device(_device(spec.device), ranks)
-    check_max_seq_len(spec.model, spec.max_seq_len)  # the API's check at create, again
-    tokenizer = load_tokenizer(spec.model)
-    data, classes = prepare_data(spec, tokenizer)
-    valid = prepare_validation(
-        spec.validation_file, spec.task, tokenizer, spec.max_seq_len, classes
-    )
+    data = load_job_data(spec)
     latest = ckpt_io.latest_checkpoint(out) if resume else None
-    resumed = ckpt_io.load_resume(latest) if latest is not None else None
-    model = _load_model(spec, classes, latest, data, device)
-    if spec.sketch is None and resumed is not None:
-        # resume as the run began: its plan says which sketch it drew (none recorded: shared)
-        spec = dataclasses.replace(spec, sketch=resumed[0]["plan"].get("sketch", SHARED_SKETCH))
-    plan, clipping = _plan(spec, model, len(data))
-    # a plan written before sketches were recorded had shared ones
-    if resumed is not None and {"sketch": SHARED_SKETCH, **resumed[0]["plan"]} != plan.to_dict():
-        raise ValueError(
-            f"the checkpoint {latest} was written for another plan ({resumed[0]['plan']}); "
-            f"this spec plans {plan.to_dict()}. Use a fresh output_dir"
-        )
-    seed = broadcast_int(spec.seed if spec.seed is not None else fresh_seed(), ranks)
-    root = None  # secure mode's root stream: rank 0's OS key, shared by the ranks
-    if spec.secure_rng:
-        root = SecureStream(broadcast_bytes(new_key() if ranks.is_main else None, ranks, 32))
+    resumed = ckpt_io.read_resume(latest) if latest is not None else None
+    model = _load_model(spec, data.classes, latest, data.train, device)
+    spec = _spec_as_checkpointed(spec, resumed)
+    plan, clipping = _plan(spec, model, len(data.train))
+    _check_same_plan(plan, resumed, latest)
+    seed, root = _shared_randomness(spec, ranks)
     engine, opt = _build_engine(spec, model, plan, seed, root)
     assert engine.accounting_clipping == clipping
     assert engine.accounting_sketch == plan.sketch
-    sampler = _build_sampler(spec, plan, len(data), seed, ranks, root)
-    run = _Run(spec, plan, clipping, classes, out, model, tokenizer, engine, opt, sampler)
-    run.ranks = ranks
+    sampler = _build_sampler(spec, plan, len(data.train), seed, ranks, root)
     if resumed is not None:
-        run.restore(*resumed)
-    run.last_checkpoint = latest
-    run.validation = valid
-    recording = (  # rank 0 alone writes results.csv (and reports progress)
-        _recording(ResultsFile(out, run.resumed_from), on_progress) if ranks.is_main else None
-    )
-    try:
-        status = run.steps(data, device, recording, should_stop)
-    finally:
-        engine.detach()
-    if run.last_checkpoint is None and ranks.is_main:  # zero steps cannot happen (steps >= 1)
-        run.last_checkpoint = run.save()
-    return JobResult(
-        status=status,
-        steps_done=run.done,
-        steps=plan.steps,
-        epsilon=run.epsilon_at(run.done),
-        delta=plan.delta,
+        _restore(spec, resumed, engine, opt, sampler)
+    done = resumed.steps_done if resumed is not None else 0
+    return TrainingRun(
+        spec=spec,
         plan=plan,
-        checkpoint=str(run.last_checkpoint),
-        seconds=time.perf_counter() - t0,
-        resumed_from=run.resumed_from,
-        losses=run.losses if spec.report_train_loss else [],
+        clipping=clipping,
+        data=data,
+        out=out,
+        device=device,
+        ranks=ranks,
+        model=model,
+        engine=engine,
+        optimizer=opt,
+        sampler=sampler,
+        prior=_prior_events(resumed),
+        resumed_from=done,
+        done=done,
+        last_checkpoint=latest,
     )
+
+
+def _spec_as_checkpointed(spec: JobSpec, resumed: ckpt_io.ResumeState | None) -> JobSpec:
+    """A spec that leaves ``sketch`` unset resumes as the run began: with the sketch its plan
+    recorded (none recorded: shared)."""
+    if spec.sketch is None and resumed is not None:
+        return dataclasses.replace(spec, sketch=resumed.plan.get("sketch", SHARED_SKETCH))
+    return spec
+
+
+def _check_same_plan(
+    plan: PrivacyPlan, resumed: ckpt_io.ResumeState | None, latest: Path | None
+) -> None:
+    """A checkpoint resumes only the plan it was written for."""
+    # a plan written before sketches were recorded had shared ones
+    if resumed is not None and {"sketch": SHARED_SKETCH, **resumed.plan} != plan.to_dict():
+        raise ValueError(
+            f"the checkpoint {latest} was written for another plan ({resumed.plan}); "
+            f"this spec plans {plan.to_dict()}. Use a fresh output_dir"
+        )
+
+
+def _shared_randomness(spec: JobSpec, ranks: Ranks) -> tuple[int, SecureStream | None]:
+    """The job's seed (the spec's, else fresh; rank 0's on every rank) and, in secure mode, the
+    root stream of rank 0's OS key, shared by the ranks."""
+    seed = broadcast_int(spec.seed if spec.seed is not None else fresh_seed(), ranks)
+    root = None
+    if spec.secure_rng:
+        root = SecureStream(broadcast_bytes(new_key() if ranks.is_main else None, ranks, 32))
+    return seed, root
+
+
+def _restore(
+    spec: JobSpec,
+    resumed: ckpt_io.ResumeState,
+    engine: PrivacyEngine,
+    opt: torch.optim.Optimizer,
+    sampler: Sampler,
+) -> None:
+    """The optimizer, the engine (generators and noise) and the sampler as checkpointed."""
+    if resumed.secure_rng != spec.secure_rng:
+        raise ValueError(
+            f"the checkpoint was written with secure_rng={not spec.secure_rng}, this "
+            f"spec has secure_rng={spec.secure_rng}: resume with the same setting"
+        )
+    opt.load_state_dict(resumed.optimizer)
+    engine.load_state_dict(resumed.engine)
+    sampler.load_state_dict(resumed.sampler)
+
+
+def _prior_events(resumed: ckpt_io.ResumeState | None) -> list[PrivacyEvent]:
+    """The events of the released chain up to the checkpoint resumed from (its ledger)."""
+    if resumed is None:
+        return []
+    return list(PrivacyLedger.from_json(resumed.ledger_json).events)
+
+
+def _results_recording(
+    run: TrainingRun, on_progress: Callable[[Progress], None] | None
+) -> Callable[[Progress], None] | None:
+    """Rank 0 alone writes ``results.csv`` (and reports progress): its recording callback."""
+    if not run.ranks.is_main:
+        return None
+    return _recording(ResultsFile(run.out, run.resumed_from), on_progress)
 
 
 def _recording(
@@ -450,7 +528,7 @@ def _build_sampler(
     seed: int,
     ranks: Ranks | None = None,
     root: SecureStream | None = None,
-) -> PoissonSampler | FixedOrderSampler | SecurePoissonSampler:
+) -> Sampler:
     """Poisson batches at the planned rate (or ν-DP-FTRL's fixed order), from their own seed;
     with several ranks each takes its part of the same logical batch."""
     sampler_seed = derive_seed(seed, "sampler")
@@ -463,68 +541,43 @@ def _build_sampler(
     return PoissonSampler(n, plan.sample_rate, plan.steps, seed=sampler_seed, ranks=ranks)
 
 
-class _Run:
-    """A job's running state: steps done, the ledger of the released chain, ε, checkpoints."""
+@dataclass
+class TrainingRun:
+    """A job's run: what it trains with, built whole by :func:`start_run`, and the counters
+    that evolve as it runs (steps done, losses, the last checkpoint). The ledger of the released
+    chain is ``prior`` (the checkpoint's, up to ``resumed_from``) and the plan's steps since."""
 
-    def __init__(self, spec, plan, clipping, classes, out, model, tokenizer, engine, opt, sampler):
-        self.spec, self.plan, self.clipping, self.classes = spec, plan, clipping, classes
-        self.out, self.model, self.tokenizer = out, model, tokenizer
-        self.engine, self.opt, self.sampler = engine, opt, sampler
-        self.fixed = spec.noise_mechanism == NuDPFTRL.name
-        self.prior: list[PrivacyEvent] = []
-        self.done = 0
-        self.resumed_from = 0
-        self.losses: list[float] = []
-        self.last_checkpoint: Path | None = None
-        self._eps: dict[int, float] = {}
-        self.ranks = Ranks()
-        self.validation: TokenizedData | None = None  # scored at checkpoints
-
-    def restore(self, state: dict, opt_state: dict, rng: dict, ledger_json: str) -> None:
-        """Optimizer, engine (generators and noise), sampler and ledger as checkpointed."""
-        if bool(state.get("secure_rng", False)) != self.spec.secure_rng:
-            raise ValueError(
-                f"the checkpoint was written with secure_rng={not self.spec.secure_rng}, this "
-                f"spec has secure_rng={self.spec.secure_rng}: resume with the same setting"
-            )
-        self.opt.load_state_dict(opt_state)
-        self.engine.load_state_dict(
-            {
-                "steps": state["engine"]["steps"],
-                "seed": state["engine"]["seed"],
-                "generators": {
-                    k[len("engine:") :]: v for k, v in rng.items() if k.startswith("engine:")
-                },
-                "noise": {k[len("noise:") :]: v for k, v in rng.items() if k.startswith("noise:")},
-                "projections": {
-                    k[len("projections:") :]: v
-                    for k, v in rng.items()
-                    if k.startswith("projections:")
-                },
-            }
-        )
-        if isinstance(self.sampler, SecurePoissonSampler):
-            self.sampler.load_state_dict(
-                {k[len("sampler:") :]: v for k, v in rng.items() if k.startswith("sampler:")}
-            )
-        elif isinstance(self.sampler, FixedOrderSampler):
-            self.sampler = FixedOrderSampler.from_state_dict(state["sampler"], self.ranks)
-        else:
-            self.sampler.generator.set_state(rng["sampler"])
-        self.prior = list(PrivacyLedger.from_json(ledger_json).events)
-        self.done = self.resumed_from = int(state["steps_done"])
+    spec: JobSpec
+    plan: PrivacyPlan
+    clipping: str  # the accountant's family the plan is accounted for
+    data: JobData
+    out: Path  # the output folder: checkpoints/, results.csv
+    device: torch.device
+    ranks: Ranks
+    model: torch.nn.Module
+    engine: PrivacyEngine
+    optimizer: torch.optim.Optimizer
+    sampler: Sampler  # on resume it already holds the state after `resumed_from` draws
+    prior: list[PrivacyEvent] = field(default_factory=list)
+    resumed_from: int = 0
+    # evolving as the run goes
+    done: int = 0
+    last_checkpoint: Path | None = None
+    losses: list[float] = field(default_factory=list)
+    _epsilons: dict[int, float] = field(default_factory=dict, init=False, repr=False)
 
     # -- the ledger and epsilon
     def ledger_at(self, steps: int) -> PrivacyLedger:
-        if self.fixed:  # one matrix mechanism: the released chain is its first `steps` steps
+        if self.spec.noise_mechanism == NuDPFTRL.name:
+            # one matrix mechanism: the released chain is its first `steps` steps
             return PrivacyLedger([self.plan.event(steps)] if steps else [])
         seg = steps - self.resumed_from
         return _ledger(self.prior, self.plan.event(seg) if seg else None)
 
     def epsilon_at(self, steps: int) -> float:  # the accountant takes ~0.1–0.5 s: once per count
-        if steps not in self._eps:
-            self._eps[steps] = self.ledger_at(steps).epsilon(self.plan.delta)
-        return self._eps[steps]
+        if steps not in self._epsilons:
+            self._epsilons[steps] = self.ledger_at(steps).epsilon(self.plan.delta)
+        return self._epsilons[steps]
 
     def epsilon_bound(self) -> float:
         """An upper bound on ε spent after `done` steps, computed once per `epsilon_every`
@@ -535,92 +588,95 @@ class _Run:
 
     # -- checkpoints
     def save(self) -> Path:
-        plan, done = self.plan, self.done
-        est = self.engine.state_dict()
-        rng_out = {f"engine:{k}": v for k, v in est["generators"].items()}
-        rng_out.update({f"noise:{k}": v for k, v in est["noise"].items()})
-        rng_out.update({f"projections:{k}": v for k, v in est["projections"].items()})
-        if isinstance(self.sampler, PoissonSampler):
-            rng_out["sampler"] = self.sampler.generator.get_state()
-        elif isinstance(self.sampler, SecurePoissonSampler):  # its key: private, like the rest
-            rng_out.update({f"sampler:{k}": v for k, v in self.sampler.state_dict().items()})
-        return ckpt_io.save_checkpoint(
+        """Write the checkpoint of the steps done: the engine's and the sampler's state dicts
+        whole in its private resume state."""
+        resume = ckpt_io.ResumeState(
+            steps_done=self.done,
+            plan=self.plan.to_dict(),
+            secure_rng=self.spec.secure_rng,
+            engine=self.engine.state_dict(),
+            sampler=self.sampler.state_dict(),
+            optimizer=self.optimizer.state_dict(),
+            ledger_json=self.ledger_at(self.done).to_json(),
+        )
+        return ckpt_io.write_checkpoint(
             self.out,
-            step=done,
             model=self.model,
-            tokenizer=self.tokenizer,
-            ledger_json=self.ledger_at(done).to_json(),
-            metadata={
-                "step": done,
-                "steps": plan.steps,
-                "epsilon": self.epsilon_at(done),
-                "delta": plan.delta,
-                "task": self.spec.task,
-                "classes": self.classes,
-                "lora": self.spec.lora is not None,
-                "noise_multiplier": plan.noise_multiplier,
-                "clipping": self.clipping,
-                "k": plan.k,
-                "sketch": plan.sketch,
-                "sample_rate": plan.sample_rate,
-                "noise_mechanism": plan.mechanism,
-                "nu": plan.nu,
-                "bands": plan.bands,
-            },
-            optimizer=self.opt,
-            rng=rng_out,
-            state={
-                "steps_done": done,
-                "plan": plan.to_dict(),
-                "engine": {"steps": est["steps"], "seed": est["seed"]},
-                "secure_rng": self.spec.secure_rng,
-                "sampler": self.sampler.state_dict()
-                if isinstance(self.sampler, FixedOrderSampler)
-                else None,
-            },
+            tokenizer=self.data.tokenizer,
+            metadata=self._metadata(),
+            resume=resume,
         )
 
+    def _metadata(self) -> dict[str, Any]:
+        """The checkpoint's released summary (``metadata.json``)."""
+        plan, done = self.plan, self.done
+        return {
+            "step": done,
+            "steps": plan.steps,
+            "epsilon": self.epsilon_at(done),
+            "delta": plan.delta,
+            "task": self.spec.task,
+            "classes": self.data.classes,
+            "lora": self.spec.lora is not None,
+            "noise_multiplier": plan.noise_multiplier,
+            "clipping": self.clipping,
+            "k": plan.k,
+            "sketch": plan.sketch,
+            "sample_rate": plan.sample_rate,
+            "noise_mechanism": plan.mechanism,
+            "nu": plan.nu,
+            "bands": plan.bands,
+        }
+
     # -- the steps
-    def steps(
+    def train(
         self,
-        data: TokenizedData,
-        device: torch.device,
         on_progress: Callable[[Progress], None] | None,
         should_stop: Callable[[], bool] | None,
     ) -> str:
         """Run the remaining steps; "succeeded", or "stopped" when ``should_stop()`` turned
         true (after a checkpoint)."""
-        spec, plan, engine = self.spec, self.plan, self.engine
         loss_fn = (
             causal_lm_per_sample_loss
-            if spec.task == "causal_lm"
+            if self.spec.task == "causal_lm"
             else sequence_classification_per_sample_loss
         )
-        samples = iter(self.sampler)  # on resume it already holds the state after `done` draws
-        while self.done < plan.steps:
-            idx = next(samples)
-            for chunk in idx.split(spec.max_physical_batch_size):
-                batch = {k: v.to(device) for k, v in data.batch(chunk).items()}
-                engine.accumulate(loss_fn, batch, example_ids=chunk)  # per-example sketch keys
-            stats = engine.step()
-            self.done += 1
-            if stats.batch_size - stats.dropped > 0 and math.isfinite(stats.mean_loss):
-                self.losses.append(stats.mean_loss)
-            due = spec.checkpoint_every is not None and self.done % spec.checkpoint_every == 0
+        samples = iter(self.sampler)
+        while self.done < self.plan.steps:
+            stats = self._step(next(samples), loss_fn)
             stop = should_stop is not None and should_stop()
             stop = broadcast_flag(stop, self.ranks)  # rank 0's decision, on every rank
-            main = self.ranks.is_main
-            saved = None
-            if (due or self.done == plan.steps or stop) and main:
-                self.last_checkpoint = self.save()
-                saved = str(self.last_checkpoint)
-            if on_progress is not None and main:
-                on_progress(self._progress(stats, saved))
-            if stop and self.done < plan.steps:
+            if self.ranks.is_main:
+                self._checkpoint_and_report(stats, stop, on_progress)
+            if stop and self.done < self.plan.steps:
                 return "stopped"
         return "succeeded"
 
-    def _progress(self, stats: Any, saved: str | None) -> Progress:
+    def _step(self, idx: torch.Tensor, loss_fn: Callable[..., torch.Tensor]) -> StepStats:
+        """One logical batch, in micro-batches of at most ``max_physical_batch_size``."""
+        for chunk in idx.split(self.spec.max_physical_batch_size):
+            batch = {k: v.to(self.device) for k, v in self.data.train.batch(chunk).items()}
+            self.engine.accumulate(loss_fn, batch, example_ids=chunk)  # per-example sketch keys
+        stats = self.engine.step()
+        self.done += 1
+        if stats.batch_size - stats.dropped > 0 and math.isfinite(stats.mean_loss):
+            self.losses.append(stats.mean_loss)
+        return stats
+
+    def _checkpoint_and_report(
+        self, stats: StepStats, stop: bool, on_progress: Callable[[Progress], None] | None
+    ) -> None:
+        """Rank 0, after a step: the checkpoint when due, at the end or on stop; the progress."""
+        every = self.spec.checkpoint_every
+        due = every is not None and self.done % every == 0
+        saved = None
+        if due or self.done == self.plan.steps or stop:
+            self.last_checkpoint = self.save()
+            saved = str(self.last_checkpoint)
+        if on_progress is not None:
+            on_progress(self._progress(stats, saved))
+
+    def _progress(self, stats: StepStats, saved: str | None) -> Progress:
         report = self.spec.report_train_loss
         return Progress(
             step=self.done,
@@ -635,10 +691,28 @@ class _Run:
         )
 
     def _valid_loss(self) -> float | None:
-        if self.validation is None:
+        if self.data.validation is None:
             return None
         size = self.spec.max_physical_batch_size
-        return validation_loss(self.model, self.validation, self.spec.task, size)
+        return validation_loss(self.model, self.data.validation, self.spec.task, size)
+
+    # -- the end
+    def finish(self, status: str, started: float) -> JobResult:
+        """The job's result; the final checkpoint first if none was written (rank 0)."""
+        if self.last_checkpoint is None and self.ranks.is_main:  # zero steps: steps >= 1
+            self.last_checkpoint = self.save()
+        return JobResult(
+            status=status,
+            steps_done=self.done,
+            steps=self.plan.steps,
+            epsilon=self.epsilon_at(self.done),
+            delta=self.plan.delta,
+            plan=self.plan,
+            checkpoint=str(self.last_checkpoint),
+            seconds=time.perf_counter() - started,
+            resumed_from=self.resumed_from,
+            losses=self.losses if self.spec.report_train_loss else [],
+        )
 
 
 @torch.no_grad()

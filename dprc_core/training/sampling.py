@@ -71,6 +71,17 @@ class PoissonSampler:
             draws = torch.rand(self.num_examples, generator=self.generator)
             yield shard_indices(torch.nonzero(draws < self.sample_rate).flatten(), self.ranks)
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The generator's state (safetensors-able): iterating after :meth:`load_state_dict`
+        draws the batches that would have followed. PRIVATE: it reveals the batches."""
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Continue from a :meth:`state_dict`."""
+        if set(state) != {"generator"}:
+            raise ValueError(f"not a PoissonSampler state: keys {sorted(state)}")
+        self.generator.set_state(state["generator"])
+
 
 class FixedOrderSampler:
     """Fixed-order batches for ν-DP-FTRL (docs/design.md §4): shuffle once with ``seed``, then
@@ -88,7 +99,8 @@ class FixedOrderSampler:
     size of the short batch. Reshuffling between epochs would break the separation and is not
     offered.
 
-    Iteration resumes from :attr:`step`; :meth:`state_dict` is JSON-able.
+    Iteration resumes from :attr:`step`; :meth:`state_dict` is JSON-able (it holds the seed:
+    PRIVATE, like every sampler's state).
     """
 
     def __init__(
@@ -160,6 +172,22 @@ class FixedOrderSampler:
             "seed": self.seed,
             "step": self.step,
         }
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a :meth:`state_dict` (its seed's order, at its step); N, the batch size
+        and the steps must match this sampler."""
+        saved = FixedOrderSampler.from_state_dict(state, self.ranks)
+        if (saved.num_examples, saved.batch_size, saved.steps) != (
+            self.num_examples,
+            self.batch_size,
+            self.steps,
+        ):
+            raise ValueError(
+                f"state is for num_examples={saved.num_examples}, batch_size={saved.batch_size}, "
+                f"steps={saved.steps}; this sampler has {self.num_examples}, {self.batch_size}, "
+                f"{self.steps}"
+            )
+        self.seed, self.order, self.step = saved.seed, saved.order, saved.step
 
     @classmethod
     def from_state_dict(

@@ -1,0 +1,142 @@
+"""Checkpoints resume bit for bit whatever wrote them: the resume state holds the engine's and
+the sampler's state dicts whole; a checkpoint in the flattened layout (``rng.safetensors`` with
+``engine:``/``noise:``/``projections:``/``sampler:`` keys) still resumes, and so does one
+written by another checkout of the project (``DPRC_MAIN_CHECKOUT``, default ``/work/main``),
+run in a subprocess with that checkout's code."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dprc_core.training import checkpoint as ckpt_io
+from dprc_core.training.runner import run_job
+from tests.training.test_runner import spec, tiny_dir, train_file  # noqa: F401 (fixtures)
+
+MAIN = Path(os.environ.get("DPRC_MAIN_CHECKOUT", "/work/main"))
+
+MODES = {
+    "gaussian": dict(checkpoint_every=3),
+    "nu_dpftrl": dict(
+        noise_mechanism="nu_dpftrl",
+        nu=0.1,
+        bands=4,
+        norm_method="exact",
+        epochs=2,
+        batch_size=12,
+        checkpoint_every=3,
+    ),
+    "secure": dict(secure_rng=True, checkpoint_every=3, sketch="per_example"),
+}
+
+# run with the other checkout's code: stop after the first checkpoint, copy the run folder to
+# a twin, and resume the twin to the end with that same code
+WRITE_WITH_MAIN = """
+import json, shutil, sys
+from dprc_core.training.runner import JobSpec, run_job
+for job in json.loads(sys.argv[1]):
+    run_job(JobSpec(**job["spec"]), should_stop=lambda: True)
+    shutil.copytree(job["spec"]["output_dir"], job["twin"])
+    run_job(JobSpec(**{**job["spec"], "output_dir": job["twin"]}))
+"""
+
+
+def weights(ckpt: str | Path) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(ckpt) / "model" / "model.safetensors"))
+
+
+def assert_same_weights(a: str | Path, b: str | Path) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], rtol=0, atol=0)
+
+
+@pytest.fixture(scope="module")
+def main_runs(tiny_dir, train_file, tmp_path_factory) -> dict[str, dict[str, Path]]:  # noqa: F811
+    if not (MAIN / "dprc_core" / "training" / "runner.py").is_file():
+        pytest.skip(f"no checkout at {MAIN} (set DPRC_MAIN_CHECKOUT)")
+    root = tmp_path_factory.mktemp("main-runs")
+    runs = {m: {"part": root / m / "part", "twin": root / m / "twin"} for m in MODES}
+    jobs = [
+        {"spec": {**vars(spec(tiny_dir, train_file, runs[m]["part"], **kw))}, "twin": str(t)}
+        for m, kw in MODES.items()
+        for t in [runs[m]["twin"]]
+    ]
+    for job in jobs:  # JSON: the spec's fields as given (lora is None here)
+        job["spec"] = {k: v for k, v in job["spec"].items() if v is not None}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run(
+        [sys.executable, "-c", WRITE_WITH_MAIN, json.dumps(jobs)],
+        cwd=MAIN,  # the other checkout's packages, not this one's
+        env=env,
+        check=True,
+        timeout=1200,
+    )
+    return runs
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_checkpoint_of_the_main_checkout_resumes_bit_for_bit(
+    mode,
+    main_runs,
+    tiny_dir,  # noqa: F811
+    train_file,  # noqa: F811
+):
+    part, twin = main_runs[mode]["part"], main_runs[mode]["twin"]
+    resumed = run_job(spec(tiny_dir, train_file, part, **MODES[mode]))
+    assert resumed.status == "succeeded" and resumed.resumed_from == 1
+    # the same weights as the other checkout's own resume of the same checkpoint
+    assert_same_weights(resumed.checkpoint, ckpt_io.latest_checkpoint(twin))
+    if mode == "secure":  # keys from the OS: no uninterrupted twin to compare with
+        return
+    full = run_job(spec(tiny_dir, train_file, part.parent / "full", **MODES[mode]))
+    assert_same_weights(resumed.checkpoint, full.checkpoint)
+    assert resumed.epsilon == full.epsilon
+
+
+def _flatten_resume(ckpt: Path) -> None:
+    """Rewrite ``ckpt``'s resume state in the flattened layout."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        state, _, rng, _ = ckpt_io.load_resume(ckpt)
+    resume = ckpt / "resume"
+    meta = json.loads((resume / "state.json").read_text())["optimizer"]
+    (resume / "state.safetensors").unlink()
+    save_file({k: v.contiguous() for k, v in rng.items()}, str(resume / "rng.safetensors"))
+    (resume / "state.json").write_text(json.dumps({**state, "optimizer": meta}, sort_keys=True))
+
+
+@pytest.mark.parametrize("mode", ["gaussian", "secure"])
+def test_a_checkpoint_in_the_flattened_layout_resumes_bit_for_bit(
+    mode,
+    tiny_dir,  # noqa: F811
+    train_file,  # noqa: F811
+    tmp_path,
+):
+    part = tmp_path / "part"
+    stopped = run_job(spec(tiny_dir, train_file, part, **MODES[mode]), should_stop=lambda: True)
+    resume = Path(stopped.checkpoint) / "resume"
+    state = json.loads((resume / "state.json").read_text())
+    assert state["format"] == ckpt_io.RESUME_FORMAT
+    assert "seed" in state["engine"] and "generators" in state["engine"]  # the engine's, whole
+    tensors = load_file(str(resume / "state.safetensors"))
+    if mode == "secure":  # the keys are tensors in the private state, never in JSON
+        assert {"engine/noise/key", "engine/projections/key", "sampler/key"} <= set(tensors)
+    twin = tmp_path / "twin"
+    shutil.copytree(part, twin)
+    _flatten_resume(Path(stopped.checkpoint))
+    flat = run_job(spec(tiny_dir, train_file, part, **MODES[mode]))
+    whole = run_job(spec(tiny_dir, train_file, twin, **MODES[mode]))
+    assert flat.resumed_from == whole.resumed_from == 1
+    assert_same_weights(flat.checkpoint, whole.checkpoint)
+    assert flat.losses == whole.losses
