@@ -80,7 +80,7 @@ bench: bench-install
 bench-evidence: bench-install
 	$(PY) benchmarks/utility.py
 	$(PY) benchmarks/audit.py
-	$(PY) benchmarks/audit.py --cases per-example --eps 1 3 --out docs/benchmarks_audit_per_example.md
+	$(PY) benchmarks/audit.py --cases per-example --eps 1 3 --out docs/benchmarks/audit_per_example.md
 	$(PY) benchmarks/audit_step.py
 	$(PY) benchmarks/sketch_utility.py
 	$(PY) benchmarks/report.py
