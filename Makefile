@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install bench-install test test-fast test-api services browser serve schemathesis lint demo demo-library bench bench-evidence clean
+.PHONY: install bench-install check test test-fast test-api services browser serve schemathesis lint demo demo-library bench bench-evidence clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -23,10 +23,21 @@ bench-install: install
 install: $(STAMP)
 
 # ruff (lint and format) and mypy (types, configured in pyproject.toml) on everything
-lint: install
+define LINT
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+endef
+
+lint: install
+	$(LINT)
+
+# The edit loop: lint, types and the tests that need no service (PostgreSQL, Redis, Celery, an
+# API server), no browser and no long run; markers set in tests/conftest.py. Installs only
+# when the environment has never been installed (VENV=... reuses an existing one as it is).
+check: $(if $(wildcard $(STAMP)),,install)
+	$(LINT)
+	$(PY) -m pytest -q -m "not slow and not services and not browser" tests
 
 services:
 	./scripts/services.sh
@@ -38,9 +49,9 @@ browser:
 test: lint services browser
 	$(PY) -m pytest -q tests
 
-# The suite without the tests marked slow (for the edit-test loop; CI runs `make test`).
-test-fast: lint services browser
-	$(PY) -m pytest -q -m "not slow" tests
+# The suite without the tests marked slow and the browser tests (CI runs `make test`).
+test-fast: lint services
+	$(PY) -m pytest -q -m "not slow and not browser" tests
 
 test-api: install services
 	$(PY) -m pytest -q tests/api
@@ -80,7 +91,7 @@ bench: bench-install
 bench-evidence: bench-install
 	$(PY) benchmarks/utility.py
 	$(PY) benchmarks/audit.py
-	$(PY) benchmarks/audit.py --cases per-example --eps 1 3 --out docs/benchmarks_audit_per_example.md
+	$(PY) benchmarks/audit.py --cases per-example --eps 1 3 --out docs/benchmarks/audit_per_example.md
 	$(PY) benchmarks/audit_step.py
 	$(PY) benchmarks/sketch_utility.py
 	$(PY) benchmarks/report.py

@@ -15,7 +15,7 @@ exact case.
 
 Usage::
 
-    .venv/bin/python benchmarks/accountant.py              # writes docs/benchmarks_accountant.md
+    .venv/bin/python benchmarks/accountant.py              # writes docs/benchmarks/accountant.md
     .venv/bin/python benchmarks/accountant.py --quick      # 1 round, prints only
     .venv/bin/python benchmarks/accountant.py --reproduction  # table of docs/accounting.md
 """
@@ -211,7 +211,7 @@ def main() -> None:
     table = run(1 if args.quick else args.rounds)
     print(table)
     if not args.quick:
-        out = ROOT / "docs" / "benchmarks_accountant.md"
+        out = ROOT / "docs" / "benchmarks" / "accountant.md"
         out.write_text(table)
         print(f"wrote {out.relative_to(ROOT)}")
 

@@ -22,9 +22,9 @@ Mechanisms:
   quarter of, the noise it claims.
 
     .venv/bin/python benchmarks/audit.py --cases per-example --eps 1 3 \
-        --out docs/benchmarks_audit_per_example.md     # the per-example rows only
+        --out docs/benchmarks/audit_per_example.md     # the per-example rows only
 
-    .venv/bin/python benchmarks/audit.py            # writes docs/benchmarks_audit.md
+    .venv/bin/python benchmarks/audit.py            # writes docs/benchmarks/audit.md
     .venv/bin/python benchmarks/audit.py --quick    # one seed, prints only
 """
 
@@ -143,7 +143,7 @@ CASES = [
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=str(DOCS / "benchmarks_audit.md"))
+    ap.add_argument("--out", default=str(DOCS / "benchmarks" / "audit.md"))
     ap.add_argument("--cases", help="only the mechanisms whose label contains this text")
     ap.add_argument("--eps", type=float, nargs="+", default=[1.0, 3.0, 8.0])
     args = ap.parse_args()

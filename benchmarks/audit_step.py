@@ -11,7 +11,7 @@ Rows: the real engine and the engine adding σ/2 (and σ/4) while claiming σ, f
 and hutch k = 32 with per-example sketches; σ from the accountant for one step at q = 1 and the
 claimed ε ∈ {1, 3}, δ = 1e-5.
 
-    .venv/bin/python benchmarks/audit_step.py            # docs/benchmarks_audit_step.md
+    .venv/bin/python benchmarks/audit_step.py            # docs/benchmarks/audit_step.md
     .venv/bin/python benchmarks/audit_step.py --quick    # one seed, fewer repetitions, prints
 """
 
@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repetitions", type=int, default=200)
     ap.add_argument("--eps", type=float, nargs="+", default=[1.0, 3.0])
-    ap.add_argument("--out", default=str(DOCS / "benchmarks_audit_step.md"))
+    ap.add_argument("--out", default=str(DOCS / "benchmarks" / "audit_step.md"))
     args = ap.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")

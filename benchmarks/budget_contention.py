@@ -9,7 +9,7 @@ file's committed ε — recomputed here with the accountant from the accepted jo
 older jobs' events — is within the budget.
 
 Run: ``.venv/bin/python benchmarks/budget_contention.py [--older 0 20 100] [--db sqlite
-postgresql]``; results go to docs/benchmarks_budget.md.
+postgresql]``; results go to docs/benchmarks/budget.md.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--older", type=int, nargs="+", default=[0, 20, 100])
     ap.add_argument("--db", nargs="+", default=["sqlite", "postgresql"])
-    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks_budget.md"))
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "budget.md"))
     ap.add_argument("--one", nargs=2, metavar=("DB", "OLDER"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:  # one configuration, in a process of its own (no cache carried over)

@@ -15,7 +15,7 @@ Configurations (one run, one after the other, same machine):
 
 Usage::
 
-    .venv/bin/python benchmarks/distributed.py            # writes docs/benchmarks_distributed.md
+    .venv/bin/python benchmarks/distributed.py            # writes docs/benchmarks/distributed.md
     .venv/bin/python benchmarks/distributed.py --quick    # prints only (2 steps, T = 64)
     .venv/bin/python benchmarks/distributed.py --device cuda   # NCCL on the host's GPUs
 """
@@ -43,7 +43,7 @@ MICRO = 4
 T = 256
 STEPS = 6
 WORLD = 2
-DOC = ROOT / "docs" / "benchmarks_distributed.md"
+DOC = ROOT / "docs" / "benchmarks" / "distributed.md"
 
 
 def rank_main(args: argparse.Namespace) -> None:
@@ -211,7 +211,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if not args.quick:
-        target = DOC if args.device == "cpu" else DOC.with_name("benchmarks_distributed_cuda.md")
+        target = DOC if args.device == "cpu" else DOC.with_name("distributed_cuda.md")
         target.write_text(text)
 
 

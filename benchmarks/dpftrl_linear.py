@@ -20,7 +20,7 @@ last iterate, ½ (θ − θ*)ᵀ H (θ − θ*). The learning rate is tuned per 
 (and ν per α for the best-ν row) by the mean over the same seeds that are reported — oracle
 tuning, identical for every mechanism.
 
-    .venv/bin/python benchmarks/dpftrl_linear.py            # writes docs/benchmarks_dpftrl.md
+    .venv/bin/python benchmarks/dpftrl_linear.py            # writes docs/benchmarks/dpftrl.md
     .venv/bin/python benchmarks/dpftrl_linear.py --quick    # a smoke run, prints only
 """
 
@@ -187,9 +187,9 @@ def main() -> None:
     report += "\n" + "\n".join(analytic) + "\n"
     print(report)
     if not args.quick and not args.no_write:
-        (DOCS / "benchmarks_dpftrl.md").write_text(report)
+        (DOCS / "benchmarks" / "dpftrl.md").write_text(report)
         plot(results, alphas, methods, args.epsilon, d)
-        print(f"wrote docs/benchmarks_dpftrl.md ({wall:.0f}s)")
+        print(f"wrote docs/benchmarks/dpftrl.md ({wall:.0f}s)")
 
 
 def d_eff(alpha: float, d: int) -> float:
@@ -280,7 +280,7 @@ def render(results, sigmas, alphas, methods, lrs, config, wall, args) -> str:
         lines.append("")
     lines += verdict(results, alphas, methods, epsilons, d)
     if not quick:
-        lines += ["", "![excess risk vs d_eff](benchmarks_dpftrl.png)", ""]
+        lines += ["", "![excess risk vs d_eff](dpftrl.png)", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -476,7 +476,7 @@ def plot(results, alphas, methods, epsilons, d) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(DOCS / "benchmarks_dpftrl.png", dpi=110)
+    fig.savefig(DOCS / "benchmarks" / "dpftrl.png", dpi=110)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ Everything goes through the job runner (``dprc_core.training.run_job``), as a us
   (oracle tuning on the reported held-out set, identical for every method; tuning itself is
   not privately accounted).
 
-    .venv/bin/python benchmarks/dpftrl_lm.py            # writes docs/benchmarks_dpftrl_lm.md
+    .venv/bin/python benchmarks/dpftrl_lm.py            # writes docs/benchmarks/dpftrl_lm.md
     .venv/bin/python benchmarks/dpftrl_lm.py --quick    # a smoke run, prints only
 """
 
@@ -327,9 +327,9 @@ def main() -> None:
     report = render(results, plans, spent, walls, methods, epsilons, config, wall, args.quick)
     print(report)
     if not args.quick and not args.no_write:
-        (DOCS / "benchmarks_dpftrl_lm.md").write_text(report)
+        (DOCS / "benchmarks" / "dpftrl_lm.md").write_text(report)
         plot(results, methods, epsilons, config)
-        print(f"wrote docs/benchmarks_dpftrl_lm.md ({wall:.0f}s)")
+        print(f"wrote docs/benchmarks/dpftrl_lm.md ({wall:.0f}s)")
 
 
 # ---------------------------------------------------------------------------------- report
@@ -423,7 +423,7 @@ def render(results, plans, spent, walls, methods, epsilons, c, wall, quick) -> s
         lines.append("")
     lines += verdict(results, methods, epsilons)
     if not quick:
-        lines += ["", "![held-out loss per method](benchmarks_dpftrl_lm.png)", ""]
+        lines += ["", "![held-out loss per method](dpftrl_lm.png)", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -485,7 +485,7 @@ def plot(results, methods, epsilons, c) -> None:
     )
     ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
-    fig.savefig(DOCS / "benchmarks_dpftrl_lm.png", dpi=110)
+    fig.savefig(DOCS / "benchmarks" / "dpftrl_lm.png", dpi=110)
 
 
 if __name__ == "__main__":

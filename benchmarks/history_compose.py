@@ -8,7 +8,7 @@ history: ``epsilon_for_events`` (a full composition: grid and tail budget from a
 and power-of-two blocks). Reported: the first check (cold caches), the median of the next 29,
 and the largest relative difference between the two ε's (both are upper bounds).
 
-    .venv/bin/python benchmarks/history_compose.py     # -> docs/benchmarks_history.md
+    .venv/bin/python benchmarks/history_compose.py     # -> docs/benchmarks/history.md
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def run(older: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--older", type=int, nargs="+", default=[0, 20, 100])
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks_history.md")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "history.md")
     args = ap.parse_args()
     rows = [run(n) for n in args.older]
     lines = [

@@ -359,7 +359,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="minimum timed repetitions")
     ap.add_argument("--budget", type=float, default=2.0, help="timing budget per config (s)")
     ap.add_argument("--ab-rounds", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks_norm_layer.md")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "norm_layer.md")
     args = ap.parse_args()
     if args.seq is None:
         args.seq = 1024 if args.quick else 4096

@@ -5,7 +5,7 @@ a finished job may stay alive. Each job is a short MiniLM + LoRA classification 
 k = 32, per-example sketches, ε = 8) on the review data shipped in data/demo/; RSS is read from
 /proc/self/statm after the job returns and a garbage collection.
 
-    .venv/bin/python benchmarks/repeated_jobs.py [--jobs 4]   # docs/benchmarks_repeated_jobs.md
+    .venv/bin/python benchmarks/repeated_jobs.py [--jobs 4]   # docs/benchmarks/repeated_jobs.md
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def rss_gib() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=4)
-    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks_repeated_jobs.md"))
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "repeated_jobs.md"))
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     work = Path(tempfile.mkdtemp(prefix="dprc-repeated-"))

@@ -1,17 +1,22 @@
-"""Assemble docs/benchmarks.md from the sections the benchmark scripts write.
+"""Write docs/benchmarks.md, the index of the benchmark pages under docs/benchmarks/.
 
-Each script writes its own section (``docs/benchmarks_<name>.md``) so that it can be rerun
-alone; this script stitches the current sections, in a fixed order, under a common preface.
+Each script writes its own page (``docs/benchmarks/<name>.md``) so that it can be rerun alone;
+this script lists the pages that exist, in a fixed order, with the command that writes each
+and the verdict lines it states (``**PASS …``, ``**FAIL …``). The hand-written summary between
+the ``<!-- summary -->`` markers of the current docs/benchmarks.md is kept as it is.
 
     .venv/bin/python benchmarks/report.py
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
+PAGES = DOCS / "benchmarks"
+INDEX = DOCS / "benchmarks.md"
 SECTIONS = [
     ("norm_layer", "benchmarks/norm_layer.py"),
     ("step", "benchmarks/step.py"),
@@ -37,28 +42,54 @@ SECTIONS = [
 
 PREFACE = """# Benchmarks
 
-Speed and memory targets live here, never in tests (docs/design.md §5). Every table below was
-produced by the command named above it, on the machine it names; rerun with `make bench`
-(or the single script) and then `python benchmarks/report.py` to refresh this page.
-Comparisons are ratios inside one run, A/B interleaved; peak memory on CPU is the peak RSS of a
-fresh process per configuration, minus the RSS once the inputs exist.
+Speed and memory targets live here, never in tests (docs/design.md §5). Each page under
+[benchmarks/](benchmarks/) was produced by the command listed with it, on the machine it names;
+rerun with `make bench` (or the single script) and then `python benchmarks/report.py` to
+refresh this index. Comparisons are ratios inside one run, A/B interleaved; peak memory on CPU
+is the peak RSS of a fresh process per configuration, minus the RSS once the inputs exist.
 
 GPU: no GPU was available to the sessions that produced these tables; the scripts' CUDA paths
 (`--device cuda`, reporting `torch.cuda.max_memory_allocated`) have not been run yet.
 """
 
+SUMMARY_START, SUMMARY_END = "<!-- summary -->", "<!-- /summary -->"
+VERDICT = re.compile(r"\*\*(PASS|FAIL)\b[^*]*\*\*")
+
+
+def kept_summary() -> str:
+    """The hand-written summary of the current index, markers included ("" when absent)."""
+    if not INDEX.exists():
+        return ""
+    text = INDEX.read_text()
+    start, end = text.find(SUMMARY_START), text.find(SUMMARY_END)
+    if start < 0 or end < start:
+        return ""
+    return text[start : end + len(SUMMARY_END)] + "\n"
+
+
+def title(page: str) -> str:
+    """The page's first heading, without its #s."""
+    for line in page.splitlines():
+        if line.startswith("#"):
+            return line.lstrip("#").strip()
+    return "(untitled)"
+
+
+def entry(name: str, command: str, page: str) -> str:
+    lines = [f"- [{title(page)}](benchmarks/{name}.md) — `{command}`"]
+    lines += [f"  - {m.group(0)}" for m in VERDICT.finditer(page)]
+    return "\n".join(lines)
+
 
 def main() -> None:
-    parts = [PREFACE]
-    for name, command in SECTIONS:
-        path = DOCS / f"benchmarks_{name}.md"
-        if not path.exists():
-            continue
-        parts.append(f"<!-- section from `{command}` ({path.name}) -->\n")
-        parts.append(path.read_text().strip() + "\n")
-    out = DOCS / "benchmarks.md"
-    out.write_text("\n".join(parts))
-    print(f"wrote {out.relative_to(ROOT)}")
+    entries = [
+        entry(name, command, path.read_text())
+        for name, command in SECTIONS
+        if (path := PAGES / f"{name}.md").exists()
+    ]
+    parts = [PREFACE, kept_summary(), "## Pages\n", "\n".join(entries) + "\n"]
+    INDEX.write_text("\n".join(p for p in parts if p))
+    print(f"wrote {INDEX.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ generate one step's noise for all trainable parameters.
 
 Usage::
 
-    .venv/bin/python benchmarks/secure_noise.py          # writes docs/benchmarks_secure_noise.md
+    .venv/bin/python benchmarks/secure_noise.py          # writes docs/benchmarks/secure_noise.md
     .venv/bin/python benchmarks/secure_noise.py --quick  # small model, 1 step, prints only
 """
 
@@ -264,7 +264,7 @@ def main() -> None:
     text = report(results, rates, size)
     print(text)
     if not args.quick:
-        out = ROOT / "docs" / "benchmarks_secure_noise.md"
+        out = ROOT / "docs" / "benchmarks" / "secure_noise.md"
         previous = out.read_text() if out.exists() else ""
         marker = "\n## Reading the numbers"
         tail = previous[previous.index(marker) :] if marker in previous else ""

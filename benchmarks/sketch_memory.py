@@ -9,7 +9,7 @@ RSS (VmHWM reset) minus the RSS once the inputs exist; time = median of repeated
 Expected: per-example sketches add B·n·k·4 bytes per draw (transient) and the generation of B
 projections instead of one; the products are the same batched matrix products.
 
-    .venv/bin/python benchmarks/sketch_memory.py        # -> docs/benchmarks_sketch_memory.md
+    .venv/bin/python benchmarks/sketch_memory.py        # -> docs/benchmarks/sketch_memory.md
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def one(method: str, sketch: str, p: int, d: int, k: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--one", nargs=5, help=argparse.SUPPRESS)
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks_sketch_memory.md")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "sketch_memory.md")
     args = ap.parse_args()
     if args.one:
         m, s, p, d, k = args.one

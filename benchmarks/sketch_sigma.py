@@ -12,7 +12,7 @@ once in a fresh cache state; ``--rounds`` repeats the whole grid and reports the
 
 Usage::
 
-    .venv/bin/python benchmarks/sketch_sigma.py            # writes docs/benchmarks_sketch_sigma.md
+    .venv/bin/python benchmarks/sketch_sigma.py            # writes docs/benchmarks/sketch_sigma.md
     .venv/bin/python benchmarks/sketch_sigma.py --quick    # classification plan only, prints
 """
 
@@ -126,7 +126,7 @@ def main() -> None:
     table = run(plans, args.rounds)
     print(table)
     if not args.quick:
-        out = ROOT / "docs" / "benchmarks_sketch_sigma.md"
+        out = ROOT / "docs" / "benchmarks" / "sketch_sigma.md"
         existing = out.read_text() if out.exists() else ""
         marker = "### Reading"
         reading = existing[existing.index(marker) :] if marker in existing else ""

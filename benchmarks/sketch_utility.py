@@ -27,7 +27,7 @@ therefore reported per seed (row − exact), as mean ± standard error over seed
     .venv/bin/python benchmarks/sketch_utility.py --report      # the tables from the saved cells
 
 Each cell runs in its own process and is saved as soon as it is done
-(docs/benchmarks_sketch_utility.json), so an interrupted run is resumed with the same command
+(docs/benchmarks/sketch_utility.json), so an interrupted run is resumed with the same command
 and ``--report`` tabulates whatever has finished.
 """
 
@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from dprc_core.training.plan import plan_privacy  # noqa: E402
 
 DOCS = ROOT / "docs"
-CELLS = DOCS / "benchmarks_sketch_utility.json"
+CELLS = DOCS / "benchmarks" / "sketch_utility.json"
 EPS = 1.0
 LR = 1e-2
 ROWS = [
@@ -204,7 +204,7 @@ def report() -> str:
     for task in TASKS:
         lines += _table(task, cells)
     text = "\n".join(lines)
-    (DOCS / "benchmarks_sketch_utility.md").write_text(text)
+    (DOCS / "benchmarks" / "sketch_utility.md").write_text(text)
     return text
 
 

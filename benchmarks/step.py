@@ -28,9 +28,9 @@ between ``torch.cuda.synchronize()`` calls.
 
 Usage::
 
-    .venv/bin/python benchmarks/step.py            # full run, writes docs/benchmarks_step.md
+    .venv/bin/python benchmarks/step.py            # full run, writes docs/benchmarks/step.md
     .venv/bin/python benchmarks/step.py --quick    # smoke run: T=128, 2 rounds, prints only
-    .venv/bin/python benchmarks/step.py --device cuda   # writes docs/benchmarks_step_cuda.md
+    .venv/bin/python benchmarks/step.py --device cuda   # writes docs/benchmarks/step_cuda.md
     .venv/bin/python benchmarks/step.py --profile hutch/two_pass 2048   # torch.profiler table
 """
 
@@ -609,8 +609,8 @@ def main(argv: list[str] | None = None) -> int:
         "--out",
         type=Path,
         default=None,
-        help="markdown output (full run default: docs/benchmarks_step.md, "
-        "or docs/benchmarks_step_cuda.md with --device cuda)",
+        help="markdown output (full run default: docs/benchmarks/step.md, "
+        "or docs/benchmarks/step_cuda.md with --device cuda)",
     )
     parser.add_argument(
         "--mem-reps",
@@ -663,8 +663,8 @@ def main(argv: list[str] | None = None) -> int:
     seq_lens = tuple(args.seq_lens or (QUICK_SEQ_LENS if args.quick else SEQ_LENS))
     out = args.out
     if out is None and not args.quick:
-        name = "benchmarks_step.md" if device.type == "cpu" else "benchmarks_step_cuda.md"
-        out = ROOT / "docs" / name
+        name = "step.md" if device.type == "cpu" else "step_cuda.md"
+        out = ROOT / "docs" / "benchmarks" / name
     facts = machine_facts(device)
     print("\n".join(facts), flush=True)
     model_dir()

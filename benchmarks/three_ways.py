@@ -3,7 +3,7 @@ service (scripts/demo.py, the official `openai` client against `dprc serve`).
 
 MiniLM-L6 linear probe (only the classifier trains), the review data in data/demo/, 4 epochs
 at expected batch 64, Adam lr 0.1, hutch k = 32, ε = 8, 32 tokens. Prints a markdown table of
-held-out accuracy and ε and writes it to docs/benchmarks_three_ways.md. CPU, a few minutes.
+held-out accuracy and ε and writes it to docs/benchmarks/three_ways.md. CPU, a few minutes.
 
     python benchmarks/three_ways.py
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "demo"
-OUT = ROOT / "docs" / "benchmarks_three_ways.md"
+OUT = ROOT / "docs" / "benchmarks" / "three_ways.md"
 SETTINGS = dict(epochs=4, batch_size=64, learning_rate=0.1, max_seq_len=32, k=32, epsilon=8.0)
 
 

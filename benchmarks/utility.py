@@ -41,7 +41,7 @@ Learning rate: a small sweep per method at ε = 3 (seed 0), chosen on the valida
 used at every ε for all seeds. Reported: test accuracy / loss (mean ± std over seeds), σ, median
 seconds per step, peak memory (a fresh process per method).
 
-    .venv/bin/python benchmarks/utility.py          # full grid -> docs/benchmarks_utility.md
+    .venv/bin/python benchmarks/utility.py          # full grid -> docs/benchmarks/utility.md
     .venv/bin/python benchmarks/utility.py --quick     # a smoke run (1 seed, ε=3, fewer methods)
 """
 
@@ -830,7 +830,7 @@ def write_doc(
         "",
     ]
     if plot:
-        lines += ["![utility vs ε and memory per method](benchmarks_utility.png)", ""]
+        lines += ["![utility vs ε and memory per method](utility.png)", ""]
     path.write_text("\n".join(lines))
 
 
@@ -914,7 +914,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a small grid; prints only")
     ap.add_argument("--work", default="/tmp/dprc-utility", help="scratch folder")
     ap.add_argument("--memory-probe", nargs=2, metavar=("TASK", "METHOD"))
-    ap.add_argument("--out", default=str(DOCS / "benchmarks_utility.md"))
+    ap.add_argument("--out", default=str(DOCS / "benchmarks" / "utility.md"))
     ap.add_argument("--seeds", type=int, default=3, help="seeds per cell (default 3)")
     ap.add_argument(
         "--reuse",
@@ -964,7 +964,7 @@ def main() -> None:
     # --memory-only: report the grid's wall time (its first probes included), not the rerun
     wall = wall0 if args.memory_only else wall0 + time.perf_counter() - t0
     if args.quick:
-        out = work / "benchmarks_utility.md"
+        out = work / "utility.md"
     else:
         out = Path(args.out)
     png = out.with_suffix(".png")

@@ -19,6 +19,6 @@ timeout 150 $PY benchmarks/step.py --quick --device cuda 2>&1 | tee "$OUT/step.l
 world=$(( gpus >= 2 ? 2 : 1 ))
 timeout 120 $PY benchmarks/distributed.py --device cuda --world "$world" 2>&1 \
     | tee "$OUT/distributed.log" || status=1
-cp docs/benchmarks_distributed_cuda.md "$OUT/" 2>/dev/null || true
+cp docs/benchmarks/distributed_cuda.md "$OUT/" 2>/dev/null || true
 echo "status: $status" | tee -a "$OUT/summary.txt"
 exit $status

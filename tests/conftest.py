@@ -1,9 +1,13 @@
 """Shared fixtures: tiny models built locally and loaded through the users' code path, and
-independent per-sample gradient references from torch.func."""
+independent per-sample gradient references from torch.func; the ``services`` and ``browser``
+markers, applied from what each test uses (``make check`` deselects them)."""
 
 from __future__ import annotations
 
+import inspect
 import os
+import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -177,3 +181,93 @@ class _Functional(torch.nn.Module):
 
 def grad_norms(per_sample: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in per_sample.values()))
+
+
+# ------------------------------------------------------------ markers from what a test uses
+#
+# ``services``: the test needs PostgreSQL, Redis, a Celery worker or an API server (uvicorn in a
+# thread or ``dprc serve`` in a subprocess); ``browser``: it drives Chromium. Both are found from
+# the code the test reaches: its own function, the suite's fixtures it requests (transitively)
+# and the suite's helpers and classes those call, so that a test is marked wherever it lives.
+
+# Names whose use starts a service: the suite's uvicorn server and PostgreSQL helpers, the
+# Celery workers of tests/worker, and the client libraries of the services themselves.
+SERVICE_NAMES = frozenset(
+    {"_serve", "_pg_admin_conn", "PG_ADMIN", "pg_url", "Workers", "psycopg", "redis", "uvicorn"}
+)
+SERVICE_FIXTURES = frozenset({"pg_url", "pg_server", "sqlite_server", "server", "served"})
+SERVE_ARGUMENT = "serve"  # a string constant in a subprocess's argv: ``dprc serve``
+BROWSER_NAMES = frozenset({"sync_playwright", "async_playwright", "playwright"})
+BROWSER_FIXTURES = frozenset({"chromium", "new_context"})
+
+
+def _code_objects(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_objects(const)
+
+
+def _suite_functions(obj: object) -> Iterator[Callable[..., object]]:
+    """The functions of this test suite that ``obj`` is or holds (a class's methods)."""
+    if not getattr(obj, "__module__", "").startswith("tests"):
+        return
+    if inspect.isfunction(obj):
+        yield obj
+    elif inspect.isclass(obj):
+        yield from (v for v in vars(obj).values() if inspect.isfunction(v))
+
+
+def _reached(func: Callable[..., object], seen: set[types.CodeType]) -> tuple[set[str], set[str]]:
+    """The names and string constants of ``func`` and of the suite's functions it refers to."""
+    names: set[str] = set()
+    strings: set[str] = set()
+    func = inspect.unwrap(func)
+    code = getattr(func, "__code__", None)
+    if code is None or code in seen:
+        return names, strings
+    seen.add(code)
+    module_globals = getattr(func, "__globals__", {})
+    for part in _code_objects(code):
+        strings.update(c for c in part.co_consts if isinstance(c, str))
+        for name in part.co_names:
+            names.add(name)
+            for helper in _suite_functions(module_globals.get(name)):
+                more_names, more_strings = _reached(helper, seen)
+                names |= more_names
+                strings |= more_strings
+    return names, strings
+
+
+def _uses(item: pytest.Item) -> tuple[set[str], set[str], set[str]]:
+    """The fixtures ``item`` requests (transitively) and the names and strings its code reaches."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    seen: set[types.CodeType] = set()
+    names: set[str] = set()
+    strings: set[str] = set()
+    funcs: list[Callable[..., object]] = []
+    if isinstance(item, pytest.Function):
+        funcs.append(item.function)
+        info = getattr(item, "_fixtureinfo", None)
+        for defs in getattr(info, "name2fixturedefs", {}).values():
+            funcs += [d.func for d in defs if d.func.__module__.startswith("tests")]
+    for func in funcs:
+        more_names, more_strings = _reached(func, seen)
+        names |= more_names
+        strings |= more_strings
+    return fixtures, names, strings
+
+
+def _needs_services(fixtures: set[str], names: set[str], strings: set[str]) -> bool:
+    if fixtures & SERVICE_FIXTURES or names & SERVICE_NAMES or SERVE_ARGUMENT in strings:
+        return True
+    return "getfixturevalue" in names and bool(strings & SERVICE_FIXTURES)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures, names, strings = _uses(item)
+        if fixtures & BROWSER_FIXTURES or names & BROWSER_NAMES or "browser" in item.path.parts:
+            item.add_marker(pytest.mark.browser)
+        if _needs_services(fixtures, names, strings):
+            item.add_marker(pytest.mark.services)
