@@ -141,7 +141,7 @@ def chromium():
 @pytest.fixture
 def new_context(chromium, tmp_path):
     """A fresh browser profile (its own user-data-dir, no cookies) per call."""
-    opened = []
+    opened: list = []  # the contexts to close
 
     def make(viewport: dict[str, int] = DESKTOP):
         profile = tmp_path / f"profile-{len(opened)}"

@@ -1,5 +1,6 @@
-/* Small SVG line charts: labelled axes, nice ticks, a budget line, one <g> per series whose
-   data-points attribute is its number of points. */
+/* Small SVG line charts: labelled axes, nice ticks, a budget line, vertical markers, one <g>
+   per series whose data-points attribute is its number of points; each dot carries its exact
+   coordinates in data-x and data-y. */
 "use strict";
 const dprcChart = (() => {
   const NS = "http://www.w3.org/2000/svg";
@@ -34,19 +35,24 @@ const dprcChart = (() => {
     return String(Number(v.toPrecision(4)));
   }
 
-  /* opts: {xLabel, yLabel, series: [{key, label, points: [[x, y]], step, dots, line, color}], budget: {y, label},
-     xFormat, empty} */
+  /* opts: {xLabel, yLabel, series: [{key, label, points: [[x, y]], step, upper, origin, dots, line,
+     labels, r, color}], budget: {y, label}, markers: [{x, key, label}], xFormat, empty}.
+     step: hold each value until the next point (a step line). upper: between two points more
+     than 1 apart in x, rise at once to the later value and hold it (never drawn below the
+     later point: a pessimistic interpolation of a non-decreasing curve). origin: [x, y] the
+     line starts from, not a point of the series. labels: each dot's value written beside it. */
   function line(container, opts) {
     container.replaceChildren();
     const svg = node("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" }, container);
     node("title", {}, svg).textContent = `${opts.yLabel} against ${opts.xLabel}`;
     const all = opts.series.flatMap((s) => s.points).filter((p) => Number.isFinite(p[1]));
+    const markers = opts.markers || [];
     const pw = W - M.l - M.r, ph = H - M.t - M.b;
     if (all.length === 0) {
       text(svg, W / 2, H / 2, opts.empty || "no data yet", { class: "empty", "text-anchor": "middle" });
     }
-    let x0 = Math.min(...all.map((p) => p[0]), opts.xMin ?? Infinity);
-    let x1 = Math.max(...all.map((p) => p[0]), opts.xMax ?? -Infinity);
+    let x0 = Math.min(...all.map((p) => p[0]), ...markers.map((m) => m.x), opts.xMin ?? Infinity);
+    let x1 = Math.max(...all.map((p) => p[0]), ...markers.map((m) => m.x), opts.xMax ?? -Infinity);
     let y0 = Math.min(0, ...all.map((p) => p[1]));
     let y1 = Math.max(...all.map((p) => p[1]), opts.budget ? opts.budget.y : -Infinity);
     if (!Number.isFinite(x0)) { x0 = 0; x1 = 1; }
@@ -76,6 +82,12 @@ const dprcChart = (() => {
       node("line", { x1: M.l, x2: W - M.r, y1: Y(opts.budget.y), y2: Y(opts.budget.y) }, g);
       text(g, W - M.r - 4, Y(opts.budget.y) - 5, opts.budget.label, { "text-anchor": "end" });
     }
+    markers.forEach((m, i) => {
+      const g = node("g", { class: "marker", "data-marker": m.key, "data-x": m.x }, svg);
+      node("line", { x1: X(m.x), x2: X(m.x), y1: M.t, y2: M.t + ph }, g);
+      const right = X(m.x) > M.l + pw * 0.6;
+      text(g, X(m.x) + (right ? -4 : 4), M.t + 12 + 14 * i, m.label, { "text-anchor": right ? "end" : "start" });
+    });
     const legend = node("g", { class: "legend" }, svg);
     let lx = M.l;
     opts.series.forEach((s, i) => {
@@ -83,18 +95,28 @@ const dprcChart = (() => {
       const g = node("g", {
         class: `series s${s.color ?? i}`, "data-series": s.key || s.label, "data-points": pts.length,
       }, svg);
-      let d = "";
-      pts.forEach((p, j) => {
-        if (j === 0) d += `M${X(p[0])},${Y(p[1])}`;
+      let d = s.origin && pts.length ? `M${X(s.origin[0])},${Y(s.origin[1])}` : "";
+      let prev = s.origin;
+      pts.forEach((p) => {
+        if (!d) d += `M${X(p[0])},${Y(p[1])}`;
         else if (s.step) d += `H${X(p[0])}V${Y(p[1])}`;
+        else if (s.upper && p[0] - prev[0] > 1) d += `V${Y(p[1])}H${X(p[0])}`;
         else d += `L${X(p[0])},${Y(p[1])}`;
+        prev = p;
       });
       if (s.step && pts.length && opts.xMax !== undefined) d += `H${X(x1)}`;
       if (d && s.line !== false) node("path", { d }, g);
       if (s.dots !== false) {
         for (const p of pts) {
-          const c = node("circle", { cx: X(p[0]), cy: Y(p[1]), r: pts.length > 60 ? 1.6 : 2.6 }, g);
+          const c = node("circle", {
+            cx: X(p[0]), cy: Y(p[1]), r: s.r ?? (pts.length > 60 ? 1.6 : 2.6), "data-x": p[0], "data-y": p[1],
+          }, g);
           node("title", {}, c).textContent = `${fmt(p[0])}: ${fmt(p[1])}`;
+          if (s.labels) {
+            const right = X(p[0]) > M.l + pw * 0.75;
+            text(g, X(p[0]) + (right ? -7 : 7), Y(p[1]) + 16, p.label || fmt(p[1]),
+              { class: "point-label", "text-anchor": right ? "end" : "start" });
+          }
         }
       }
       const lg = node("g", { class: `s${s.color ?? i}` }, legend);

@@ -5,7 +5,6 @@
   const base = `/v1/fine_tuning/jobs/${encodeURIComponent(id)}`;
   const seen = new Set(); // ids of the events in ``events``
   const events = []; // every event seen, oldest first (the API's order, reversed)
-  let planned = null; // [[step, ε]] from the accountant, computed once per job
   let job = null;
   let ckptPoints = []; // [[step, ε]] of the checkpoints: the exact ε at their steps
 
@@ -34,19 +33,92 @@
     for (const e of fresh.reverse()) { seen.add(e.id); events.push(e); }
   }
 
-  async function plannedCurve(p) {
+  /* ε after t steps of the job's plan, from the accountant (step → ε; null: no finite bound).
+     A job that runs as planned has spent exactly this after t steps: a resumed job's ledger
+     composes to the same event, and a ν-DP-FTRL job's first t steps are the plan's first t rows
+     (dprc_core/training/plan.py, PrivacyPlan.event). The worker's progress events carry an upper
+     bound instead (the ε of its next computation), so the chart does not draw them. */
+  const curve = new Map([[0, 0]]);
+  const failed = new Set(); // steps the accountant refused: not asked again
+  const ALL_STEPS = 48; // a plan of at most this many steps: ε at every step
+  const GRID = 24; // else at this many steps spread evenly, plus the current step and the markers
+  const PER_REFRESH = 12; // accountant calls per refresh at most
+
+  function gridSteps(total) {
+    if (total <= ALL_STEPS) return Array.from({ length: total }, (_, i) => i + 1);
+    return [...new Set(Array.from({ length: GRID }, (_, i) => Math.max(1, Math.round(((i + 1) * total) / GRID))))];
+  }
+
+  // the body of POST /v1/accountant/epsilon for the first ``steps`` steps of the plan, with the
+  // settings the job object echoes (σ, q, δ, its accounted clipping, k, rank and sketch)
+  function epsilonRequest(p, steps) {
     const acc = p.accountant || {};
-    if (p.noise.mechanism !== "gaussian") return [[p.steps, p.planned_epsilon]];
-    const n = Math.min(12, p.steps);
-    const steps = [...new Set(Array.from({ length: n }, (_, i) => Math.max(1, Math.round(((i + 1) * p.steps) / n))))];
-    const results = await Promise.all(steps.map((s) => api("/v1/accountant/epsilon", {
-      method: "POST",
-      json: {
-        noise_multiplier: p.noise_multiplier, sample_rate: p.sample_rate, steps: s, delta: p.target_delta,
-        clipping: acc.clipping, k: acc.k, sketch: acc.sketch || "shared",
-      },
-    })));
-    return [[0, 0], ...results.map((r) => [r.steps, r.epsilon])];
+    if (p.noise.mechanism !== "gaussian") {
+      // a ν-DP-FTRL run of t steps with at most ⌈t / min_separation⌉ participations
+      return {
+        mechanism: p.noise.mechanism, noise_multiplier: p.noise_multiplier, steps, delta: p.target_delta,
+        nu: acc.nu ?? p.noise.nu, bands: acc.bands ?? p.noise.bands ?? null, min_separation: acc.min_separation,
+        participations: Math.ceil(steps / acc.min_separation),
+      };
+    }
+    return {
+      noise_multiplier: p.noise_multiplier, sample_rate: p.sample_rate, steps, delta: p.target_delta,
+      clipping: acc.clipping, k: acc.k ?? null, rank: acc.rank ?? null, sketch: acc.sketch,
+    };
+  }
+
+  // ask the accountant for the wanted steps it has not answered yet; true when none is left
+  async function fillCurve(p, wanted) {
+    const missing = wanted.filter((s) => !curve.has(s) && !failed.has(s)).slice(0, PER_REFRESH);
+    await Promise.all(missing.map((s) => api("/v1/accountant/epsilon", { method: "POST", json: epsilonRequest(p, s) })
+      .then((r) => { curve.set(s, r.epsilon); }, () => { failed.add(s); })));
+    return wanted.every((s) => curve.has(s) || failed.has(s));
+  }
+
+  const curvePoints = (upTo) => [...curve].filter(([s, e]) => s > 0 && s <= upTo && e !== null)
+    .sort((a, b) => a[0] - b[0]);
+
+  // where the job left its plan, from its events: the status changes that stop it before its
+  // last step, at the step of the last progress event before them (or the step they name)
+  const DEPARTURES = [
+    [/^Job paused/, "paused"], [/^Job cancelled/, "cancelled"], [/^Job failed/, "failed"],
+    [/^A rank ended early/, "interrupted"],
+  ];
+  function departures() {
+    const out = [];
+    let step = 0;
+    for (const e of events) {
+      if (e.type === "metrics" && e.data && Number.isInteger(e.data.step)) { step = e.data.step; continue; }
+      const hit = DEPARTURES.find(([re]) => re.test(e.message));
+      if (!hit) continue;
+      const named = e.message.match(/at step (\d+)/);
+      const x = named ? Number(named[1]) : step;
+      const last = out[out.length - 1];
+      if (last && last.key === hit[1] && last.x === x) continue;
+      out.push({ key: hit[1], x, label: `${hit[1]} at step ${x}` });
+    }
+    const ended = dprc.TERMINAL.has(job.status) || job.status === "paused";
+    if (ended && job.steps_done < job.steps_total && !out.some((m) => m.key === job.status && m.x === job.steps_done)) {
+      const key = job.status === "succeeded" ? "stopped early" : job.status;
+      out.push({ key, x: job.steps_done, label: `${key} at step ${job.steps_done}` });
+    }
+    return out;
+  }
+
+  // the ε spent the job object gives once it stopped (paused or ended), at its last step; never
+  // drawn below the accountant's ε for the steps that ran
+  function spentPoint() {
+    const p = job.privacy;
+    const stopped = dprc.TERMINAL.has(job.status) || job.status === "paused";
+    if (!stopped || !Number.isFinite(p.epsilon_spent) || (job.steps_done === 0 && p.epsilon_spent === 0)) return [];
+    const exact = curve.get(job.steps_done);
+    const y = Number.isFinite(exact) ? Math.max(p.epsilon_spent, exact) : p.epsilon_spent;
+    return [Object.assign([job.steps_done, y], { label: `ε spent ${eps(y)}` })];
+  }
+
+  function epsilonWanted() {
+    const marks = departures().map((m) => m.x);
+    return [...new Set([job.steps_done, ...marks, ...gridSteps(job.steps_total)].filter((s) => s > 0))];
   }
 
   function privacyWords(p) {
@@ -82,7 +154,7 @@
       el("dt", { text: "Model" }), el("dd", { text: job.model + (job.fine_tuned_model ? ` → ${job.fine_tuned_model}` : "") }),
       el("dt", { text: "Data set" }), el("dd", {}, el("a", { href: `/data-sets/${encodeURIComponent(job.training_file)}`, text: job.training_file })),
       el("dt", { text: "Progress" }), el("dd", { id: "progress" }, bar, `step ${job.steps_done} / ${job.steps_total}`),
-      el("dt", { text: "ε spent" }), el("dd", { id: "epsilon-spent" }, `${eps(p.epsilon_spent)} of the target ${num(p.target_epsilon)}`),
+      el("dt", { text: "ε spent" }), el("dd", { id: "epsilon-spent" }, spentWords()),
       el("dt", { text: "Created" }), el("dd", { text: when(job.created_at) }),
       job.error ? [el("dt", { text: "Error" }), el("dd", { class: "error", text: `${job.error.code}: ${job.error.message}` })] : null));
     const active = !dprc.TERMINAL.has(job.status);
@@ -96,10 +168,12 @@
     dprcChart.line(document.getElementById("chart-epsilon"), {
       xLabel: "step", yLabel: `ε spent (δ = ${num(p.target_delta, 3)})`, xMin: 0, xMax: job.steps_total,
       series: [
-        { key: "actual", label: "actual", points: at("epsilon_spent") },
-        { key: "planned", label: "planned", points: planned || [], dots: false },
+        { key: "actual", label: "spent (accountant)", points: curvePoints(job.steps_done), origin: [0, 0], upper: true },
+        { key: "planned", label: "plan", points: curvePoints(job.steps_total), origin: [0, 0], upper: true, dots: false },
         { key: "checkpoints", label: "at checkpoints", color: 2, line: false, points: ckptPoints },
+        { key: "spent", label: "job's ε spent", color: 3, line: false, r: 4, labels: true, points: spentPoint() },
       ],
+      markers: departures(),
       budget: { y: p.target_epsilon, label: `target ε ${num(p.target_epsilon)}` },
     });
     dprcChart.line(document.getElementById("chart-loss"), {
@@ -133,17 +207,30 @@
         }))))))));
   }
 
+  // the job's ε in the summary: once it stopped, the job object's; while it runs, the exact ε
+  // after its last step when the accountant has answered it (the worker's bound beside it)
+  function spentWords() {
+    const p = job.privacy, target = `of the target ${num(p.target_epsilon)}`;
+    const exact = curve.get(job.steps_done);
+    const running = !dprc.TERMINAL.has(job.status) && job.status !== "paused";
+    if (running && job.steps_done > 0 && Number.isFinite(exact) && exact !== p.epsilon_spent) {
+      return `${eps(exact)} after step ${job.steps_done} ${target} (the worker's bound until its next ε computation: ${eps(p.epsilon_spent)})`;
+    }
+    return `${eps(p.epsilon_spent)} ${target}`;
+  }
+
   async function refresh() {
     job = await api(base);
     await newEvents();
-    if (planned === null) planned = await plannedCurve(job.privacy).catch(() => []);
+    const complete = await fillCurve(job.privacy, epsilonWanted());
     const ckpts = await dprc.all(`${base}/checkpoints`);
     ckptPoints = ckpts.map((c) => [c.step_number, c.epsilon]).sort((a, b) => a[0] - b[0]);
     render();
     renderCheckpoints(ckpts);
     privacyWords(job.privacy);
+    document.getElementById("chart-epsilon").dataset.complete = String(complete);
     dprc.main().dataset.status = job.status;
-    return dprc.TERMINAL.has(job.status);
+    return dprc.TERMINAL.has(job.status) && complete;
   }
 
   let stop = dprc.poll(refresh, 1500, document.getElementById("action-result"));

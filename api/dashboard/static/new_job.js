@@ -41,6 +41,11 @@
       const plan = await api("/v1/accountant/job_plan", { method: "POST", json: body() });
       if (mine !== seq) return;
       const b = plan.budget;
+      // the default's words: what the API resolved it to for this plan (plan.sketch echoes the
+      // job's privacy.clipping.sketch), never decided here
+      $("sketch-default").textContent = $("sketch").value
+        ? "default (the API decides)"
+        : `default (the API's: ${plan.sketch === "per_example" ? "per example" : "shared"} for ${plan.clipping})`;
       const d = (k, v, key) => [el("dt", { text: k }), el("dd", { "data-key": key, text: v })];
       preview.replaceChildren(el("dl", { id: "plan", "data-noise-multiplier": plan.noise_multiplier,
         "data-planned-epsilon": plan.planned_epsilon, "data-sample-rate": plan.sample_rate,
