@@ -161,7 +161,7 @@ def main() -> None:
             k = 32 if clipping != "exact" else None
             sigma = accounting.noise_multiplier(eps, DELTA, Q, T, clipping, k, sketch=sketch)
             accounted = accounting.epsilon(
-                sigma, Q, T, DELTA, clipping=clipping, k=k, sketch=sketch
+                sigma, Q, T, DELTA, envelope=clipping, k=k, sketch=sketch
             )
             lr_b, sum_b, detail = [], [], []
             for seed in seeds:

@@ -67,10 +67,10 @@ def main() -> None:
             k = 32 if clipping != "exact" else None
             sigma = accounting.noise_multiplier(eps, DELTA, 1.0, 1, clipping, k, sketch=sketch)
             accounted = accounting.epsilon(
-                sigma, 1.0, 1, DELTA, clipping=clipping, k=k, sketch=sketch
+                sigma, 1.0, 1, DELTA, envelope=clipping, k=k, sketch=sketch
             )
             added = sigma / {"real": 1, "half_noise": 2, "quarter_noise": 4}[kind]
-            truth = accounting.epsilon(added, 1.0, 1, DELTA, clipping=clipping, k=k, sketch=sketch)
+            truth = accounting.epsilon(added, 1.0, 1, DELTA, envelope=clipping, k=k, sketch=sketch)
             bounds, detail = [], []
             for seed in seeds:
                 audit = run_step_trial_audit(

@@ -81,7 +81,7 @@ def run(db: str, older: int) -> dict:
     )  # type: ignore[call-arg]
     server, thread, base, store = _serve(settings)
     try:
-        from api.keys.service import create_key
+        from service.keys import create_key
 
         with store.sessions() as session:
             key = create_key(session, "bench")[1]
@@ -202,7 +202,7 @@ def main() -> int:
         "(distinct privacy events). Each configuration runs in a fresh process whose server has "
         "made one job before (on another file, so the model's files are loaded). The "
         "composition is incremental (dprc_core/accounting/history.py) and runs outside the "
-        "write lock on a snapshot checked under it (api/jobs/service.py).\n\n" + head + body
+        "write lock on a snapshot checked under it (service/budget.py).\n\n" + head + body
     )
     Path(args.out).write_text(text)
     print(text)

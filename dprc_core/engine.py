@@ -20,7 +20,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from dprc_core.accounting.events import PrivacyEvent
+from dprc_core.accounting.events import NuDPFTRLEvent, PrivacyEvent, SubsampledGaussianEvent
 from dprc_core.batching import batch_size, select_samples
 from dprc_core.clipping import (
     CLIPPED_SUMS,
@@ -947,13 +947,11 @@ def _event(
     sigma = _sigma(mechanism)
     if isinstance(mechanism, NuDPFTRL):
         assert mechanism.nu is not None and min_separation is not None
-        return PrivacyEvent.nu_dpftrl_prefix(
-            sigma, steps, mechanism.nu, min_separation, mechanism.bands
-        )
+        return NuDPFTRLEvent.prefix(sigma, steps, mechanism.nu, min_separation, mechanism.bands)
     assert sample_rate is not None
     randomized = envelope != "exact"
-    return PrivacyEvent(
-        sigma, sample_rate, steps, envelope, k if randomized else None, sketch=sketch
+    return SubsampledGaussianEvent(
+        sigma, sample_rate, steps, envelope=envelope, k=k if randomized else None, sketch=sketch
     )
 
 

@@ -29,7 +29,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from dprc_core.accounting import PrivacyEvent
+from dprc_core.accounting import PrivacyEvent, SubsampledGaussianEvent
 from dprc_core.accounting.history import epsilon_for_history
 from dprc_core.training.plan import check_delta_for_size, default_delta
 from service.errors import Conflict, InvalidInput
@@ -51,11 +51,11 @@ def _event(job: Job, steps: int) -> PrivacyEvent | None:
     noise = (job.privacy or {}).get("noise") or {}
     if noise.get("mechanism") == "nu_dpftrl":
         return nu_dpftrl_event(job.noise_multiplier, steps, noise)
-    return PrivacyEvent(
+    return SubsampledGaussianEvent(
         noise_multiplier=job.noise_multiplier,
         sample_rate=job.sample_rate,
         steps=steps,
-        clipping=job.accounting_envelope,
+        envelope=job.accounting_envelope,
         k=job.accounting_k,
         sketch=job.accounting_sketch,
     )

@@ -118,7 +118,7 @@ class _QuarterNoiseEngine(PrivacyEngine):
 def test_audit_of_the_real_engine_stays_below_the_accounted_epsilon(method, clipping):
     k = 32 if clipping != "exact" else None
     sigma = accounting.noise_multiplier(EPS, DELTA, Q, T, clipping, k)
-    accounted = accounting.epsilon(sigma, Q, T, DELTA, clipping=clipping, k=k)
+    accounted = accounting.epsilon(sigma, Q, T, DELTA, envelope=clipping, k=k)
     assert accounted <= EPS
     run = run_gradient_canary_audit(
         _real_engine(sigma, method),

@@ -97,7 +97,7 @@ def _engine(sigma: float, norm_method: str, sketch: str, noise_divisor: float = 
 def _claim(norm_method: str, sketch: str, eps: float) -> tuple[float, float]:
     k = None if norm_method == "exact" else 32
     sigma = accounting.noise_multiplier(eps, DELTA, 1.0, 1, norm_method, k, sketch=sketch)
-    return sigma, accounting.epsilon(sigma, 1.0, 1, DELTA, clipping=norm_method, k=k, sketch=sketch)
+    return sigma, accounting.epsilon(sigma, 1.0, 1, DELTA, envelope=norm_method, k=k, sketch=sketch)
 
 
 def test_canary_coordinates_carry_the_clipped_contribution():

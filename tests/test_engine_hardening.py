@@ -296,7 +296,7 @@ def test_small_sigma_accounting_prints_no_numpy_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for clipping, k in (("exact", None), ("hutch", 32)):
-            assert epsilon(0.05, 0.01, 100, 1e-5, clipping=clipping, k=k) > 100
+            assert epsilon(0.05, 0.01, 100, 1e-5, envelope=clipping, k=k) > 100
 
 
 # ------------------------------------------------------------------ 5. auto, resolved once

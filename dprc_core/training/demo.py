@@ -63,7 +63,7 @@ def run(
     data = synthetic_corpus(N)
     q = batch_size / N
     steps = epochs * math.ceil(N / batch_size)
-    sigma = noise_multiplier(epsilon, delta, q, steps, clipping="hutch", k=k)
+    sigma = noise_multiplier(epsilon, delta, q, steps, envelope="hutch", k=k)
     print(
         f"calibrated noise multiplier σ={sigma:.4f} for ε={epsilon}, δ={delta}, q={q:.4f}, "
         f"{steps} steps, Hutchinson k={k} (dimension-free envelope)"
@@ -82,7 +82,7 @@ def run(
     # also bounds the per-example sketch the engine draws; the ledger records that model.
     ledger = PrivacyLedger()
     ledger.record(
-        noise_multiplier=sigma, sample_rate=q, steps=steps, clipping=engine.accounting_envelope, k=k
+        noise_multiplier=sigma, sample_rate=q, steps=steps, envelope=engine.accounting_envelope, k=k
     )
     (out_dir / "privacy_ledger.json").write_text(ledger.to_json())
     t0 = time.perf_counter()
