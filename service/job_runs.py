@@ -4,6 +4,7 @@ after running it (progress, checkpoints, the end). Status changes go through
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from dataclasses import dataclass
@@ -123,10 +124,18 @@ def record_event(store: Store, job_id: str, message: str) -> None:
 def _without_loss(job: JobRow, metrics: dict[str, Any]) -> dict[str, Any]:
     """Training loss, clipping statistics and the realised batch sizes are not covered by DP:
     dropped when the job says
-    ``report_train_loss: false`` (:data:`TRAINING_DATA_METRICS`)."""
+    ``report_train_loss: false`` (:data:`TRAINING_DATA_METRICS`); a non-finite value is null."""
     if not job.privacy.get("report_train_loss", True):
-        return {k: v for k, v in metrics.items() if k not in TRAINING_DATA_METRICS}
-    return metrics
+        metrics = {k: v for k, v in metrics.items() if k not in TRAINING_DATA_METRICS}
+    return {k: _finite_or_none(v) for k, v in metrics.items()}
+
+
+def _finite_or_none(value: Any) -> Any:
+    """A non-finite float (the mean loss of an empty Poisson batch is NaN) as JSON null: the
+    databases' JSON columns refuse NaN and infinities."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def record_progress(

@@ -168,7 +168,7 @@ def run_step_trial_audit(
 
     model, opt = zero_linear_model(side, d_out, dtype)
     engine = engine_factory(model, opt, expected, seed)
-    clipping = getattr(engine, "accounting_clipping", "exact")
+    clipping = getattr(engine, "accounting_envelope", "exact")
     if clipping != "exact" and getattr(engine, "accounting_sketch", None) != "per_example":
         raise ValueError(
             "a shared sketch makes the canaries of one step share a projection: their trials "

@@ -34,11 +34,12 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger
+from dprc_core.clipping import Clipping, norm_from_method
 from dprc_core.distributed import (
     Ranks,
     broadcast_bytes,
@@ -46,7 +47,7 @@ from dprc_core.distributed import (
     broadcast_int,
     current_ranks,
 )
-from dprc_core.engine import PrivacyEngine, StepStats, accounting_clipping_for, norm_plan
+from dprc_core.engine import PrivacyEngine, StepStats, accounting_envelope_for, layer_methods
 from dprc_core.losses import causal_lm_per_sample_loss, sequence_classification_per_sample_loss
 from dprc_core.noise import Gaussian, NuDPFTRL, SecureStream
 from dprc_core.noise.secure_stream import new_key
@@ -224,8 +225,12 @@ def _ledger(prior: list[PrivacyEvent], current: PrivacyEvent | None) -> PrivacyL
     events = list(prior)
     if current is not None:
         last = events[-1] if events else None
-        if last is not None and dataclasses.replace(last, steps=current.steps) == current:
-            events[-1] = dataclasses.replace(last, steps=last.steps + current.steps)
+        # the events are frozen dataclasses (dprc_core.accounting.events)
+        if (
+            last is not None
+            and dataclasses.replace(cast(Any, last), steps=current.steps) == current
+        ):
+            events[-1] = dataclasses.replace(cast(Any, last), steps=last.steps + current.steps)
         else:
             events.append(current)
     return PrivacyLedger(events)
@@ -299,7 +304,7 @@ def start_run(spec: JobSpec, resume: bool = True) -> TrainingRun:
     _check_same_plan(plan, resumed, latest)
     seed, root = _shared_randomness(spec, ranks)
     engine, opt = _build_engine(spec, model, plan, seed, root)
-    assert engine.accounting_clipping == clipping
+    assert engine.accounting_envelope == clipping
     assert engine.accounting_sketch == plan.sketch
     sampler = _build_sampler(spec, plan, len(data.train), seed, ranks, root)
     if resumed is not None:
@@ -457,8 +462,8 @@ def _load_model(
 
 def _plan(spec: JobSpec, model: torch.nn.Module, n: int) -> tuple[PrivacyPlan, str]:
     """The privacy plan, accounted for the engine's resolved norm plan (its clipping family)."""
-    plan_methods = norm_plan(model, spec.norm_method, spec.k, spec.max_seq_len)
-    clipping = accounting_clipping_for(plan_methods)
+    plan_methods = layer_methods(model, spec.norm_method, spec.k, spec.max_seq_len)
+    clipping = accounting_envelope_for(plan_methods)
     # nothing sketched (an auto plan of exact layers): nothing is drawn per example either
     # (None: plan_privacy's default, per-example for randomized clipping)
     sketch = spec.sketch if clipping != "exact" else SHARED_SKETCH
@@ -492,24 +497,26 @@ def _build_engine(
         opt = torch.optim.Adam(params, lr=spec.learning_rate)
     else:
         opt = torch.optim.SGD(params, lr=spec.learning_rate)
-    mechanism: Gaussian | NuDPFTRL = Gaussian()
+    noise: Gaussian | NuDPFTRL
     if spec.noise_mechanism == NuDPFTRL.name:
         assert spec.nu is not None  # the plan refused a nu_dpftrl job without nu
-        mechanism = NuDPFTRL(spec.nu, spec.bands)
+        noise = NuDPFTRL(noise_multiplier=plan.noise_multiplier, nu=spec.nu, bands=spec.bands)
+    else:
+        noise = Gaussian(plan.noise_multiplier, secure=spec.secure_rng)
+    norm = norm_from_method(
+        spec.norm_method,
+        k=spec.k,
+        max_seq_len=spec.max_seq_len if spec.norm_method == "auto" else None,
+        sketch=spec.sketch,
+    )
     engine = PrivacyEngine(
         model,
         opt,
-        max_grad_norm=spec.max_grad_norm,
-        noise_multiplier=plan.noise_multiplier,
+        clipping=Clipping(spec.max_grad_norm, norm),
+        noise=noise,
         expected_batch_size=plan.batch_size,
-        norm_method=spec.norm_method,
-        k=spec.k,
         seed=seed,
-        max_seq_len=spec.max_seq_len if spec.norm_method == "auto" else None,
-        noise_mechanism=mechanism,
-        secure_rng=spec.secure_rng,
         secure_stream=root,
-        sketch=spec.sketch,
     )
     return engine, opt
 
