@@ -13,7 +13,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OF
 status=0
 gpus=$($PY -c "import torch; print(torch.cuda.device_count())")
 echo "GPUs: $gpus" | tee "$OUT/summary.txt"
-timeout 180 $PY -m pytest -q -x tests/distributed/test_ddp.py tests/test_engine_behaviour.py \
+timeout 180 $PY -m pytest -q -x tests/dprc_core/distributed/test_ddp.py tests/dprc_core/engine/test_step_semantics.py \
     2>&1 | tee "$OUT/tests.log" || status=1
 timeout 150 $PY benchmarks/step.py --quick --device cuda 2>&1 | tee "$OUT/step.log" || status=1
 world=$(( gpus >= 2 ? 2 : 1 ))

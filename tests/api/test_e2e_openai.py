@@ -225,7 +225,7 @@ def test_composition_is_not_a_sum(server):
     ]
     composed = epsilon_for_events(events, budget["delta"])
     # the file's history is composed incrementally on its own grid: the same ε up to the
-    # discretisation (tests/accounting/test_history.py)
+    # discretisation (tests/dprc_core/accounting/test_history.py)
     assert budget["committed"] == pytest.approx(composed, rel=1e-3)
     singles = [epsilon_for_events([e], budget["delta"]) for e in events]
     assert composed < sum(singles)

@@ -20,7 +20,7 @@ import pytest
 
 from dprc_core.accounting import PrivacyLedger, epsilon
 from tests.api.conftest import Server, _serve, _settings
-from tests.distributed.processes import rank_pids
+from tests.dprc_core.distributed.processes import rank_pids
 from tests.worker.conftest import learnable_lines, wait_for
 from tests.worker.test_celery_worker import broker, celery_server, workers  # noqa: F401
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from dprc_core.accounting import PrivacyLedger, noise_multiplier
 from dprc_core.training.runner import JobSpec, run_job
-from tests.training.test_runner import spec, tiny_dir, train_file  # noqa: F401 (fixtures)
+from tests.dprc_core.training.test_runner import spec, tiny_dir, train_file  # noqa: F401 (fixtures)
 
 
 def weights(ckpt: str) -> dict[str, torch.Tensor]:

@@ -112,7 +112,7 @@ def test_from_json_rejects_garbage():
 
 
 def test_nu_dpftrl_without_its_fields_is_refused_not_misaccounted():
-    """ν-DP-FTRL is accounted now (tests/accounting/test_ledger_dpftrl.py); an event that
+    """ν-DP-FTRL is accounted now (tests/dprc_core/accounting/test_ledger_dpftrl.py); an event that
     lacks its participation pattern, or that claims Poisson sampling, is still refused rather
     than accounted as DP-SGD."""
     ledger = PrivacyLedger()

@@ -14,7 +14,7 @@ from dprc_core.training.models import load_model, load_tokenizer
 from dprc_core.training.runner import JobSpec, evaluate, run_job
 from tests.conftest import minilm_path
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "demo"
+DATA = Path(__file__).resolve().parents[3] / "data" / "demo"
 
 
 @pytest.mark.slow

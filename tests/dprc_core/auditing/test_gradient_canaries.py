@@ -194,7 +194,7 @@ def test_benchmark_broken_engines_still_run():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "audit.py"
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "audit.py"
     spec = importlib.util.spec_from_file_location("audit_benchmark", path)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)

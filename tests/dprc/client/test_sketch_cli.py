@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dprc_core.accounting import noise_multiplier
-from tests.client.conftest import write_lines
+from tests.dprc.client.conftest import write_lines
 
 
 def _create(train_id: str, *extra: str) -> list[str]:

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from dprc_core.training.runner import run_job
-from tests.training.test_runner import spec, tiny_dir, train_file  # noqa: F401 (fixtures)
+from tests.dprc_core.training.test_runner import spec, tiny_dir, train_file  # noqa: F401 (fixtures)
 
 
 def weights(out: Path, step: int) -> dict[str, torch.Tensor]:

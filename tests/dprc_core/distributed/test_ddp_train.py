@@ -21,10 +21,10 @@ from dprc_core.accounting import PrivacyLedger
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.runner import JobSpec, run_job
 from dprc_core.training.tiny import build_tiny_llama
-from tests.distributed.processes import rank_pids
+from tests.dprc_core.distributed.processes import rank_pids
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

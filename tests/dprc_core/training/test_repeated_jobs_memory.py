@@ -19,7 +19,7 @@ from torch import nn
 import dprc_core.training.runner as runner
 from dprc_core import PrivacyEngine
 from dprc_core.training.runner import run_job
-from tests.training.test_runner import spec, tiny_dir, train_file  # noqa: F401 (fixtures)
+from tests.dprc_core.training.test_runner import spec, tiny_dir, train_file  # noqa: F401 (fixtures)
 
 
 def _per_sample_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:

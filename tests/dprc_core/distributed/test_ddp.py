@@ -1,6 +1,6 @@
 """Data-parallel DP-SGD on 2 gloo ranks (CPU) against single-process references.
 
-Each scenario runs as a real ``torchrun`` job (tests/distributed/ddp_scenarios.py) with a
+Each scenario runs as a real ``torchrun`` job (tests/dprc_core/distributed/ddp_scenarios.py) with a
 timeout, so a rank that waits on a collective the other skipped fails the test instead of
 hanging it.
 """
@@ -22,7 +22,7 @@ from torch import nn
 from dprc_core.distributed import refuse_wrapped_model
 from dprc_core.engine import PrivacyEngine
 from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
-from tests.distributed import ddp_scenarios as sc
+from tests.dprc_core.distributed import ddp_scenarios as sc
 
 SCRIPT = Path(sc.__file__)
 
@@ -38,7 +38,7 @@ def torchrun(name: str, out: Path, nproc: int = 2, timeout: float = 180) -> None
         name,
         str(out),
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPT.parents[2])}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPT.parents[3])}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 

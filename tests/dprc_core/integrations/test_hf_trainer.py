@@ -36,7 +36,7 @@ from dprc_core.integrations import DPTrainer, DPTrainerError, PrivacyArguments
 from dprc_core.losses import causal_lm_per_sample_loss, sequence_classification_per_sample_loss
 from tests.conftest import grad_norms, minilm_path, torch_func_per_sample_grads, trainable_named
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "demo"
+DATA = Path(__file__).resolve().parents[3] / "data" / "demo"
 N_LM = 24
 
 

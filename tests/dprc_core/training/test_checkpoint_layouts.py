@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.runner import run_job
-from tests.training.test_runner import spec, tiny_dir, train_file  # noqa: F401 (fixtures)
+from tests.dprc_core.training.test_runner import spec, tiny_dir, train_file  # noqa: F401 (fixtures)
 
 MAIN = Path(os.environ.get("DPRC_MAIN_CHECKOUT", "/work/main"))
 

@@ -12,7 +12,7 @@ import pytest
 from dprc_core.accounting import epsilon
 from dprc_core.training.results import RESULT_COLUMNS, read_results
 from tests.api.conftest import _free_port
-from tests.client.conftest import write_lines
+from tests.dprc.client.conftest import write_lines
 
 PATTERNS = ["ab", "cd", "ef"]
 
