@@ -1,4 +1,5 @@
-"""Per-rank programs for tests/dprc_core/distributed/test_ddp.py, run under ``torchrun`` (gloo, CPU).
+"""Per-rank programs for tests/dprc_core/distributed/test_ddp.py, run under ``torchrun`` (gloo,
+CPU).
 
 ``python -m torch.distributed.run --standalone --nproc-per-node 2 ddp_scenarios.py NAME OUT``
 Each rank writes its results to ``OUT/<name>-rank<r>.safetensors`` (tensors) or ``.json``.
