@@ -1,8 +1,9 @@
 """Checkpoints resume bit for bit whatever wrote them: the resume state holds the engine's and
 the sampler's state dicts whole; a checkpoint in the flattened layout (``rng.safetensors`` with
 ``engine:``/``noise:``/``projections:``/``sampler:`` keys) still resumes, and so does one
-written by another checkout of the project (``DPRC_MAIN_CHECKOUT``, default ``/work/main``),
-run in a subprocess with that checkout's code."""
+written by the library of the last release before the resume state changed layout (commit
+:data:`FLAT_LAYOUT_COMMIT`, taken from this repository's history with ``git archive``), run in a
+subprocess with that code."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.runner import run_job
 from tests.dprc_core.training.test_runner import spec, tiny_dir, train_file  # noqa: F401 (fixtures)
 
-MAIN = Path(os.environ.get("DPRC_MAIN_CHECKOUT", "/work/main"))
+ROOT = Path(__file__).resolve().parents[3]
+# the last commit whose runner wrote the flattened resume layout
+FLAT_LAYOUT_COMMIT = "b64bbfac0e8fc07a2be06ac92f0e256847425822"
 
 MODES = {
     "gaussian": dict(checkpoint_every=3),
@@ -38,9 +41,9 @@ MODES = {
     "secure": dict(secure_rng=True, checkpoint_every=3, sketch="per_example"),
 }
 
-# run with the other checkout's code: stop after the first checkpoint, copy the run folder to
+# run with that commit's code: stop after the first checkpoint, copy the run folder to
 # a twin, and resume the twin to the end with that same code
-WRITE_WITH_MAIN = """
+WRITE_WITH_OLD_CODE = """
 import json, shutil, sys
 from dprc_core.training.runner import JobSpec, run_job
 for job in json.loads(sys.argv[1]):
@@ -62,9 +65,15 @@ def assert_same_weights(a: str | Path, b: str | Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def main_runs(tiny_dir, train_file, tmp_path_factory) -> dict[str, dict[str, Path]]:  # noqa: F811
-    if not (MAIN / "dprc_core" / "training" / "runner.py").is_file():
-        pytest.skip(f"no checkout at {MAIN} (set DPRC_MAIN_CHECKOUT)")
+def flat_layout_runs(tiny_dir, train_file, tmp_path_factory) -> dict[str, dict[str, Path]]:  # noqa: F811
+    old = tmp_path_factory.mktemp("flat-layout-code")
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", FLAT_LAYOUT_COMMIT, "dprc_core"],
+        capture_output=True,
+    )
+    if archive.returncode != 0:  # a source tree without the history (an sdist): nothing to run
+        pytest.skip(f"commit {FLAT_LAYOUT_COMMIT[:7]} is not in this checkout's history")
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
     root = tmp_path_factory.mktemp("main-runs")
     runs = {m: {"part": root / m / "part", "twin": root / m / "twin"} for m in MODES}
     jobs = [
@@ -76,8 +85,8 @@ def main_runs(tiny_dir, train_file, tmp_path_factory) -> dict[str, dict[str, Pat
         job["spec"] = {k: v for k, v in job["spec"].items() if v is not None}
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run(
-        [sys.executable, "-c", WRITE_WITH_MAIN, json.dumps(jobs)],
-        cwd=MAIN,  # the other checkout's packages, not this one's
+        [sys.executable, "-c", WRITE_WITH_OLD_CODE, json.dumps(jobs)],
+        cwd=old,  # that commit's library, not this one's
         env=env,
         check=True,
         timeout=1200,
@@ -86,13 +95,13 @@ def main_runs(tiny_dir, train_file, tmp_path_factory) -> dict[str, dict[str, Pat
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_a_checkpoint_of_the_main_checkout_resumes_bit_for_bit(
+def test_a_checkpoint_written_by_the_previous_layout_resumes_bit_for_bit(
     mode,
-    main_runs,
+    flat_layout_runs,
     tiny_dir,  # noqa: F811
     train_file,  # noqa: F811
 ):
-    part, twin = main_runs[mode]["part"], main_runs[mode]["twin"]
+    part, twin = flat_layout_runs[mode]["part"], flat_layout_runs[mode]["twin"]
     resumed = run_job(spec(tiny_dir, train_file, part, **MODES[mode]))
     assert resumed.status == "succeeded" and resumed.resumed_from == 1
     # the same weights as the other checkout's own resume of the same checkpoint
