@@ -104,7 +104,7 @@ def test_a_checkpoint_written_by_the_previous_layout_resumes_bit_for_bit(
     part, twin = flat_layout_runs[mode]["part"], flat_layout_runs[mode]["twin"]
     resumed = run_job(spec(tiny_dir, train_file, part, **MODES[mode]))
     assert resumed.status == "succeeded" and resumed.resumed_from == 1
-    # the same weights as the other checkout's own resume of the same checkpoint
+    # the same weights as that commit's own resume of the same checkpoint
     assert_same_weights(resumed.checkpoint, ckpt_io.latest_checkpoint(twin))
     if mode == "secure":  # keys from the OS: no uninterrupted twin to compare with
         return
