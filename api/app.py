@@ -4,6 +4,7 @@ process that composes the app (``dprc serve``, see :mod:`dprc.app`)."""
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -23,10 +24,12 @@ from api.jobs.router import router as jobs_router
 from api.keys.router import router as keys_router
 from api.models.router import router as models_router
 from service.dispatch import Dispatcher, NoDispatcher
+from service.ids import new_id
 from service.settings import Settings, get_settings
 from service.store import Store, open_store, ping
 
 DispatcherFactory = Callable[[Store], Dispatcher]
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 
 def _no_dispatcher(_store: Store) -> Dispatcher:
@@ -80,6 +83,19 @@ def create_app(
                 status_code=400,
             )
         return await call_next(request)
+
+    @app.middleware("http")
+    async def request_id(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        # the id the audit log records: the client's X-Request-ID when it is a plain token,
+        # else a new one; echoed on the response
+        given = request.headers.get("x-request-id", "")
+        rid = given if REQUEST_ID.fullmatch(given) else new_id("req")
+        request.state.request_id = rid
+        response = await call_next(request)
+        response.headers["X-Request-ID"] = rid
+        return response
 
     # outermost of the app's own layers: a body's size is checked before anything reads it
     app.add_middleware(

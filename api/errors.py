@@ -22,6 +22,7 @@ from service.errors import (
     InvalidInput,
     LimitReached,
     NotFound,
+    PermissionDenied,
     TooLarge,
     Unauthenticated,
 )
@@ -38,6 +39,7 @@ INVALID_REQUEST = "invalid_request_error"
 STATUS: dict[type[DomainError], tuple[int, str]] = {
     InvalidInput: (400, INVALID_REQUEST),
     Unauthenticated: (401, "authentication_error"),
+    PermissionDenied: (403, "permission_error"),
     NotFound: (404, INVALID_REQUEST),
     Conflict: (409, INVALID_REQUEST),
     TooLarge: (413, INVALID_REQUEST),

@@ -30,6 +30,12 @@ class Unauthenticated(DomainError):
     code = "invalid_api_key"
 
 
+class PermissionDenied(DomainError):
+    """Valid credentials whose role may not do this (:mod:`service.roles`)."""
+
+    code = "permission_denied"
+
+
 class NotFound(DomainError):
     """The named record does not exist (or belongs to another tenant)."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from service.clock import now
 from service.errors import Unauthenticated
 from service.ids import new_id
+from service.roles import DEFAULT_ROLE, Role, parse_role
 from service.tables import ApiKey, Tenant
 
 KEY_PREFIX = "dprc-"
@@ -26,9 +27,17 @@ def hash_key(key: str) -> str:
 
 @dataclass(frozen=True)
 class Caller:
+    """Who makes a request: the key's tenant, the key and its role (:mod:`service.roles`), and
+    the request's id (``X-Request-ID``) that the audit log records."""
+
     tenant_id: int
     tenant_name: str
     key_id: str
+    role: str
+    request_id: str | None = None
+
+    def with_request(self, request_id: str | None) -> Caller:
+        return replace(self, request_id=request_id)
 
 
 def get_or_create_tenant(session: Session, name: str) -> Tenant:
@@ -48,20 +57,34 @@ def get_or_create_tenant(session: Session, name: str) -> Tenant:
     return tenant
 
 
-def create_key(session: Session, tenant_name: str) -> tuple[str, str]:
-    """Create a key for ``tenant_name`` (created if new). Returns (key id, secret key)."""
+def create_key(
+    session: Session, tenant_name: str, role: str | Role = DEFAULT_ROLE, name: str | None = None
+) -> tuple[str, str]:
+    """Create a key of ``role`` for ``tenant_name`` (created if new), on the server's shell.
+    Returns (key id, secret key)."""
     tenant = get_or_create_tenant(session, tenant_name)
-    secret = KEY_PREFIX + secrets.token_urlsafe(32)
-    key = ApiKey(
-        id=new_id("key"),
-        tenant_id=tenant.id,
-        key_hash=hash_key(secret),
-        prefix=secret[: len(KEY_PREFIX) + 4],
-        created_at=now(),
-    )
+    key, secret = new_key(tenant.id, parse_role(str(role)), name, created_by=None)
     session.add(key)
     session.commit()
     return key.id, secret
+
+
+def new_key(
+    tenant_id: int, role: Role, name: str | None, created_by: str | None
+) -> tuple[ApiKey, str]:
+    """A new key's row (not yet added) and its secret, shown once."""
+    secret = KEY_PREFIX + secrets.token_urlsafe(32)
+    key = ApiKey(
+        id=new_id("key"),
+        tenant_id=tenant_id,
+        key_hash=hash_key(secret),
+        prefix=secret[: len(KEY_PREFIX) + 4],
+        created_at=now(),
+        role=role.value,
+        name=name,
+        created_by=created_by,
+    )
+    return key, secret
 
 
 def revoke_key(session: Session, key_id: str) -> bool:
@@ -83,6 +106,8 @@ class KeyInfo:
     prefix: str
     created_at: int
     revoked_at: int | None
+    role: str
+    name: str | None
 
 
 def list_keys(session: Session) -> list[KeyInfo]:
@@ -99,6 +124,8 @@ def list_keys(session: Session) -> list[KeyInfo]:
             prefix=k.prefix,
             created_at=k.created_at,
             revoked_at=k.revoked_at,
+            role=k.role,
+            name=k.name,
         )
         for k, name in rows
     ]
@@ -126,7 +153,7 @@ def authenticate(session: Session, authorization: str | None) -> Caller:
     key, tenant_name = row
     if key.revoked_at is not None:
         raise Unauthenticated("this API key has been revoked", code="invalid_api_key")
-    return Caller(tenant_id=key.tenant_id, tenant_name=tenant_name, key_id=key.id)
+    return Caller(tenant_id=key.tenant_id, tenant_name=tenant_name, key_id=key.id, role=key.role)
 
 
 def caller_for_key_id(session: Session, key_id: str) -> Caller | None:
@@ -140,4 +167,4 @@ def caller_for_key_id(session: Session, key_id: str) -> Caller | None:
     if row is None or row[0].revoked_at is not None:
         return None
     key, tenant_name = row
-    return Caller(tenant_id=key.tenant_id, tenant_name=tenant_name, key_id=key.id)
+    return Caller(tenant_id=key.tenant_id, tenant_name=tenant_name, key_id=key.id, role=key.role)

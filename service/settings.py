@@ -96,6 +96,30 @@ class Settings(BaseSettings):
         ge=1,
         description="attempts of a multi-device job whose rank was killed before it is failed",
     )
+    # -- governance (docs/governance.md) --
+    default_epsilon_budget: float | None = Field(
+        default=None,
+        gt=0,
+        le=100,
+        description="tenant policy: the ε budget a fine-tune upload gets when it names none "
+        "(echoed in the upload's answer); none: see require_budget",
+    )
+    require_budget: bool = Field(
+        default=True,
+        description="tenant policy: a fine-tune upload that names no budget, when there is no "
+        "default_epsilon_budget, is refused (400); false: it has no budget (no limit)",
+    )
+    public_url: str | None = Field(
+        default=None,
+        description="the URL users reach the service at (https://dprc.example.org); an https "
+        "one makes the dashboard's session cookie Secure",
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="addresses of reverse proxies whose X-Forwarded-Proto is believed (JSON "
+        'list, e.g. ["10.0.0.5"]); a request through one of them with '
+        "X-Forwarded-Proto: https gets a Secure session cookie",
+    )
     log_level: str = Field(
         default="info",
         description="root log level of `dprc serve` and "

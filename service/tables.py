@@ -50,6 +50,96 @@ class ApiKey(Base):
     prefix: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[int] = mapped_column(BigInteger)
     revoked_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # admin | trainer | viewer (service/roles.py); keys made before roles existed are admins
+    role: Mapped[str] = mapped_column(String(16), default="trainer", server_default="admin")
+    name: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # the key that created it over HTTP (None: created on the server's shell)
+    created_by: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    revoked_by: Mapped[str | None] = mapped_column(String(40), nullable=True)
+
+
+class BudgetGroup(Base):
+    """One data set's privacy budget, shared by every upload that holds any of its examples
+    (``ExampleHash``): its committed ε composes the jobs of all the group's files."""
+
+    __tablename__ = "budget_groups"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    # distinct examples of the group's files (the N of the δ ≤ 1/N rule)
+    n_examples: Mapped[int] = mapped_column(BigInteger)
+    # None: no budget (allowed only by tenant policy, or for validation-only data)
+    epsilon_budget: Mapped[float | None] = mapped_column(Float, nullable=True)
+    delta: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # cached composition results, recomputed under the group's lock whenever events change
+    epsilon_spent: Mapped[float] = mapped_column(Float, default=0.0)
+    epsilon_committed: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class ExampleHash(Base):
+    """The keyed hash (HMAC-SHA256 with the tenant's secret) of one canonical example, and the
+    budget group it belongs to. Kept when its file is deleted."""
+
+    __tablename__ = "example_hashes"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"))
+    digest: Mapped[str] = mapped_column(String(64))
+    group_id: Mapped[str] = mapped_column(ForeignKey("budget_groups.id"), index=True)
+
+    __table_args__ = (UniqueConstraint("tenant_id", "digest", name="uq_example_hash"),)
+
+
+class AuditEntry(Base):
+    """One act in a tenant's append-only audit log; ``hash`` chains it to the previous entry
+    (service/audit.py)."""
+
+    __tablename__ = "audit_log"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"))
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    key_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    role: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    action: Mapped[str] = mapped_column(String(48))
+    resource: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    detail: Mapped[str] = mapped_column(Text)  # canonical JSON, hashed as stored
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64))
+
+    __table_args__ = (
+        Index("ix_audit_tenant_seq", "tenant_id", "seq"),
+        # one successor per entry: the chain never forks, whatever the concurrency
+        UniqueConstraint("tenant_id", "prev_hash", name="uq_audit_chain"),
+    )
+
+
+class AuditHead(Base):
+    """The last entry of a tenant's audit chain; its row is the chain's lock, always taken
+    last in a transaction (after every other row lock), so it joins no lock cycle."""
+
+    __tablename__ = "audit_heads"
+
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    last_hash: Mapped[str] = mapped_column(String(64))
+    count: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class DashboardSession(Base):
+    """A signed-in dashboard session: its cookie holds a random token whose SHA-256 is
+    ``token_hash``; sign-out ends it here, so an old cookie is refused."""
+
+    __tablename__ = "dashboard_sessions"
+
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"), index=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[int] = mapped_column(BigInteger)
+    ended_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class File(Base):
@@ -66,13 +156,15 @@ class File(Base):
     # data-set facts (purpose fine-tune): number of examples and line format
     n_examples: Mapped[int | None] = mapped_column(Integer, nullable=True)
     data_format: Mapped[str | None] = mapped_column(String(16), nullable=True)
-    # privacy budget of the data set (None: no budget)
-    epsilon_budget: Mapped[float | None] = mapped_column(Float, nullable=True)
-    delta: Mapped[float | None] = mapped_column(Float, nullable=True)
-    # cached composition results, recomputed under the file's lock whenever events change
-    epsilon_spent: Mapped[float] = mapped_column(Float, default=0.0)
-    epsilon_committed: Mapped[float] = mapped_column(Float, default=0.0)
+    # the budget group of a fine-tune data set (its budget, spent, committed live there)
+    group_id: Mapped[str | None] = mapped_column(
+        ForeignKey("budget_groups.id"), nullable=True, index=True
+    )
+    # validation-only data (no budget: no job may train on it)
+    unbudgeted: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     deleted: Mapped[bool] = mapped_column(Boolean, default=False)
+    deleted_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    created_by: Mapped[str | None] = mapped_column(String(40), nullable=True)
 
 
 class Job(Base):
@@ -123,6 +215,7 @@ class Job(Base):
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     devices: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    created_by: Mapped[str | None] = mapped_column(String(40), nullable=True)
 
     __table_args__ = (Index("ix_jobs_tenant_seq", "tenant_id", "seq"),)
 

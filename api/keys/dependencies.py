@@ -18,14 +18,15 @@ def current_caller(
     request: Request,
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Caller:
+    request_id = getattr(request.state, "request_id", None)
     authorization = request.headers.get("authorization")
     if not authorization:
         caller = session_caller(request)
         if caller is not None:
             check_csrf(request)
-            return caller
+            return caller.with_request(request_id)
     with request.app.state.store.sessions() as session:
-        return authenticate(session, authorization)
+        return authenticate(session, authorization).with_request(request_id)
 
 
 CallerDep = Annotated[Caller, Depends(current_caller)]

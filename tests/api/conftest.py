@@ -54,9 +54,10 @@ class Server:
     store: Store
     settings: Settings
 
-    def key(self, tenant: str) -> str:
+    def key(self, tenant: str, role: str = "admin") -> str:
+        """A new key of ``role`` for ``tenant`` (admin by default: it may do everything)."""
         with self.store.sessions() as session:
-            return create_key(session, tenant)[1]
+            return create_key(session, tenant, role)[1]
 
     def client(self, key: str) -> openai.OpenAI:
         return openai.OpenAI(
