@@ -162,9 +162,9 @@ def place(
         refusal = _join_refusal(group, wish, settings)
         if refusal is not None:
             raise Conflict(refusal, param="epsilon_budget", code="budget_group_conflict")
-        _add_digests(session, tenant_id, group, hashed.digests)
+        _add_digests(session, tenant_id, group, hashed)
         return Placement(group, joined=True, budget_set=False, defaulted=False)
-    eps, d, defaulted = _new_budget(wish, len(hashed.digests), settings)
+    eps, d, defaulted = _new_budget(wish, hashed.n_examples, settings)
     group = BudgetGroup(
         id=new_id("bg"),
         tenant_id=tenant_id,
@@ -177,12 +177,14 @@ def place(
     )
     session.add(group)
     session.flush()
-    _add_digests(session, tenant_id, group, hashed.digests)
+    _add_digests(session, tenant_id, group, hashed)
     return Placement(group, joined=False, budget_set=eps is not None, defaulted=defaulted)
 
 
-def _add_digests(session: Session, tenant_id: int, group: BudgetGroup, digests: list[str]) -> None:
-    """Record the digests the group does not hold yet; its ``n_examples`` counts them."""
+def _add_digests(session: Session, tenant_id: int, group: BudgetGroup, hashed: HashedData) -> None:
+    """Record the digests the group does not hold yet. Its ``n_examples`` (the N of the
+    δ ≤ 1/N rule) is the larger of its distinct examples and its largest upload's lines."""
+    digests = hashed.digests
     known: set[str] = set()
     for i in range(0, len(digests), LOOKUP_CHUNK):
         chunk = digests[i : i + LOOKUP_CHUNK]
@@ -202,9 +204,7 @@ def _add_digests(session: Session, tenant_id: int, group: BudgetGroup, digests: 
                 for d in new[i : i + LOOKUP_CHUNK]
             ],
         )
-    group.n_examples = int(
-        session.scalar(
-            select(func.count()).select_from(ExampleHash).where(ExampleHash.group_id == group.id)
-        )
-        or 0
+    distinct = session.scalar(
+        select(func.count()).select_from(ExampleHash).where(ExampleHash.group_id == group.id)
     )
+    group.n_examples = max(int(distinct or 0), group.n_examples, hashed.n_examples)

@@ -77,6 +77,21 @@ def upgrade(engine: Engine) -> None:
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
-    with _UPGRADE_LOCK, engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
+    with _UPGRADE_LOCK, engine.connect() as conn:
+        sqlite = is_sqlite(engine)
+        raw = conn.connection.dbapi_connection
+        if sqlite and raw is not None:
+            # a batch migration recreates a table (copy, DROP, rename): SQLite's foreign keys
+            # must be off for it, and that is only possible outside a transaction
+            raw.execute("PRAGMA foreign_keys=OFF")
+        try:
+            with conn.begin():
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+                if sqlite:
+                    broken = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                    if broken:
+                        raise RuntimeError(f"migration left broken foreign keys: {broken[:5]}")
+        finally:
+            if sqlite and raw is not None:
+                raw.execute("PRAGMA foreign_keys=ON")

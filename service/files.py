@@ -124,7 +124,7 @@ def create_file(
             )
             session.add(row)
             session.flush()
-            shown = _read_object(session, row)
+            shown = _shown(row, group)  # stored totals: no live read cached here
             audit.record(
                 session,
                 caller,
@@ -324,27 +324,27 @@ def set_budget(
     file_id: str,
     epsilon_budget: float | None,
     delta: float | None,
-    reason: str,
+    reason: str | None,
 ) -> DataSet:
     """Change the budget of a file's data set (its whole group) — an admin's act, with a
     reason, audited with the budget before and after. A value not given keeps the current
     one. Refused (:class:`Conflict`) if what is already committed does not fit the new one
     (:func:`service.budget.change_budget`)."""
     authorize(caller, Action.CHANGE_BUDGET)
-    reason = reason.strip()
-    if not reason or len(reason) > REASON_MAX:
-        raise InvalidInput(
-            f"a budget change needs a reason of 1 to {REASON_MAX} characters",
-            param="reason",
-            code="invalid_value",
-        )
-    if epsilon_budget is None and delta is None:
-        raise InvalidInput(
-            "name epsilon_budget, delta or both", param="epsilon_budget", code="invalid_value"
-        )
     with locked_session(store.sessions) as session:
         session.get(Tenant, caller.tenant_id, with_for_update=True)  # lock order: tenant first
         row, group = _data_set_group(session, caller, file_id)
+        reason = (reason or "").strip()
+        if not reason or len(reason) > REASON_MAX:
+            raise InvalidInput(
+                f"a budget change needs a reason of 1 to {REASON_MAX} characters",
+                param="reason",
+                code="invalid_value",
+            )
+        if epsilon_budget is None and delta is None:
+            raise InvalidInput(
+                "name epsilon_budget, delta or both", param="epsilon_budget", code="invalid_value"
+            )
         change = budget.change_budget(session, group, epsilon_budget, delta)
         audit.record(
             session,

@@ -94,7 +94,11 @@ class BudgetRequest(BaseModel):
         description="at most 1/N, N the data set's distinct examples (a data set without a "
         "budget gets 1/N^1.1 rounded down when this is left out)",
     )
-    reason: str = Field(min_length=1, max_length=1000, description="why: kept in the audit log")
+    reason: str | None = Field(
+        default=None,
+        max_length=1000,
+        description="required: why the budget changes (kept in the audit log)",
+    )
 
 
 class BudgetPoint(BaseModel):

@@ -96,6 +96,9 @@ def _serve(settings: Settings) -> Iterator[Server]:
 
 def _settings(tmp: Path, database_url: str | None, **kw: object) -> Settings:
     kw.setdefault("embedded_worker", False)  # API tests: jobs stay queued (no worker)
+    # tests that are not about budget policy may upload unbudgeted data sets; the default
+    # policy (a budget required) is tested in tests/api/test_budget_governance.py
+    kw.setdefault("require_budget", False)
     return Settings(
         data_dir=tmp,
         database_url=database_url,

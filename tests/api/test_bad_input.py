@@ -328,7 +328,9 @@ def test_budget_endpoint(server):
     client = server.client(key)
     f = client.files.create(file=("d.jsonl", labelled_lines(100)), purpose="fine-tune")
     assert f.model_extra["budget"] is None
-    out = client.post(f"/files/{f.id}/budget", body={"epsilon_budget": 3.0}, cast_to=object)
+    out = client.post(
+        f"/files/{f.id}/budget", body={"epsilon_budget": 3.0, "reason": "set"}, cast_to=object
+    )
     assert out["budget"]["epsilon"] == 3.0 and out["budget"]["delta"] <= 100**-1.1
     client.fine_tuning.jobs.create(
         model="minilm-l6-v2",
@@ -337,9 +339,13 @@ def test_budget_endpoint(server):
         extra_body={"privacy": {"target_epsilon": 2.0, "clipping": {"method": "exact"}}},
     )
     with pytest.raises(openai.ConflictError):  # lowering below what is committed
-        client.post(f"/files/{f.id}/budget", body={"epsilon_budget": 1.0}, cast_to=object)
+        client.post(
+            f"/files/{f.id}/budget", body={"epsilon_budget": 1.0, "reason": "r"}, cast_to=object
+        )
     with pytest.raises(openai.UnprocessableEntityError):
-        client.post(f"/files/{f.id}/budget", body={"epsilon_budget": -1.0}, cast_to=object)
+        client.post(
+            f"/files/{f.id}/budget", body={"epsilon_budget": -1.0, "reason": "r"}, cast_to=object
+        )
 
 
 def test_healthz(server, tmp_path):

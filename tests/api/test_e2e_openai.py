@@ -124,8 +124,12 @@ def test_happy_path(server, tmp_path):
     assert budget["committed"] == 0.0 and budget["remaining"] == 6.0
     # the file is no longer used by an active job: it can be deleted
     assert client.files.delete(uploaded.id).deleted is True
+    # its content is gone; its privacy record is not (docs/governance.md)
     with pytest.raises(openai.NotFoundError):
-        client.files.retrieve(uploaded.id)
+        client.files.content(uploaded.id)
+    gone = client.files.retrieve(uploaded.id).model_extra
+    assert gone["deleted"] is True and gone["budget"]["epsilon"] == 6.0
+    assert uploaded.id not in [f.id for f in client.files.list()]
 
 
 def test_pagination_and_default_delta(server):

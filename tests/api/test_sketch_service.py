@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from dprc_core.accounting import PrivacyEvent, epsilon, epsilon_for_events, noise_multiplier
 from service.db import MIGRATIONS, make_engine, upgrade
 from service.settings import Settings
-from tests.api.conftest import _pg_admin_conn, text_lines
+from tests.api.conftest import _pg_admin_conn, jsonl, text_lines
 
 N = 200
 HP = {"n_epochs": 2, "batch_size": 16}
@@ -38,7 +38,9 @@ def test_a_per_example_job_is_planned_charged_and_shown_with_its_sketch(server):
     budgeted = client.files.create(
         file=("t.jsonl", text_lines(N)), purpose="fine-tune", extra_body={"epsilon_budget": "5"}
     )
-    other = client.files.create(file=("u.jsonl", text_lines(N)), purpose="fine-tune")
+    # other data (the same lines would join the budgeted upload's budget group)
+    other_lines = jsonl([{"text": f"another example {i}"} for i in range(N)])
+    other = client.files.create(file=("u.jsonl", other_lines), purpose="fine-tune")
 
     per = _create(client, budgeted.id, {"method": "hutch", "k": 32, "sketch": "per_example"})
     shared = _create(client, other.id, {"method": "hutch", "k": 32, "sketch": "shared"})
@@ -77,7 +79,9 @@ def test_a_per_example_job_is_planned_charged_and_shown_with_its_sketch(server):
     # at creation (the plan's event) and recomposed from the stored job (its row's columns)
     created = client.files.retrieve(budgeted.id).model_extra["budget"]
     with server.http(server.key("sketch-plan")) as http:
-        r = http.post(f"/v1/files/{budgeted.id}/budget", json={"epsilon_budget": 5.0})
+        r = http.post(
+            f"/v1/files/{budgeted.id}/budget", json={"epsilon_budget": 5.0, "reason": "r"}
+        )
     assert r.status_code == 200, r.text
     budget = r.json()["budget"]
     assert budget["committed"] == pytest.approx(created["committed"], rel=1e-9)
