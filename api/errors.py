@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.errors import (
@@ -45,6 +46,15 @@ STATUS: dict[type[DomainError], tuple[int, str]] = {
     TooLarge: (413, INVALID_REQUEST),
     LimitReached: (429, "rate_limit_error"),
 }
+
+
+class StrictInputRoute(APIRoute):
+    """A route whose invalid input (FastAPI's validation of its body, form or query) is a 400
+    naming the field, like the domain's own refusals, rather than FastAPI's 422: the routes
+    that set budgets, whose callers must not tell a malformed number from a refused one by
+    the status."""
+
+    validation_status = 400
 
 
 def status_of(exc: DomainError) -> tuple[int, str]:
@@ -126,9 +136,10 @@ def install_handlers(app: FastAPI) -> None:
         message = f"{param}: {msg}" if param else msg
         if len(errors) > 1:
             message += f" (and {len(errors) - 1} more problem(s))"
+        route = request.scope.get("route")
         return JSONResponse(
             error_body(message, INVALID_REQUEST, param, "invalid_value"),
-            status_code=422,
+            status_code=getattr(route, "validation_status", 422),
         )
 
     @app.exception_handler(StarletteHTTPException)

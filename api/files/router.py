@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
 from fastapi.responses import FileResponse
 
 from api.app_state import get_store
+from api.errors import StrictInputRoute
 from api.files import views
 from api.files.schemas import BudgetHistory, BudgetRequest, FileDeleted, FileList, FileObject
 from api.keys.dependencies import CallerDep
@@ -18,7 +19,7 @@ from service import files
 from service.budget_groups import BudgetWish
 from service.errors import InvalidInput
 
-router = APIRouter(prefix="/v1/files", tags=["files"])
+router = APIRouter(prefix="/v1/files", tags=["files"], route_class=StrictInputRoute)
 
 
 UPLOAD_FIELDS = frozenset({"file", "purpose", "epsilon_budget", "delta", "unbudgeted"})

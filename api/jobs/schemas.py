@@ -253,6 +253,7 @@ class Job(BaseModel):
     cancel_requested: bool
     pause_requested: bool = False
     devices: int = 1
+    created_by: str | None = Field(default=None, description="the id of the key that created it")
 
 
 class JobList(BaseModel):

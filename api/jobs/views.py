@@ -90,6 +90,7 @@ def job_object(row: jobs.JobRow, caller_org: str) -> Job:
         cancel_requested=row.cancel_requested,
         pause_requested=bool(row.pause_requested),
         devices=row.devices,
+        created_by=row.created_by,
     )
 
 
