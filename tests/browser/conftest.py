@@ -47,7 +47,8 @@ class Dashboard:
         """``dprc keys create`` as a user runs it: the key is the line it prints."""
         if tenant not in self.keys:
             out = subprocess.run(
-                [sys.executable, "-m", "dprc.cli", "keys", "create", "--tenant", tenant],
+                [sys.executable, "-m", "dprc.cli", "keys", "create", "--tenant", tenant]
+                + ["--role", "admin"],
                 env=self.env,
                 cwd=ROOT,
                 check=True,
@@ -91,6 +92,9 @@ def dashboard(tmp_path_factory) -> Iterator[Dashboard]:
         "DPRC_SWEEP_SECONDS": "2",
         "DPRC_MAX_PHYSICAL_BATCH_SIZE": "8",
         "HF_HUB_OFFLINE": "1",
+        # the pages' tests upload data sets without budgets too (the default policy's
+        # refusal is tested in tests/api/test_budget_governance.py)
+        "DPRC_REQUIRE_BUDGET": "false",
     }
     for var in ("DPRC_DATABASE_URL", "DPRC_BROKER_URL", "DPRC_EMBEDDED_WORKER"):
         env.pop(var, None)  # the embedded default

@@ -58,7 +58,11 @@ def test_files_are_private_and_resume_state_is_removed(tmp_path):
             except openai.APIConnectionError:
                 assert proc.poll() is None and time.monotonic() < deadline
                 time.sleep(0.3)
-        f = client.files.create(file=("train.jsonl", learnable_lines(24)), purpose="fine-tune")
+        f = client.files.create(
+            file=("train.jsonl", learnable_lines(24)),
+            purpose="fine-tune",
+            extra_body={"epsilon_budget": "20"},
+        )
         job = client.fine_tuning.jobs.create(
             model="dprc-tiny-llama",
             training_file=f.id,

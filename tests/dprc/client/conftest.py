@@ -55,6 +55,7 @@ def served(tmp_path_factory) -> Iterator[Served]:
         DPRC_DATA_DIR=str(tmp / "data"),
         DPRC_MAX_PHYSICAL_BATCH_SIZE="8",
         DPRC_LOG_LEVEL="warning",
+        DPRC_REQUIRE_BUDGET="false",  # the default policy: tests/api/test_budget_governance.py
         HF_HUB_OFFLINE="1",
     )
     keys = {}

@@ -36,7 +36,7 @@ def test_files_budget_errors_and_tenant_isolation(served, tmp_path):
     listing = served.ok("files", "list").stdout
     assert f["id"] in listing and "t.jsonl" in listing and "ε 9" in listing
     assert served.json("files", "get", f["id"])["id"] == f["id"]
-    budget = served.json("files", "budget", f["id"], "--set", "9.5")
+    budget = served.json("files", "budget", f["id"], "--set", "9.5", "--reason", "more")
     assert budget["epsilon"] == 9.5 and budget["remaining"] == 9.5
     out = tmp_path / "back.jsonl"
     served.ok("files", "download", f["id"], "-o", str(out))
@@ -56,12 +56,15 @@ def test_files_budget_errors_and_tenant_isolation(served, tmp_path):
     gone = served.run("files", "list", DPRC_SERVER_URL=f"http://127.0.0.1:{_free_port()}")
     assert gone.returncode == 2 and "cannot reach the dprc server" in gone.stderr
     # a refused budget change: 400 with the server's message
-    low = served.run("files", "budget", f["id"], "--set", "0")
+    low = served.run("files", "budget", f["id"], "--set", "0", "--reason", "less")
     assert low.returncode == 2 and "HTTP 4" in low.stderr
 
     deleted = served.json("files", "delete", f["id"])
     assert deleted["deleted"] is True
-    assert served.run("files", "get", f["id"]).returncode == 2
+    # its privacy record stays readable (docs/governance.md)
+    assert served.json("files", "get", f["id"])["deleted"] is True
+    no_reason = served.run("files", "budget", f["id"], "--set", "8")
+    assert no_reason.returncode == 2 and "--reason" in no_reason.stderr
 
 
 def test_login_writes_a_private_config_the_client_then_uses(served, tmp_path):
