@@ -92,7 +92,9 @@ def test_login_writes_a_private_config_the_client_then_uses(served, tmp_path):
 @pytest.mark.slow  # real jobs in a dprc serve subprocess
 def test_a_job_with_a_validation_file_followed_to_success(served, tmp_path):
     train = served.json("files", "upload", str(_train(tmp_path / "t.jsonl")), tenant="a")
-    valid_lines = [{"text": PATTERNS[(i + 1) % 3] * 7} for i in range(6)]
+    # held-out lines: none of them is a training line (a validation file that shares lines
+    # with a budgeted data set joins its budget, and is refused as a validation file)
+    valid_lines = [{"text": PATTERNS[(i + 1) % 3] * 7 + f" held out {i}"} for i in range(6)]
     valid = served.json("files", "upload", str(write_lines(tmp_path / "v.jsonl", valid_lines)))
     args = _create_args(train["id"], "--validation-file", valid["id"])
     follow = served.run(*args, "--follow", "--json", "--interval", "0.5")
