@@ -77,7 +77,10 @@ def test_validation_files_that_are_refused(embedded):
     with pytest.raises(openai.BadRequestError, match="is the training file"):
         _job(client, train.id, train.id)
     budgeted = client.files.create(
-        file=("b.jsonl", learnable_lines(5)), purpose="fine-tune", extra_body={"epsilon_budget": 3}
+        # lines of its own: lines shared with the training file would join that data set
+        file=("b.jsonl", b'{"text": "budgeted one"}\n{"text": "budgeted two"}\n'),
+        purpose="fine-tune",
+        extra_body={"epsilon_budget": 3},
     )
     with pytest.raises(openai.BadRequestError, match="has a privacy budget"):
         _job(client, train.id, budgeted.id)
