@@ -1,13 +1,12 @@
 "use strict";
-(async () => {
+(() => {
   const { api, el, eps, num, when } = dprc;
   const id = dprc.main().dataset.fileId;
+  const base = `/v1/files/${encodeURIComponent(id)}`;
   const summary = document.getElementById("file-summary");
-  try {
-    const [f, history] = await Promise.all([
-      api(`/v1/files/${encodeURIComponent(id)}`),
-      api(`/v1/files/${encodeURIComponent(id)}/budget/history`),
-    ]);
+
+  async function load() {
+    const [f, history] = await Promise.all([api(base), api(`${base}/budget/history`)]);
     document.getElementById("file-name").textContent = f.filename;
     summary.replaceChildren(
       el("p", { class: "muted", text: `${f.id} · ${f.n_examples} examples · ${f.format} · uploaded ${when(f.created_at)}` }),
@@ -36,5 +35,33 @@
         el("thead", {}, el("tr", {}, ["Job", "Status", "Created", "ε of the job (ran)", "composed ε spent", "composed ε committed"].map((h) => el("th", { text: h })))),
         el("tbody", {}, rows)))
       : el("p", { class: "muted", text: "None yet." }));
-  } catch (err) { dprc.showError(summary, err); }
+  }
+
+  // the budget change: rendered by the server for admins only (the API refuses the others);
+  // the reason is required and goes to the audit log with the change
+  const form = document.getElementById("budget-form");
+  if (form) {
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const out = document.getElementById("budget-result");
+      const body = { reason: document.getElementById("budget-reason").value.trim() };
+      const epsilon = document.getElementById("budget-epsilon").value.trim();
+      const delta = document.getElementById("budget-delta").value.trim();
+      if (!body.reason) {
+        out.replaceChildren(el("p", { class: "error", role: "alert", text: "Give the reason for the change." }));
+        return;
+      }
+      if (epsilon) body.epsilon_budget = Number(epsilon);
+      if (delta) body.delta = Number(delta);
+      try {
+        const f = await api(`${base}/budget`, { method: "POST", json: body });
+        out.replaceChildren(el("p", { class: "ok", id: "budget-changed" },
+          f.budget ? `Budget now ε ${num(f.budget.epsilon)} at δ ${num(f.budget.delta, 3)}.` : "Budget changed."));
+        form.reset();
+        await load();
+      } catch (err) { dprc.showError(out, err); }
+    });
+  }
+
+  load().catch((err) => dprc.showError(summary, err));
 })();
