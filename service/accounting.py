@@ -321,8 +321,10 @@ def job_plan(store: Store, caller: Caller, req: jobs.JobRequest) -> JobPlanPrevi
                 code="invalid_file",
             )
         n = file.n_examples
-        events = budget.file_events(session, file)
-        eps_b, delta_b = file.epsilon_budget, file.delta
+        group = budget.group_of(session, file)
+        assert group is not None
+        events = budget.group_events(session, group)
+        eps_b, delta_b = group.epsilon_budget, group.delta
     plan = planning.make_plan(jobs.plan_request(req), n, store.settings.default_k)
     fit = None
     if eps_b is not None and delta_b is not None:

@@ -1,19 +1,25 @@
 """Privacy budgets of data sets: the privacy events of a job and their composition.
 
-A file with a budget (ε_B, δ_B) accepts a job only if the composition of every job's
+A budget belongs to a data set's budget group (:class:`service.tables.BudgetGroup`): every
+upload that shares an example with it is one of its files (:mod:`service.budget_groups`), and
+the group's committed ε composes the jobs of all of them — an upper bound for every example in
+the group, whichever file a job read it from. Below, "the group's jobs" are the jobs of all its
+files (deleted ones included: a deletion never reopens a budget).
+
+A group with a budget (ε_B, δ_B) accepts a job only if the composition of every job's
 *committed* event stays within ε_B at δ_B. A job commits its whole planned event while it is
 active — that is its reservation — and the event of the steps that actually ran once it has
 ended (its settlement, :func:`settle`; which statuses are active is
 :mod:`service.job_status`'s). The budget check composes all of them with the PLD accountant
-under a lock on the file row; ε's are never added. The composition is incremental
-(:func:`dprc_core.accounting.history.epsilon_for_history`): a file's events keep their jobs'
+under a lock on the group's row; ε's are never added. The composition is incremental
+(:func:`dprc_core.accounting.history.epsilon_for_history`): a group's events keep their jobs'
 creation order, with an empty slot for a job without an event, so a new job, a job's progress
 or its end recomposes O(log n) cached blocks instead of the whole history.
 
 Every budget rule is here: the events a job commits, the totals of a file, the settlement a
 job's end triggers, the optimistic snapshot job creation composes outside the locks, the
-reservation (or refusal) of a new job, a budget's values and its change, the numbers a file
-shows and its history, and a plan's preview against the budget.
+reservation (or refusal) of a new job, a budget's values and its change, the numbers a data
+set shows and its history, and a plan's preview against the budget.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from dprc_core.accounting.history import epsilon_for_history
 from dprc_core.training.plan import check_delta_for_size, default_delta
 from service.errors import Conflict, InvalidInput
 from service.job_status import ACTIVE, JobStatus
-from service.tables import File, Job
+from service.tables import BudgetGroup, File, Job
 
 
 def nu_dpftrl_event(sigma: float, steps: int, noise: dict[str, Any]) -> PrivacyEvent:
@@ -82,53 +88,65 @@ def compose(events: Sequence[PrivacyEvent | None], delta: float) -> float:
         return math.inf
 
 
-# The file's ``spent`` as its jobs run: the stored value is refreshed when a job is created,
+# The group's ``spent`` as its jobs run: the stored value is refreshed when a job is created,
 # ends or the budget changes; a read composes the steps that ran so far instead, at most once
-# every SPENT_REFRESH_SECONDS per file (a running job's slot changes with every step; each
-# change recomposes O(log n) blocks of the file's history).
+# every SPENT_REFRESH_SECONDS per group (a running job's slot changes with every step; each
+# change recomposes O(log n) blocks of the group's history).
 SPENT_REFRESH_SECONDS = 2.0
 _LIVE_MAX = 4096
 _live: OrderedDict[str, tuple[float, tuple[PrivacyEvent | None, ...], float]] = OrderedDict()
 _live_guard = threading.Lock()
 
 
-def live_spent(session: Session, file: File) -> float:
-    """ε spent on a budgeted file now, at its δ: the composition of the events of the steps
+def live_spent(session: Session, group: BudgetGroup) -> float:
+    """ε spent on a budgeted group now, at its δ: the composition of the events of the steps
     each of its jobs has run (a running job's ``steps_done`` so far), as the settlement
     composes them; at most SPENT_REFRESH_SECONDS old."""
-    if file.delta is None:
+    if group.delta is None:
         return 0.0
     t = time.monotonic()
     with _live_guard:
-        hit = _live.get(file.id)
+        hit = _live.get(group.id)
     if hit is not None and t - hit[0] < SPENT_REFRESH_SECONDS:
         return hit[2]
-    events = tuple(spent_event(j) for j in file_jobs(session, file.id))
+    events = tuple(spent_event(j) for j in group_jobs(session, group.id))
     if hit is not None and hit[1] == events:
         value = hit[2]
     else:
-        value = compose(list(events), file.delta)
+        value = compose(list(events), group.delta)
     with _live_guard:
-        _live[file.id] = (t, events, value)
-        _live.move_to_end(file.id)
+        _live[group.id] = (t, events, value)
+        _live.move_to_end(group.id)
         while len(_live) > _LIVE_MAX:
             _live.popitem(last=False)
     return value
 
 
-def lock_file(session: Session, file_id: str, tenant_id: int | None = None) -> File | None:
-    """The file (of ``tenant_id`` when given, not deleted), its row locked for the rest of the
-    transaction (FOR UPDATE on PostgreSQL; on SQLite the caller's transaction began with
-    BEGIN IMMEDIATE, see :func:`service.db.locked_session`)."""
-    query = select(File).where(File.id == file_id)
-    if tenant_id is not None:
-        query = query.where(File.tenant_id == tenant_id, File.deleted.is_(False))
-    return session.scalar(query.with_for_update())
+def lock_group(session: Session, group_id: str) -> BudgetGroup:
+    """The budget group, its row locked for the rest of the transaction (FOR UPDATE on
+    PostgreSQL; on SQLite the caller's transaction began with BEGIN IMMEDIATE, see
+    :func:`service.db.locked_session`)."""
+    group = session.scalar(select(BudgetGroup).where(BudgetGroup.id == group_id).with_for_update())
+    assert group is not None, group_id
+    return group
 
 
-def file_jobs(session: Session, file_id: str) -> list[Job]:
-    """The file's jobs in creation order (the slots of its budget's history)."""
-    query = select(Job).where(Job.training_file_id == file_id).order_by(Job.seq)
+def group_of(session: Session, file: File) -> BudgetGroup | None:
+    """The budget group of a fine-tune data set (None for other files), unlocked."""
+    if file.group_id is None:
+        return None
+    return session.scalar(select(BudgetGroup).where(BudgetGroup.id == file.group_id))
+
+
+def group_jobs(session: Session, group_id: str) -> list[Job]:
+    """The jobs of every file of the group in creation order (the slots of its budget's
+    history)."""
+    query = (
+        select(Job)
+        .join(File, File.id == Job.training_file_id)
+        .where(File.group_id == group_id)
+        .order_by(Job.seq)
+    )
     return list(session.scalars(query))
 
 
@@ -163,17 +181,17 @@ def committed_event(job: Job) -> PrivacyEvent | None:
     return spent_event(job)
 
 
-FileEvents = tuple[tuple[PrivacyEvent | None, ...], tuple[PrivacyEvent | None, ...]]
-# a file's events and their totals with a new job's event, composed under no lock
-Snapshot = tuple[FileEvents, tuple[float, float]] | None
+GroupEvents = tuple[tuple[PrivacyEvent | None, ...], tuple[PrivacyEvent | None, ...]]
+# a group's events and their totals with a new job's event, composed under no lock
+Snapshot = tuple[GroupEvents, tuple[float, float]] | None
 
 
-def file_events(session: Session, file: File) -> FileEvents:
-    """(spent, committed) events of a file's jobs, one slot per job in creation order (``None``
+def group_events(session: Session, group: BudgetGroup) -> GroupEvents:
+    """(spent, committed) events of a group's jobs, one slot per job in creation order (``None``
     for a job without such an event): what its budget composes. Equal snapshots compose to
     equal ε (the optimistic check of job creation), and a job keeps its slot, so composing a
     changed snapshot reuses the blocks that did not change (:func:`compose`)."""
-    jobs = file_jobs(session, file.id)
+    jobs = group_jobs(session, group.id)
     return (
         tuple(spent_event(j) for j in jobs),
         tuple(committed_event(j) for j in jobs),
@@ -181,10 +199,10 @@ def file_events(session: Session, file: File) -> FileEvents:
 
 
 def totals(
-    events: FileEvents, delta: float, extra: PrivacyEvent | None = None
+    events: GroupEvents, delta: float, extra: PrivacyEvent | None = None
 ) -> tuple[float, float]:
-    """(spent, committed) composed ε of a file's events at δ, ``extra`` counted as committed in
-    the slot after the file's jobs (where a job being created will be). Pure, and incremental
+    """(spent, committed) composed ε of a group's events at δ, ``extra`` counted as committed
+    in the slot after the group's jobs (where a job being created will be). Pure, and incremental
     through :func:`compose`: a state composed before costs a cache lookup, one more job
     O(log n) block compositions."""
     spent, committed = events
@@ -196,42 +214,42 @@ def totals(
 
 def settle(
     session: Session,
-    file: File,
+    group: BudgetGroup,
     extra: PrivacyEvent | None = None,
     known: Snapshot = None,
 ) -> tuple[float, float]:
-    """Recompute (spent, committed) ε of a budgeted file at its δ, with ``extra`` (a job about
-    to be created) counted as committed; stores them on the row. Call under the file's lock.
-    ``known``: a snapshot of the file's events and its totals computed outside the lock; used
-    as is when the file's events are still those (no composition under the lock)."""
-    if file.delta is None:
+    """Recompute (spent, committed) ε of a budgeted group at its δ, with ``extra`` (a job about
+    to be created) counted as committed; stores them on the row. Call under the group's lock.
+    ``known``: a snapshot of the group's events and its totals computed outside the lock; used
+    as is when the group's events are still those (no composition under the lock)."""
+    if group.delta is None:
         return 0.0, 0.0
-    events = file_events(session, file)
+    events = group_events(session, group)
     if known is not None and known[0] == events:
         spent, committed = known[1]
     else:
-        spent, committed = totals(events, file.delta, extra)
-    file.epsilon_spent = spent
-    file.epsilon_committed = committed
+        spent, committed = totals(events, group.delta, extra)
+    group.epsilon_spent = spent
+    group.epsilon_committed = committed
     return spent, committed
 
 
-# -- a new job against its file's budget -----------------------------------------------------
+# -- a new job against its group's budget ----------------------------------------------------
 
 
-def snapshot(events: FileEvents, delta: float, privacy_event: PrivacyEvent) -> Snapshot:
+def snapshot(events: GroupEvents, delta: float, privacy_event: PrivacyEvent) -> Snapshot:
     """``events`` with their totals with ``privacy_event``, composed under no lock (the totals
     without it too: they warm the cache for a refusal's message)."""
     totals(events, delta)
     return events, totals(events, delta, privacy_event)
 
 
-def changed_events(session: Session, file: File, known: Snapshot) -> FileEvents | None:
-    """The file's events when they differ from the snapshot ``known`` (another job changed
-    the file since), else None; an unbudgeted file never changes its budget."""
-    if file.epsilon_budget is None or file.delta is None:
+def changed_events(session: Session, group: BudgetGroup, known: Snapshot) -> GroupEvents | None:
+    """The group's events when they differ from the snapshot ``known`` (another job changed
+    the group since), else None; an unbudgeted group never changes its budget."""
+    if group.epsilon_budget is None or group.delta is None:
         return None
-    events = file_events(session, file)
+    events = group_events(session, group)
     if known is None or known[0] != events:
         return events
     return None
@@ -239,26 +257,27 @@ def changed_events(session: Session, file: File, known: Snapshot) -> FileEvents 
 
 def reserve(
     session: Session,
-    file: File,
+    group: BudgetGroup,
     privacy_event: PrivacyEvent,
     known: Snapshot,
     planned_epsilon: float,
     target_delta: float,
 ) -> None:
     """Refuse the job whose planned event is ``privacy_event`` (planned ε ``planned_epsilon`` at
-    its δ ``target_delta``) if the composed ε of the file's events with it exceeds the file's
-    budget (never a sum of ε's); else store the new totals. Call under the file's lock."""
-    if file.epsilon_budget is None or file.delta is None:
+    its δ ``target_delta``) if the composed ε of the group's events with it exceeds the group's
+    budget (never a sum of ε's); else store the new totals. Call under the group's lock."""
+    if group.epsilon_budget is None or group.delta is None:
         return
-    spent, committed = settle(session, file, extra=privacy_event, known=known)
-    if committed <= file.epsilon_budget:
+    spent, committed = settle(session, group, extra=privacy_event, known=known)
+    if committed <= group.epsilon_budget:
         return
-    _before, current = totals(file_events(session, file), file.delta)
+    _before, current = totals(group_events(session, group), group.delta)
     session.rollback()
-    remaining = max(0.0, file.epsilon_budget - current)
+    remaining = max(0.0, group.epsilon_budget - current)
     raise Conflict(
-        f"privacy budget of file {file.id} exceeded: budget epsilon="
-        f"{file.epsilon_budget:g} at delta={file.delta:g}; already committed "
+        f"privacy budget of data set {group.id} exceeded (it covers every upload that shares "
+        f"an example with it): budget epsilon="
+        f"{group.epsilon_budget:g} at delta={group.delta:g}; already committed "
         f"epsilon={current:.4g} (spent {spent:.4g}); remaining epsilon="
         f"{remaining:.4g}; this job (planned epsilon={planned_epsilon:.4g} at "
         f"its delta={target_delta:g}) would bring the composed epsilon to "
@@ -281,7 +300,7 @@ class PlanFit:
 
 
 def plan_fit(
-    events: FileEvents, epsilon_budget: float, delta: float, privacy_event: PrivacyEvent
+    events: GroupEvents, epsilon_budget: float, delta: float, privacy_event: PrivacyEvent
 ) -> PlanFit:
     """Whether a job with ``privacy_event`` would fit the budget now (what :func:`reserve`
     checks), with the numbers around it."""
@@ -297,31 +316,50 @@ def plan_fit(
     )
 
 
-# -- a file's budget --------------------------------------------------------------------------
+# -- a group's budget -------------------------------------------------------------------------
 
 
-def change_budget(session: Session, file: File, epsilon_budget: float, delta: float | None) -> None:
-    """Set or change a data set's budget (``file`` locked); refused (:class:`Conflict`, the
-    transaction rolled back) if what is already committed does not fit the new one."""
-    assert file.n_examples is not None
-    eps_b, d = budget_values(file.n_examples, epsilon_budget, delta)
+@dataclass(frozen=True)
+class BudgetChange:
+    """A budget as it was and as it is after a change (``None``: no budget)."""
+
+    before: tuple[float | None, float | None]
+    after: tuple[float, float]
+
+
+def change_budget(
+    session: Session, group: BudgetGroup, epsilon_budget: float | None, delta: float | None
+) -> BudgetChange:
+    """Set or change a group's budget (``group`` locked): a value not given keeps the current
+    one (ε is needed when the group has none; δ defaults to 1/N^1.1 rounded down, N the
+    group's distinct examples; δ ≤ 1/N). Refused (:class:`Conflict`, the transaction rolled
+    back) if what is already committed does not fit the new budget."""
+    before = (group.epsilon_budget, group.delta)
+    eps = epsilon_budget if epsilon_budget is not None else group.epsilon_budget
+    if eps is None:
+        raise InvalidInput(
+            "this data set has no budget: epsilon_budget is needed",
+            param="epsilon_budget",
+            code="invalid_value",
+        )
+    d = delta if delta is not None else group.delta
+    eps_b, d = budget_values(group.n_examples, eps, d)
     assert eps_b is not None and d is not None
-    old = (file.epsilon_budget, file.delta)
-    file.epsilon_budget, file.delta = eps_b, d
-    _spent, committed = settle(session, file)
+    group.epsilon_budget, group.delta = eps_b, d
+    _spent, committed = settle(session, group)
     if committed > eps_b:
-        file.epsilon_budget, file.delta = old
         session.rollback()
         raise Conflict(
-            f"the jobs on this file already commit epsilon={committed:.4g} at "
+            f"the jobs of data set {group.id} already commit epsilon={committed:.4g} at "
             f"delta={d:g}, above the requested budget {eps_b:g}",
             param="epsilon_budget",
             code="budget_exceeded",
         )
+    return BudgetChange(before=before, after=(eps_b, d))
 
 
 @dataclass(frozen=True)
-class FileBudget:
+class Budget:
     """ε's at the budget's δ (``None``: no finite bound). ``reserved = committed − spent`` and
     ``remaining = epsilon − committed`` are differences of composed ε's (ε's do not add)."""
 
@@ -333,21 +371,21 @@ class FileBudget:
     remaining: float
 
 
-def file_budget(file: File, live: float | None = None) -> FileBudget | None:
-    """The budget a file shows (None: it has none); ``live`` (:func:`live_spent`) replaces the
-    stored ``spent``, which is refreshed only when a job is created or ends."""
-    if file.epsilon_budget is None or file.delta is None:
+def group_budget(group: BudgetGroup, live: float | None = None) -> Budget | None:
+    """The budget a group shows (None: it has none); ``live`` (:func:`live_spent`) replaces
+    the stored ``spent``, which is refreshed only when a job is created or ends."""
+    if group.epsilon_budget is None or group.delta is None:
         return None
-    spent, committed = file.epsilon_spent, file.epsilon_committed
+    spent, committed = group.epsilon_spent, group.epsilon_committed
     if live is not None:
         spent = live
-    return FileBudget(
-        epsilon=file.epsilon_budget,
-        delta=file.delta,
+    return Budget(
+        epsilon=group.epsilon_budget,
+        delta=group.delta,
         spent=spent if math.isfinite(spent) else None,
         reserved=max(0.0, committed - spent) if math.isfinite(committed) else None,
         committed=committed if math.isfinite(committed) else None,
-        remaining=max(0.0, file.epsilon_budget - committed),
+        remaining=max(0.0, group.epsilon_budget - committed),
     )
 
 
@@ -357,34 +395,32 @@ def _finite(value: float) -> float | None:
 
 @dataclass(frozen=True)
 class HistoryPoint:
-    """The file's composed ε once its jobs up to and including ``job`` (in creation order)
+    """The group's composed ε once its jobs up to and including ``job`` (in creation order)
     are counted."""
 
     job: Job
-    job_epsilon_spent: float | None  # this job alone, at the file's δ
+    job_epsilon_spent: float | None  # this job alone, at the group's δ
     spent: float | None
     committed: float | None
 
 
 @dataclass(frozen=True)
 class History:
-    file_id: str
+    group_id: str
     delta: float  # the budget's δ (unbudgeted: the default 1/N^1.1)
     epsilon_budget: float | None
     points: list[HistoryPoint]
 
 
-def history(session: Session, file: File) -> History:
-    """The file's composed ε after each of its jobs, in creation order: at job i, the
+def history(session: Session, group: BudgetGroup) -> History:
+    """The group's composed ε after each of its jobs, in creation order: at job i, the
     composition (:func:`compose`, never a sum) of the spent and committed events of jobs
-    1..i. ``file`` is a fine-tune data set (``n_examples`` known)."""
-    assert file.n_examples is not None
-    delta = file.delta if file.delta is not None else default_delta(file.n_examples)
-    jobs = sorted(file_jobs(session, file.id), key=lambda j: j.seq)  # creation order
+    1..i."""
+    delta = group.delta if group.delta is not None else default_delta(group.n_examples)
     spent: list[PrivacyEvent | None] = []
     committed: list[PrivacyEvent | None] = []
     points: list[HistoryPoint] = []
-    for job in jobs:
+    for job in group_jobs(session, group.id):
         own = spent_event(job)
         spent.append(own)
         committed.append(committed_event(job))
@@ -396,4 +432,6 @@ def history(session: Session, file: File) -> History:
                 committed=_finite(compose(committed, delta)),
             )
         )
-    return History(file_id=file.id, delta=delta, epsilon_budget=file.epsilon_budget, points=points)
+    return History(
+        group_id=group.id, delta=delta, epsilon_budget=group.epsilon_budget, points=points
+    )

@@ -59,8 +59,6 @@ def store_result_file(
         bytes=target.stat().st_size,
         created_at=now(),
         storage_path=str(target),
-        epsilon_spent=0.0,
-        epsilon_committed=0.0,
         deleted=False,
     )
     session.add(row)

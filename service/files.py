@@ -1,10 +1,11 @@
 """The files use cases: JSONL validation at upload, storage under ``DPRC_DATA_DIR/files``,
-reads, deletion, and a data set's budget (its rules are :mod:`service.budget`'s). Reads return
-:class:`DataSet` (the row and the budget it shows)."""
+reads, deletion, downloads, and a data set's budget (its rules are :mod:`service.budget`'s, the
+grouping of uploads that share examples :mod:`service.budget_groups`'). Reads return
+:class:`DataSet` (the row and the budget it shows). Each act is authorized
+(:mod:`service.roles`) and audited (:mod:`service.audit`) here."""
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -12,39 +13,29 @@ from typing import IO
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from dprc_core.training.data import DataError, summarize_jsonl
-from service import budget
+from service import audit, budget
+from service.audit import Act
+from service.budget_groups import BudgetWish, place
 from service.clock import now
 from service.db import locked_session
 from service.errors import Conflict, InvalidInput, NotFound, TooLarge
-from service.file_storage import clean_filename, storage_dir, write_atomic
+from service.example_hashes import hash_examples, tenant_secret
+from service.file_storage import RESULT_PURPOSE, clean_filename, storage_dir, write_atomic
 from service.ids import new_id
 from service.job_runs import validation_file_id
 from service.job_status import ACTIVE
 from service.keys import Caller
 from service.pagination import cursor_page
 from service.private_data import remove_run_folders
+from service.roles import Action, authorize
 from service.store import Store
-from service.tables import File, Job, Tenant
+from service.tables import BudgetGroup, Checkpoint, File, Job, Tenant
 
 UPLOAD_PURPOSES = ("fine-tune",)
+REASON_MAX = 1000
 
 
 # -- JSONL ------------------------------------------------------------------------------------
-
-
-def validate_jsonl(data: bytes) -> tuple[int, str]:
-    """(number of examples, format) of a fine-tune JSONL file, or :class:`InvalidInput`
-    (400, ``param: file``) naming the first bad line and why. The file is read line by line
-    by the code the worker loads it with (``dprc_core.training.data.summarize_jsonl``: lines
-    end at ``\n`` only, so U+2028 is a character of its line; nesting, huge integers, unpaired
-    surrogates, whitespace-only text, mixed formats refused; a classification file needs two
-    classes); nothing is tokenized here."""
-    try:
-        summary = summarize_jsonl(io.BytesIO(data))
-    except DataError as exc:
-        raise InvalidInput(str(exc), param="file", code="invalid_jsonl") from exc
-    return summary.n_examples, summary.format
 
 
 def read_capped(stream: IO[bytes], cap: int) -> bytes:
@@ -56,23 +47,37 @@ def read_capped(stream: IO[bytes], cap: int) -> bytes:
     return data
 
 
-# -- objects ----------------------------------------------------------------------------------
+# -- objects --------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class DataSet:
-    """A file as a read shows it: its row and the budget it shows (None: it has none)."""
+    """A file as a read shows it: its row, the budget group of a fine-tune data set and the
+    budget it shows (None: it has none). ``joined`` (uploads only): the upload joined an
+    existing group; ``defaulted``: its budget is the tenant's default."""
 
     row: File
-    budget: budget.FileBudget | None
+    group_id: str | None
+    budget: budget.Budget | None
+    joined: bool | None = None
+    defaulted: bool | None = None
 
 
-def _shown(f: File, live_spent: float | None = None) -> DataSet:
-    """``live_spent`` (:func:`service.budget.live_spent`) replaces the stored ``spent``."""
-    return DataSet(f, budget.file_budget(f, live_spent))
+def _shown(f: File, group: BudgetGroup | None, live: float | None = None) -> DataSet:
+    return DataSet(
+        f, group.id if group else None, budget.group_budget(group, live) if group else None
+    )
 
 
-# -- operations -------------------------------------------------------------------------------
+def _read_object(session: Session, f: File) -> DataSet:
+    """A read's data set: ``spent`` composed from the steps its group's jobs ran so far."""
+    group = budget.group_of(session, f)
+    if group is None or group.epsilon_budget is None or group.delta is None:
+        return _shown(f, group)
+    return _shown(f, group, budget.live_spent(session, group))
+
+
+# -- upload -----------------------------------------------------------------------------------
 
 
 def create_file(
@@ -81,22 +86,27 @@ def create_file(
     data: bytes,
     filename: str | None,
     purpose: str,
-    epsilon_budget: float | None,
-    delta: float | None,
+    wish: BudgetWish,
 ) -> DataSet:
+    """Validate and store an upload; a fine-tune data set goes to its budget group
+    (:func:`service.budget_groups.place`): a new one with the budget it names (or the tenant's
+    default), or the existing group it shares examples with."""
+    authorize(caller, Action.UPLOAD)
     if purpose not in UPLOAD_PURPOSES:
         raise InvalidInput(
             f"purpose must be one of {UPLOAD_PURPOSES}, got {purpose[:40]!r}",
             param="purpose",
             code="invalid_value",
         )
-    n, fmt = validate_jsonl(data)
-    eps_b, d = budget.budget_values(n, epsilon_budget, delta)
+    hashed = hash_examples(data, tenant_secret(store.settings.data_dir, caller.tenant_id))
     file_id = new_id("file")
     path = write_atomic(storage_dir(store, caller.tenant_id), f"{file_id}.jsonl", data)
     try:
         with locked_session(store.sessions) as session:
+            # lock order: tenant, then group, then the audit head
             _check_quota(session, caller, len(data), store.settings.tenant_storage_bytes)
+            placed = place(session, caller.tenant_id, hashed, wish, store.settings)
+            group = placed.group
             row = File(
                 id=file_id,
                 tenant_id=caller.tenant_id,
@@ -105,17 +115,50 @@ def create_file(
                 bytes=len(data),
                 created_at=now(),
                 storage_path=str(path),
-                n_examples=n,
-                data_format=fmt,
-                epsilon_budget=eps_b,
-                delta=d,
-                epsilon_spent=0.0,
-                epsilon_committed=0.0,
+                n_examples=hashed.n_examples,
+                data_format=hashed.format,
+                group_id=group.id,
+                unbudgeted=wish.unbudgeted,
                 deleted=False,
+                created_by=caller.key_id,
             )
             session.add(row)
+            session.flush()
+            shown = _read_object(session, row)
+            audit.record(
+                session,
+                caller,
+                Act.FILE_UPLOAD,
+                file_id,
+                {
+                    "filename": row.filename,
+                    "bytes": row.bytes,
+                    "n_examples": row.n_examples,
+                    "budget_group": group.id,
+                    "joined": placed.joined,
+                },
+            )
+            if placed.budget_set:
+                audit.record(
+                    session,
+                    caller,
+                    Act.BUDGET_SET,
+                    group.id,
+                    {
+                        "file_id": file_id,
+                        "epsilon": group.epsilon_budget,
+                        "delta": group.delta,
+                        "default": placed.defaulted,
+                    },
+                )
             session.commit()
-            return _shown(row)
+            return DataSet(
+                row,
+                shown.group_id,
+                shown.budget,
+                joined=placed.joined,
+                defaulted=placed.defaulted,
+            )
     except BaseException:
         path.unlink(missing_ok=True)
         raise
@@ -147,53 +190,93 @@ def _check_quota(session: Session, caller: Caller, size: int, quota: int) -> Non
         )
 
 
-def get_row(session: Session, caller: Caller, file_id: str) -> File:
-    row = session.scalar(
-        select(File).where(
-            File.id == file_id, File.tenant_id == caller.tenant_id, File.deleted.is_(False)
-        )
-    )
+# -- reads ------------------------------------------------------------------------------------
+
+
+def _not_found(file_id: str) -> NotFound:
+    return NotFound(f"no such file: {file_id[:64]!r}", param="file_id", code="file_not_found")
+
+
+def get_row(
+    session: Session, caller: Caller, file_id: str, *, deleted: bool = False, lock: bool = False
+) -> File:
+    """The caller's file (a deleted one too when ``deleted``), its row locked when ``lock``."""
+    query = select(File).where(File.id == file_id, File.tenant_id == caller.tenant_id)
+    if not deleted:
+        query = query.where(File.deleted.is_(False))
+    row = session.scalar(query.with_for_update() if lock else query)
     if row is None:
-        raise NotFound(f"no such file: {file_id[:64]!r}", param="file_id", code="file_not_found")
+        raise _not_found(file_id)
     return row
 
 
-def _read_object(session: Session, f: File) -> DataSet:
-    """A read's data set: ``spent`` composed from the steps its jobs ran so far."""
-    if f.epsilon_budget is None or f.delta is None:
-        return _shown(f)
-    return _shown(f, budget.live_spent(session, f))
-
-
 def retrieve(store: Store, caller: Caller, file_id: str) -> DataSet:
+    """A file; a deleted data set still shows its budget, spent ε and group."""
+    authorize(caller, Action.READ)
     with store.sessions() as session:
-        return _read_object(session, get_row(session, caller, file_id))
+        return _read_object(session, get_row(session, caller, file_id, deleted=True))
 
 
 def list_files(
-    store: Store, caller: Caller, purpose: str | None, limit: int, after: str | None, order: str
+    store: Store,
+    caller: Caller,
+    purpose: str | None,
+    limit: int,
+    after: str | None,
+    order: str,
+    include_deleted: bool = False,
 ) -> tuple[list[DataSet], bool]:
+    authorize(caller, Action.READ)
     with store.sessions() as session:
-        q = select(File).where(File.tenant_id == caller.tenant_id, File.deleted.is_(False))
+        q = select(File).where(File.tenant_id == caller.tenant_id)
+        if not include_deleted:
+            q = q.where(File.deleted.is_(False))
         if purpose:
             q = q.where(File.purpose == purpose)
         rows, more = cursor_page(session, q, File, after, limit, "file", descending=order == "desc")
         return [_read_object(session, r) for r in rows], more
 
 
+def _download_act(session: Session, row: File) -> str:
+    if row.purpose != RESULT_PURPOSE:
+        return Act.FILE_DOWNLOAD
+    is_checkpoint = session.scalar(select(Checkpoint.id).where(Checkpoint.file_id == row.id))
+    return Act.CHECKPOINT_DOWNLOAD if is_checkpoint is not None else Act.RESULT_DOWNLOAD
+
+
 def content_path(store: Store, caller: Caller, file_id: str) -> tuple[Path, str]:
-    with store.sessions() as session:
-        row = get_row(session, caller, file_id)
-        return Path(row.storage_path), row.filename
+    """Where a file's content is, for a download; the download is audited before it is sent
+    (an entry per request, whether or not the client reads the whole body)."""
+    authorize(caller, Action.DOWNLOAD)
+    with locked_session(store.sessions) as session:
+        row = get_row(session, caller, file_id, deleted=True)
+        if row.deleted:
+            raise NotFound(
+                f"file {file_id} was deleted: its content is gone (its budget and history "
+                "remain: GET /v1/files/{id})",
+                param="file_id",
+                code="file_deleted",
+            )
+        path = Path(row.storage_path)
+        if not path.exists():
+            raise NotFound(
+                f"the content of file {file_id} is gone", param="file_id", code="file_not_found"
+            )
+        audit.record(session, caller, _download_act(session, row), row.id, {"bytes": row.bytes})
+        session.commit()
+        return path, row.filename
+
+
+# -- delete -----------------------------------------------------------------------------------
 
 
 def delete(store: Store, caller: Caller, file_id: str) -> str:
+    """Remove a file's content. Its row stays, marked deleted, with its example hashes and
+    its budget group: the privacy record survives, and a re-upload of the same data rejoins
+    the group with its spent ε."""
+    authorize(caller, Action.DELETE_FILE)
     with locked_session(store.sessions) as session:
-        row = budget.lock_file(session, file_id, caller.tenant_id)
-        if row is None:
-            raise NotFound(
-                f"no such file: {file_id[:64]!r}", param="file_id", code="file_not_found"
-            )
+        row = get_row(session, caller, file_id, lock=True)
         active = session.scalar(
             select(func.count())
             .select_from(Job)
@@ -212,43 +295,84 @@ def delete(store: Store, caller: Caller, file_id: str) -> str:
                 code="file_in_use",
             )
         row.deleted = True
+        row.deleted_at = now()
         path = Path(row.storage_path)
         jobs = list(session.scalars(select(Job.id).where(Job.training_file_id == row.id)))
+        audit.record(session, caller, Act.FILE_DELETE, row.id, {"budget_group": row.group_id})
         session.commit()
     path.unlink(missing_ok=True)
     remove_run_folders(store.settings.data_dir, jobs)  # what was derived from it
     return file_id
 
 
+# -- budget -----------------------------------------------------------------------------------
+
+
+def _data_set_group(session: Session, caller: Caller, file_id: str) -> tuple[File, BudgetGroup]:
+    """The file (deleted ones too) and its budget group, the group's row locked."""
+    row = get_row(session, caller, file_id, deleted=True)
+    if row.purpose not in UPLOAD_PURPOSES or row.group_id is None:
+        raise InvalidInput(
+            "only fine-tune data sets carry a budget", param="file_id", code="invalid_value"
+        )
+    return row, budget.lock_group(session, row.group_id)
+
+
 def set_budget(
-    store: Store, caller: Caller, file_id: str, epsilon_budget: float, delta: float | None
+    store: Store,
+    caller: Caller,
+    file_id: str,
+    epsilon_budget: float | None,
+    delta: float | None,
+    reason: str,
 ) -> DataSet:
-    """Set or change a data set's budget; refused (:class:`Conflict`) if what is already
-    committed does not fit the new one (:func:`service.budget.change_budget`)."""
+    """Change the budget of a file's data set (its whole group) — an admin's act, with a
+    reason, audited with the budget before and after. A value not given keeps the current
+    one. Refused (:class:`Conflict`) if what is already committed does not fit the new one
+    (:func:`service.budget.change_budget`)."""
+    authorize(caller, Action.CHANGE_BUDGET)
+    reason = reason.strip()
+    if not reason or len(reason) > REASON_MAX:
+        raise InvalidInput(
+            f"a budget change needs a reason of 1 to {REASON_MAX} characters",
+            param="reason",
+            code="invalid_value",
+        )
+    if epsilon_budget is None and delta is None:
+        raise InvalidInput(
+            "name epsilon_budget, delta or both", param="epsilon_budget", code="invalid_value"
+        )
     with locked_session(store.sessions) as session:
-        row = budget.lock_file(session, file_id, caller.tenant_id)
-        if row is None:
-            raise NotFound(
-                f"no such file: {file_id[:64]!r}", param="file_id", code="file_not_found"
-            )
-        if row.purpose not in UPLOAD_PURPOSES or row.n_examples is None:
-            raise InvalidInput(
-                "only fine-tune data sets carry a budget", param="file_id", code="invalid_value"
-            )
-        budget.change_budget(session, row, epsilon_budget, delta)
+        session.get(Tenant, caller.tenant_id, with_for_update=True)  # lock order: tenant first
+        row, group = _data_set_group(session, caller, file_id)
+        change = budget.change_budget(session, group, epsilon_budget, delta)
+        audit.record(
+            session,
+            caller,
+            Act.BUDGET_CHANGE,
+            group.id,
+            {
+                "file_id": row.id,
+                "before": {"epsilon": change.before[0], "delta": change.before[1]},
+                "after": {"epsilon": change.after[0], "delta": change.after[1]},
+                "reason": reason,
+            },
+        )
         session.commit()
-        return _shown(row)
+        return _shown(row, group)
 
 
 def budget_history(store: Store, caller: Caller, file_id: str) -> budget.History:
-    """The file's composed ε after each of its jobs, in creation order
-    (:func:`service.budget.history`)."""
+    """The composed ε of the file's data set (its group) after each of its jobs, in creation
+    order (:func:`service.budget.history`); a deleted file's too."""
+    authorize(caller, Action.READ)
     with store.sessions() as session:
-        row = get_row(session, caller, file_id)
-        if row.n_examples is None:
+        row = get_row(session, caller, file_id, deleted=True)
+        group = budget.group_of(session, row)
+        if group is None:
             raise InvalidInput(
                 "only fine-tune data sets have a budget history",
                 param="file_id",
                 code="invalid_value",
             )
-        return budget.history(session, row)
+        return budget.history(session, group)

@@ -31,8 +31,9 @@ from dprc_core.training.models import (
     check_max_seq_len,
     check_trainable,
 )
-from service import budget, job_runs, lifecycle, planning
+from service import audit, budget, job_runs, lifecycle, planning
 from service import model_registry as models
+from service.audit import Act
 from service.clock import now
 from service.db import locked_session
 from service.errors import Conflict, InvalidInput, LimitReached, NotFound
@@ -42,9 +43,10 @@ from service.job_status import ACTIVE, INITIAL, JobStatus
 from service.keys import Caller
 from service.lifecycle import Actor
 from service.pagination import cursor_page
+from service.roles import Action, authorize
 from service.settings import Settings
 from service.store import Store
-from service.tables import Checkpoint, File, IdempotencyKey, JobEvent, Tenant
+from service.tables import BudgetGroup, Checkpoint, File, IdempotencyKey, JobEvent, Tenant
 from service.tables import Job as JobRow
 
 FORMATS_FOR_TASK = {"causal_lm": ("text", "chat"), "classification": ("classification",)}
@@ -164,6 +166,7 @@ def create_job(
     """Validate, plan, then — under the tenant's and the file's locks — check the active-job
     limit and the file's budget (the composed ε with this job's planned event) and insert.
     With ``idem``, a repeated request answers the job it created."""
+    authorize(caller, Action.CONTROL_JOB)
     if idem is not None:
         with store.sessions() as session:
             existing = _idempotent(session, caller, idem)
@@ -173,14 +176,9 @@ def create_job(
     model = models.get_model(store.settings, req.model)
     _check_devices(store.settings, req.devices)
     with store.sessions() as session:
-        file = _training_file(session, caller, req.training_file, locked=False)
-        if file.purpose != "fine-tune" or file.n_examples is None:
-            raise InvalidInput(
-                f"file {file.id} is not a fine-tune data set",
-                param="training_file",
-                code="invalid_file",
-            )
-        n, fmt = file.n_examples, file.data_format
+        file = _training_file(session, caller, req.training_file)
+        n, fmt, group_id = file.n_examples, file.data_format, file.group_id
+        assert n is not None and group_id is not None
     if fmt not in FORMATS_FOR_TASK[model.task]:
         raise InvalidInput(
             f"model {model.name!r} ({model.task}) needs lines of format "
@@ -202,8 +200,8 @@ def create_job(
     # lock is held only to check the snapshot and insert. Other processes (API replicas) are
     # caught by the snapshot check.
     new = _NewJob(req, plan, privacy_event, idem)
-    with _file_turn(req.training_file):
-        known = _budget_snapshot(store, caller, req.training_file, privacy_event)
+    with _group_turn(group_id):
+        known = _budget_snapshot(store, group_id, privacy_event)
         deadline = time.monotonic() + OPTIMISTIC_SECONDS
         while True:
             last = time.monotonic() > deadline  # then composed under the locks, whatever it costs
@@ -294,27 +292,26 @@ _TURNS_GUARD = threading.Lock()
 
 
 @contextmanager
-def _file_turn(file_id: str) -> Iterator[None]:
+def _group_turn(group_id: str) -> Iterator[None]:
     with _TURNS_GUARD:
-        turn = _TURNS.setdefault(file_id, threading.Lock())
+        turn = _TURNS.setdefault(group_id, threading.Lock())
     with turn:
         yield
 
 
-# How long a create keeps composing outside the locks while other creates change its file
+# How long a create keeps composing outside the locks while other creates change its group
 # (each retry means another job was committed: progress); after that it composes under them.
 OPTIMISTIC_SECONDS = 120.0
 
 
-def _budget_snapshot(
-    store: Store, caller: Caller, file_id: str, privacy_event: PrivacyEvent
-) -> budget.Snapshot:
-    """The file's events and their totals with ``privacy_event``, composed under no lock."""
+def _budget_snapshot(store: Store, group_id: str, privacy_event: PrivacyEvent) -> budget.Snapshot:
+    """The group's events and their totals with ``privacy_event``, composed under no lock."""
     with store.sessions() as session:
-        file = _training_file(session, caller, file_id, locked=False)
-        if file.epsilon_budget is None or file.delta is None:
+        group = session.scalar(select(BudgetGroup).where(BudgetGroup.id == group_id))
+        assert group is not None
+        if group.epsilon_budget is None or group.delta is None:
             return None
-        events, delta = budget.file_events(session, file), file.delta
+        events, delta = budget.group_events(session, group), group.delta
     return budget.snapshot(events, delta, privacy_event)
 
 
@@ -324,31 +321,36 @@ def _create_locked(
     """One locked attempt: (the job, None), or (None, a fresh snapshot) when the file's
     events changed since ``known`` and this is not the ``last`` attempt."""
     with locked_session(store.sessions) as session:
-        # lock order: tenant row, then file row (FOR UPDATE on PostgreSQL; BEGIN IMMEDIATE on
-        # SQLite holds the write lock for the whole transaction)
+        # lock order: tenant row, then the budget group's row, then the audit head (FOR UPDATE
+        # on PostgreSQL; BEGIN IMMEDIATE on SQLite holds the write lock for the whole
+        # transaction)
         session.get(Tenant, caller.tenant_id, with_for_update=True)
         if new.idem is not None:
             existing = _idempotent(session, caller, new.idem)
             if existing is not None:
                 return existing, None
-        file = _training_file(session, caller, new.req.training_file, locked=True)
+        file = _training_file(session, caller, new.req.training_file)
+        assert file.group_id is not None
+        group = budget.lock_group(session, file.group_id)
         _check_active_jobs(session, caller, store.settings.max_active_jobs_per_tenant)
-        stale = None if last else budget.changed_events(session, file, known)
+        stale = None if last else budget.changed_events(session, group, known)
         if stale is None:
-            return _reserve_and_insert(session, caller, file, new, known), None
-        delta = file.delta
+            return _reserve_and_insert(session, caller, group, new, known), None
+        delta = group.delta
         assert delta is not None
         session.rollback()  # leave the locks; compose again outside them
     return None, budget.snapshot(stale, delta, new.privacy_event)  # under no lock
 
 
 def _reserve_and_insert(
-    session: Session, caller: Caller, file: File, new: _NewJob, known: budget.Snapshot
+    session: Session, caller: Caller, group: BudgetGroup, new: _NewJob, known: budget.Snapshot
 ) -> JobRow:
-    """Under the locks: reserve the job's planned event on the file (or refuse it) and insert
-    it with its Idempotency-Key, in one commit."""
+    """Under the locks: reserve the job's planned event on the group (or refuse it) and insert
+    it with its Idempotency-Key and its audit entry, in one commit."""
     plan = new.plan
-    budget.reserve(session, file, new.privacy_event, known, plan.planned_epsilon, plan.target_delta)
+    budget.reserve(
+        session, group, new.privacy_event, known, plan.planned_epsilon, plan.target_delta
+    )
     row = _insert_job(session, caller, new.req, plan)
     if new.idem is not None:
         session.add(
@@ -360,23 +362,46 @@ def _reserve_and_insert(
                 created_at=now(),
             )
         )
+    audit.record(
+        session,
+        caller,
+        Act.JOB_CREATE,
+        row.id,
+        {
+            "training_file": row.training_file_id,
+            "budget_group": group.id,
+            "planned_epsilon": plan.planned_epsilon,
+            "target_delta": plan.target_delta,
+        },
+    )
     session.commit()
     return row
 
 
-def _training_file(session: Session, caller: Caller, file_id: str, *, locked: bool) -> File:
-    """The caller's (not deleted) file, its row locked when ``locked``; else 404."""
-    if locked:
-        file = budget.lock_file(session, file_id, caller.tenant_id)
-    else:
-        file = session.scalar(
-            select(File).where(
-                File.id == file_id, File.tenant_id == caller.tenant_id, File.deleted.is_(False)
-            )
+def _training_file(session: Session, caller: Caller, file_id: str) -> File:
+    """The caller's (not deleted) fine-tune data set that a job may train on; else 404 or
+    400."""
+    file = session.scalar(
+        select(File).where(
+            File.id == file_id, File.tenant_id == caller.tenant_id, File.deleted.is_(False)
         )
+    )
     if file is None:
         raise NotFound(
             f"no such file: {file_id[:64]!r}", param="training_file", code="file_not_found"
+        )
+    if file.purpose != "fine-tune" or file.n_examples is None or file.group_id is None:
+        raise InvalidInput(
+            f"file {file.id} is not a fine-tune data set",
+            param="training_file",
+            code="invalid_file",
+        )
+    if file.unbudgeted:
+        raise InvalidInput(
+            f"file {file.id} was uploaded as unbudgeted validation-only data: no job may "
+            "train on it (upload it with a budget to train on it)",
+            param="training_file",
+            code="invalid_file",
         )
     return file
 
@@ -418,7 +443,8 @@ def _check_validation_file(
                 param=param,
                 code="invalid_file",
             )
-        if file.epsilon_budget is not None:
+        group = budget.group_of(session, file)
+        if group is not None and group.epsilon_budget is not None:
             raise InvalidInput(
                 f"file {file.id} has a privacy budget: valid_loss on it is not a "
                 "differentially private release, so it cannot be a validation file",
@@ -533,6 +559,7 @@ def _insert_job(
         cancel_requested=False,
         attempts=0,
         devices=req.devices,
+        created_by=caller.key_id,
     )
     session.add(row)
     session.flush()
@@ -579,6 +606,7 @@ def get_row(session: Session, caller: Caller, job_id: str) -> JobRow:
 
 
 def retrieve(store: Store, caller: Caller, job_id: str) -> JobRow:
+    authorize(caller, Action.READ)
     with store.sessions() as session:
         return get_row(session, caller, job_id)
 
@@ -586,6 +614,7 @@ def retrieve(store: Store, caller: Caller, job_id: str) -> JobRow:
 def list_jobs(
     store: Store, caller: Caller, after: str | None, limit: int
 ) -> tuple[list[JobRow], bool]:
+    authorize(caller, Action.READ)
     with store.sessions() as session:
         q = select(JobRow).where(JobRow.tenant_id == caller.tenant_id)
         return cursor_page(session, q, JobRow, after, limit, "job")
@@ -594,6 +623,7 @@ def list_jobs(
 def list_events(
     store: Store, caller: Caller, job_id: str, after: str | None, limit: int
 ) -> tuple[list[JobEvent], bool]:
+    authorize(caller, Action.READ)
     with store.sessions() as session:
         job = get_row(session, caller, job_id)
         q = select(JobEvent).where(JobEvent.job_id == job.id)
@@ -604,6 +634,7 @@ def list_checkpoints(
     store: Store, caller: Caller, job_id: str, after: str | None, limit: int
 ) -> tuple[JobRow, list[Checkpoint], bool]:
     """The job and a page of its checkpoints."""
+    authorize(caller, Action.READ)
     with store.sessions() as session:
         job = get_row(session, caller, job_id)
         q = select(Checkpoint).where(Checkpoint.job_id == job.id)
@@ -623,8 +654,12 @@ class JobLedger:
 
 
 def ledger(store: Store, caller: Caller, job_id: str) -> JobLedger:
-    with store.sessions() as session:
+    """The job's privacy ledger (its ε, not its data: every role may read it); audited."""
+    authorize(caller, Action.READ)
+    with locked_session(store.sessions) as session:
         job = get_row(session, caller, job_id)
+        audit.record(session, caller, Act.LEDGER_DOWNLOAD, job.id)
+        session.commit()
         spent = budget.spent_event(job)
         led = PrivacyLedger([spent] if spent is not None else [])
         delta = float(job.privacy["target_delta"])
@@ -640,47 +675,64 @@ def ledger(store: Store, caller: Caller, job_id: str) -> JobLedger:
 # -- the client's moves -----------------------------------------------------------------------
 
 
-def cancel(store: Store, caller: Caller, job_id: str) -> JobRow:
-    """Queued and paused jobs end now (their reservation is released); a running job is asked
-    to stop and its worker ends it, settling to the steps that ran."""
+def _client_move(
+    store: Store,
+    caller: Caller,
+    job_id: str,
+    target: JobStatus,
+    act: str,
+    message: str,
+    **changes: Any,
+) -> JobRow:
+    """A move the client asks for (:func:`service.lifecycle.move`), audited in its
+    transaction."""
+    authorize(caller, Action.CONTROL_JOB)
+
+    def recorded(session: Session, job: JobRow) -> None:
+        audit.record(session, caller, act, job.id, {"status": job.status})
+
     row = lifecycle.move(
         store,
         job_id,
-        JobStatus.CANCELLED,
+        target,
         by=Actor.CLIENT,
         tenant_id=caller.tenant_id,
-        message="Job cancelled",
-        finished_at=now(),
+        message=message,
+        on_change=recorded,
+        **changes,
     )
     assert row is not None
     return row
+
+
+def cancel(store: Store, caller: Caller, job_id: str) -> JobRow:
+    """Queued and paused jobs end now (their reservation is released); a running job is asked
+    to stop and its worker ends it, settling to the steps that ran."""
+    return _client_move(
+        store,
+        caller,
+        job_id,
+        JobStatus.CANCELLED,
+        Act.JOB_CANCEL,
+        "Job cancelled",
+        finished_at=now(),
+    )
 
 
 def pause(store: Store, caller: Caller, job_id: str) -> JobRow:
     """A queued job is paused at once; a running one is asked to stop after the current step
     with a checkpoint (its worker marks it ``paused``). The reservation stays."""
-    row = lifecycle.move(
-        store,
-        job_id,
-        JobStatus.PAUSED,
-        by=Actor.CLIENT,
-        tenant_id=caller.tenant_id,
-        message="Job paused",
-    )
-    assert row is not None
-    return row
+    return _client_move(store, caller, job_id, JobStatus.PAUSED, Act.JOB_PAUSE, "Job paused")
 
 
 def resume(store: Store, caller: Caller, job_id: str) -> JobRow:
     """A paused job goes back to the queue; its worker resumes from the last checkpoint."""
-    row = lifecycle.move(
+    return _client_move(
         store,
+        caller,
         job_id,
         JobStatus.QUEUED,
-        by=Actor.CLIENT,
-        tenant_id=caller.tenant_id,
-        message="Job resumed; queued",
+        Act.JOB_RESUME,
+        "Job resumed; queued",
         pause_requested=False,
     )
-    assert row is not None
-    return row

@@ -31,7 +31,7 @@ from service.job_events import add_event
 from service.job_status import ACTIVE, TERMINAL, JobStatus
 from service.private_data import remove_resume_state
 from service.store import Store
-from service.tables import File
+from service.tables import BudgetGroup, File
 from service.tables import Job as JobRow
 
 
@@ -123,16 +123,17 @@ class TransitionRefused(Conflict):
 
 
 def settles(source: JobStatus, target: JobStatus) -> bool:
-    """Whether the move changes the job's share of its file's budget (reservation vs what
-    ran), so the file's totals must be recomputed."""
+    """Whether the move changes the job's share of its data set's budget (reservation vs what
+    ran), so the budget group's totals must be recomputed."""
     return (source in ACTIVE) != (target in ACTIVE)
 
 
 def _lock(
     session: Session, job_id: str, tenant_id: int | None, with_file: bool
-) -> tuple[JobRow, File | None]:
-    """The job (of ``tenant_id`` when given) with its row locked, after its file's row when
-    ``with_file``. A job's file never changes, so reading it before the locks is safe."""
+) -> tuple[JobRow, BudgetGroup | None]:
+    """The job (of ``tenant_id`` when given) with its row locked, after its training file's
+    budget group's row when ``with_file``. A job's file and a file's group never change, so
+    reading them before the locks is safe."""
     query = select(JobRow.training_file_id).where(JobRow.id == job_id)
     if tenant_id is not None:
         query = query.where(JobRow.tenant_id == tenant_id)
@@ -143,10 +144,13 @@ def _lock(
             param="fine_tuning_job_id",
             code="job_not_found",
         )
-    file = budget.lock_file(session, file_id) if with_file else None
+    group = None
+    if with_file:
+        group_id = session.scalar(select(File.group_id).where(File.id == file_id))
+        group = budget.lock_group(session, group_id) if group_id is not None else None
     job = session.scalar(select(JobRow).where(JobRow.id == job_id).with_for_update())
     assert job is not None
-    return job, file
+    return job, group
 
 
 def move(
@@ -159,6 +163,7 @@ def move(
     tenant_id: int | None = None,
     level: str = "info",
     guard: Callable[[JobRow], bool] | None = None,
+    on_change: Callable[[Session, JobRow], None] | None = None,
     **changes: Any,
 ) -> JobRow | None:
     """Move ``job_id`` to ``target`` on behalf of ``by``, in one locked transaction: check the
@@ -169,12 +174,14 @@ def move(
     * Already in ``target`` (a client's repeated cancel or pause): nothing changes.
     * A client's move that the worker makes (:data:`DEFERRED`): the request is recorded.
     * ``guard`` (worker-side conditions such as the lease) false: nothing changes, None.
+    * ``on_change(session, job)`` runs last in the transaction when the move or the request
+      is recorded (the audit entry of a client's act).
 
     Returns the job's row as committed. Raises :class:`NotFound` (no such job of the tenant)
     and :class:`TransitionRefused`.
     """
     with locked_session(store.sessions) as session:
-        job, file = _lock(session, job_id, tenant_id, with_file=target in TERMINAL)
+        job, group = _lock(session, job_id, tenant_id, with_file=target in TERMINAL)
         source = JobStatus(job.status)
         if guard is not None and not guard(job):
             return None
@@ -187,6 +194,8 @@ def move(
             if not getattr(job, deferral.flag):
                 setattr(job, deferral.flag, True)
                 add_event(session, job.id, deferral.message)
+                if on_change is not None:
+                    on_change(session, job)
                 session.commit()
             return job
         if TRANSITIONS.get((source, target)) is not by:
@@ -195,9 +204,10 @@ def move(
         for column, value in changes.items():
             setattr(job, column, value(job) if callable(value) else value)
         add_event(session, job.id, message.format(job=job), level=level)
-        if settles(source, target):
-            assert file is not None
-            settle(session, file)
+        if settles(source, target) and group is not None:
+            settle(session, group)
+        if on_change is not None:
+            on_change(session, job)
         session.commit()
     if target in TERMINAL:  # an ended job is never resumed: its seed and RNG states go
         remove_resume_state(store.settings.data_dir, job_id)

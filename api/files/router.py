@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+import re
+import sys
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, File, Form, Query, Request, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
 from fastapi.responses import FileResponse
 
 from api.app_state import get_store
@@ -12,9 +15,53 @@ from api.files import views
 from api.files.schemas import BudgetHistory, BudgetRequest, FileDeleted, FileList, FileObject
 from api.keys.dependencies import CallerDep
 from service import files
-from service.errors import NotFound
+from service.budget_groups import BudgetWish
+from service.errors import InvalidInput
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
+
+
+UPLOAD_FIELDS = frozenset({"file", "purpose", "epsilon_budget", "delta", "unbudgeted"})
+# a plain decimal number: no sign, spaces, underscores, inf or nan
+NUMBER = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+
+
+async def upload_form_fields(request: Request) -> frozenset[str]:
+    """The names of the upload form's fields (the form is parsed once and cached)."""
+    form = await request.form()
+    return frozenset(form.keys())
+
+
+def _form_number(value: str | None, name: str, *, upper: float, upper_open: bool) -> float | None:
+    """A form field's number, strictly: ``1_0``, ``" 8 "``, ``true``, ``inf``, ``nan``,
+    ``-1``, 0, subnormal values and values beyond ``upper`` are 400 naming the field."""
+    if value is None:
+        return None
+    number = float(value) if NUMBER.fullmatch(value) else None
+    if (
+        number is None
+        or not math.isfinite(number)
+        or number < sys.float_info.min
+        or number > upper
+        or (upper_open and number == upper)
+    ):
+        bound = f"below {upper:g}" if upper_open else f"at most {upper:g}"
+        raise InvalidInput(
+            f"{name} must be a plain decimal number above 0 and {bound}, got {value[:40]!r}",
+            param=name,
+            code="invalid_value",
+        )
+    return number
+
+
+def _form_flag(value: str | None, name: str) -> bool:
+    if value is None or value == "false":
+        return False
+    if value == "true":
+        return True
+    raise InvalidInput(
+        f"{name} must be true or false, got {value[:40]!r}", param=name, code="invalid_value"
+    )
 
 
 @router.post("", response_model=FileObject)
@@ -23,23 +70,45 @@ def upload_file(
     caller: CallerDep,
     file: Annotated[UploadFile, File(description="JSONL data set")],
     purpose: Annotated[str, Form(max_length=64)],
+    fields: Annotated[frozenset[str], Depends(upload_form_fields)],
     epsilon_budget: Annotated[
-        float | None,
-        Form(gt=0, le=100, allow_inf_nan=False, description="privacy budget of this data set"),
+        str | None,
+        Form(
+            max_length=64,
+            description="privacy budget (ε) of this data set, in (0, 100]; default: the "
+            "tenant's DPRC_DEFAULT_EPSILON_BUDGET, or 400 when it has none and "
+            "DPRC_REQUIRE_BUDGET is on. An upload sharing an example with an existing data "
+            "set joins its budget instead",
+        ),
     ] = None,
     delta: Annotated[
-        float | None,
+        str | None,
+        Form(max_length=64, description="δ of the budget (default 1/N^1.1 rounded down)"),
+    ] = None,
+    unbudgeted: Annotated[
+        str | None,
         Form(
-            gt=0,
-            lt=1,
-            allow_inf_nan=False,
-            description="δ of the budget (default 1/N^1.1 rounded down)",
+            max_length=8,
+            description="true: validation-only data with no budget; no job may train on it",
         ),
     ] = None,
 ) -> FileObject:
+    unknown = sorted(fields - UPLOAD_FIELDS)
+    if unknown:
+        raise InvalidInput(
+            f"unknown upload field {unknown[0][:40]!r}; the fields are "
+            f"{', '.join(sorted(UPLOAD_FIELDS))}",
+            param=unknown[0][:40],
+            code="unknown_field",
+        )
+    wish = BudgetWish(
+        epsilon_budget=_form_number(epsilon_budget, "epsilon_budget", upper=100, upper_open=False),
+        delta=_form_number(delta, "delta", upper=1, upper_open=True),
+        unbudgeted=_form_flag(unbudgeted, "unbudgeted"),
+    )
     store = get_store(request)
     data = files.read_capped(file.file, store.settings.max_upload_bytes)
-    created = files.create_file(store, caller, data, file.filename, purpose, epsilon_budget, delta)
+    created = files.create_file(store, caller, data, file.filename, purpose, wish)
     return views.file_object(created)
 
 
@@ -51,8 +120,11 @@ def list_files(
     limit: Annotated[int, Query(ge=1, le=10000)] = 10000,
     after: Annotated[str | None, Query(max_length=128)] = None,
     order: Literal["asc", "desc"] = "desc",
+    include_deleted: bool = False,
 ) -> FileList:
-    rows, has_more = files.list_files(get_store(request), caller, purpose, limit, after, order)
+    rows, has_more = files.list_files(
+        get_store(request), caller, purpose, limit, after, order, include_deleted
+    )
     data = [views.file_object(r) for r in rows]
     return FileList(
         data=data,
@@ -79,10 +151,6 @@ def delete_file(file_id: str, request: Request, caller: CallerDep) -> FileDelete
 )
 def file_content(file_id: str, request: Request, caller: CallerDep) -> FileResponse:
     path, filename = files.content_path(get_store(request), caller, file_id)
-    if not path.exists():
-        raise NotFound(
-            f"the content of file {file_id} is gone", param="file_id", code="file_not_found"
-        )
     return FileResponse(path, media_type="application/octet-stream", filename=filename)
 
 
@@ -90,11 +158,14 @@ def file_content(file_id: str, request: Request, caller: CallerDep) -> FileRespo
 def set_budget(
     file_id: str, body: BudgetRequest, request: Request, caller: CallerDep
 ) -> FileObject:
-    changed = files.set_budget(get_store(request), caller, file_id, body.epsilon_budget, body.delta)
+    """Change the budget of the file's data set (admins only, with a reason; audited)."""
+    changed = files.set_budget(
+        get_store(request), caller, file_id, body.epsilon_budget, body.delta, body.reason
+    )
     return views.file_object(changed)
 
 
 @router.get("/{file_id}/budget/history", response_model=BudgetHistory)
 def budget_history(file_id: str, request: Request, caller: CallerDep) -> BudgetHistory:
     """The file's composed ε after each of its jobs, in creation order."""
-    return views.budget_history(files.budget_history(get_store(request), caller, file_id))
+    return views.budget_history(file_id, files.budget_history(get_store(request), caller, file_id))

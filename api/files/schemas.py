@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import sys
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+# strict JSON numbers: true, "7" and " 8 " are refused, not converted
+Epsilon = Annotated[float, Field(strict=True, gt=0, le=100, allow_inf_nan=False)]
+Delta = Annotated[
+    float, Field(strict=True, ge=sys.float_info.min, lt=1, allow_inf_nan=False)
+]  # no subnormal δ
 
 
 class Budget(BaseModel):
@@ -32,7 +39,33 @@ class FileObject(BaseModel):
     expires_at: int | None = None
     n_examples: int | None = None
     format: str | None = Field(default=None, description="text | classification | chat")
-    budget: Budget | None = None
+    budget: Budget | None = Field(
+        default=None, description="the budget of the file's data set (its budget group)"
+    )
+    budget_group: str | None = Field(
+        default=None,
+        description="the data set this upload belongs to: every upload sharing an example "
+        "with it shares its budget",
+    )
+    joined_budget_group: bool | None = Field(
+        default=None,
+        description="(upload answer only) true: the upload shares examples with an existing "
+        "data set and joined its budget; false: it started a new one",
+    )
+    budget_default: bool | None = Field(
+        default=None,
+        description="(upload answer only) true: the budget is the tenant's default "
+        "(DPRC_DEFAULT_EPSILON_BUDGET), the upload named none",
+    )
+    unbudgeted: bool = Field(
+        default=False, description="validation-only data: no budget, no job may train on it"
+    )
+    deleted: bool = Field(
+        default=False,
+        description="its content is gone; its budget, spent ε and history remain",
+    )
+    deleted_at: int | None = None
+    created_by: str | None = Field(default=None, description="the id of the key that uploaded it")
 
 
 class FileList(BaseModel):
@@ -50,16 +83,18 @@ class FileDeleted(BaseModel):
 
 
 class BudgetRequest(BaseModel):
+    """A change of a data set's budget (admins only). A value left out keeps its current
+    value; the change applies to the file's whole budget group."""
+
     model_config = ConfigDict(extra="forbid")
 
-    epsilon_budget: float = Field(gt=0, le=100, allow_inf_nan=False)
-    delta: float | None = Field(
+    epsilon_budget: Epsilon | None = None
+    delta: Delta | None = Field(
         default=None,
-        gt=0,
-        lt=1,
-        allow_inf_nan=False,
-        description="default: 1/N^1.1 rounded down (never above 1/N)",
+        description="at most 1/N, N the data set's distinct examples (a data set without a "
+        "budget gets 1/N^1.1 rounded down when this is left out)",
     )
+    reason: str = Field(min_length=1, max_length=1000, description="why: kept in the audit log")
 
 
 class BudgetPoint(BaseModel):
@@ -68,6 +103,7 @@ class BudgetPoint(BaseModel):
     the jobs among them that are still active."""
 
     job_id: str
+    training_file: str
     job_status: str
     created_at: int
     finished_at: int | None
@@ -79,6 +115,7 @@ class BudgetPoint(BaseModel):
 class BudgetHistory(BaseModel):
     object: Literal["file.budget_history"] = "file.budget_history"
     file_id: str
+    budget_group: str
     delta: float = Field(description="the budget's δ (unbudgeted: the default 1/N^1.1)")
     epsilon_budget: float | None
     data: list[BudgetPoint]

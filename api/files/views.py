@@ -4,11 +4,12 @@ schemas."""
 from __future__ import annotations
 
 from api.files.schemas import Budget, BudgetHistory, BudgetPoint, FileObject
-from service.budget import FileBudget, History
+from service.budget import Budget as DomainBudget
+from service.budget import History
 from service.files import DataSet
 
 
-def _budget(b: FileBudget | None) -> Budget | None:
+def _budget(b: DomainBudget | None) -> Budget | None:
     if b is None:
         return None
     return Budget(
@@ -32,17 +33,26 @@ def file_object(data_set: DataSet) -> FileObject:
         n_examples=f.n_examples,
         format=f.data_format,
         budget=_budget(data_set.budget),
+        budget_group=data_set.group_id,
+        joined_budget_group=data_set.joined,
+        budget_default=data_set.defaulted,
+        unbudgeted=f.unbudgeted,
+        deleted=f.deleted,
+        deleted_at=f.deleted_at,
+        created_by=f.created_by,
     )
 
 
-def budget_history(history: History) -> BudgetHistory:
+def budget_history(file_id: str, history: History) -> BudgetHistory:
     return BudgetHistory(
-        file_id=history.file_id,
+        file_id=file_id,
+        budget_group=history.group_id,
         delta=history.delta,
         epsilon_budget=history.epsilon_budget,
         data=[
             BudgetPoint(
                 job_id=p.job.id,
+                training_file=p.job.training_file_id,
                 job_status=p.job.status,
                 created_at=p.job.created_at,
                 finished_at=p.job.finished_at,

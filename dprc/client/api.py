@@ -64,13 +64,20 @@ class Client:
 
     # -- files
     def upload(
-        self, path: Path, purpose: str, epsilon_budget: float | None, delta: float | None
+        self,
+        path: Path,
+        purpose: str,
+        epsilon_budget: float | None,
+        delta: float | None,
+        unbudgeted: bool = False,
     ) -> dict[str, Any]:
         extra = {
-            k: str(v)
+            k: repr(v)
             for k, v in (("epsilon_budget", epsilon_budget), ("delta", delta))
             if v is not None
         }
+        if unbudgeted:
+            extra["unbudgeted"] = "true"
         try:
             content = path.read_bytes()
         except OSError as exc:
@@ -97,8 +104,12 @@ class Client:
         except openai.APIError as exc:
             raise ClientError(describe_error(exc, self.config.server_url)) from None
 
-    def set_budget(self, file_id: str, epsilon: float, delta: float | None) -> dict[str, Any]:
-        body: dict[str, Any] = {"epsilon_budget": epsilon}
+    def set_budget(
+        self, file_id: str, epsilon: float | None, delta: float | None, reason: str
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"reason": reason}
+        if epsilon is not None:
+            body["epsilon_budget"] = epsilon
         if delta is not None:
             body["delta"] = delta
         return self._post(f"/files/{file_id}/budget", body)

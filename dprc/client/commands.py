@@ -55,6 +55,11 @@ def _add_files(sub: Any, common: argparse.ArgumentParser) -> None:
     up.add_argument("--purpose", default="fine-tune")
     up.add_argument("--epsilon-budget", type=float, help="privacy budget of the data set")
     up.add_argument("--delta", type=float, help="δ of the budget (default: 1/N^1.1)")
+    up.add_argument(
+        "--unbudgeted",
+        action="store_true",
+        help="validation-only data without a budget (no job may train on it)",
+    )
     up.set_defaults(func=_files_upload)
     ls = fsub.add_parser("list", parents=[common], help="list files")
     ls.add_argument("--purpose")
@@ -66,10 +71,13 @@ def _add_files(sub: Any, common: argparse.ArgumentParser) -> None:
         p = fsub.add_parser(name, parents=[common], help=text)
         p.add_argument("file_id")
         p.set_defaults(func=func)
-    bud = fsub.add_parser("budget", parents=[common], help="show or set a data set's budget")
+    bud = fsub.add_parser(
+        "budget", parents=[common], help="show a data set's budget, or change it (admins)"
+    )
     bud.add_argument("file_id")
     bud.add_argument("--set", type=float, dest="epsilon", metavar="EPSILON")
     bud.add_argument("--delta", type=float)
+    bud.add_argument("--reason", help="why the budget changes (required with --set / --delta)")
     bud.set_defaults(func=_files_budget)
     dl = fsub.add_parser("download", parents=[common], help="download a file's content")
     dl.add_argument("file_id")
@@ -220,7 +228,9 @@ def _login(args: argparse.Namespace) -> int:
 
 
 def _files_upload(args: argparse.Namespace) -> int:
-    f = _client(args).upload(args.path, args.purpose, args.epsilon_budget, args.delta)
+    f = _client(args).upload(
+        args.path, args.purpose, args.epsilon_budget, args.delta, args.unbudgeted
+    )
     _print_json(f) if args.json else _show_file(f)
     return 0
 
@@ -245,10 +255,10 @@ def _files_delete(args: argparse.Namespace) -> int:
 
 def _files_budget(args: argparse.Namespace) -> int:
     client = _client(args)
-    if args.epsilon is not None:
-        f = client.set_budget(args.file_id, args.epsilon, args.delta)
-    elif args.delta is not None:
-        raise ValueError("--delta goes with --set EPSILON")
+    if args.epsilon is not None or args.delta is not None:
+        if not args.reason:
+            raise ValueError("a budget change needs --reason")
+        f = client.set_budget(args.file_id, args.epsilon, args.delta, args.reason)
     else:
         f = client.get_file(args.file_id)
     budget = f.get("budget")

@@ -1,0 +1,210 @@
+"""One budget per data, not per upload: where a new upload's examples go.
+
+Every fine-tune upload's examples are hashed (:mod:`service.example_hashes`). An upload that
+shares no example with the tenant's earlier uploads starts a budget group of its own, with the
+budget it names (or the tenant's default). One that shares any example with an existing group
+joins it: it takes the group's budget, and the group's committed ε composes the jobs of all
+its files (:mod:`service.budget`). Deleting a file keeps its hashes and its group, so a
+re-upload finds its spent ε again.
+
+The rules, applied under the tenant's lock (uploads of a tenant take turns):
+
+* no shared example: a new group with the upload's budget — the one it names, else the
+  tenant's default (``DPRC_DEFAULT_EPSILON_BUDGET``), else, when ``DPRC_REQUIRE_BUDGET`` is on
+  (the default), 400 ``budget_required``; ``unbudgeted=true`` asks for none (validation-only
+  data: no job may train on it);
+* shared examples with one budgeted group: joins it; naming a different budget is 409
+  ``budget_group_conflict`` (only an admin changes a group's budget), and ``unbudgeted`` is 409;
+* shared examples with one group without a budget: joins it only when the upload asks for no
+  budget either; else 409 (an admin sets that group's budget first);
+* shared examples with several groups: 409 naming them (the service never merges budgets).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import func, insert, select
+from sqlalchemy.orm import Session
+
+from dprc_core.training.plan import default_delta
+from service.budget import budget_values
+from service.clock import now
+from service.errors import Conflict, InvalidInput
+from service.example_hashes import HashedData
+from service.ids import new_id
+from service.settings import Settings
+from service.tables import BudgetGroup, ExampleHash
+
+LOOKUP_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class BudgetWish:
+    """What an upload asks of its budget: ε and δ as named (None: not named), or none at all."""
+
+    epsilon_budget: float | None = None
+    delta: float | None = None
+    unbudgeted: bool = False
+
+    @property
+    def named(self) -> bool:
+        return self.epsilon_budget is not None or self.delta is not None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The group an upload went to; ``joined``: an existing one; ``budget_set``: this upload
+    set a new group's budget (an audited act); ``defaulted``: that budget is the tenant's
+    default."""
+
+    group: BudgetGroup
+    joined: bool
+    budget_set: bool
+    defaulted: bool
+
+
+def _existing_groups(session: Session, tenant_id: int, digests: list[str]) -> list[str]:
+    found: set[str] = set()
+    for i in range(0, len(digests), LOOKUP_CHUNK):
+        chunk = digests[i : i + LOOKUP_CHUNK]
+        found.update(
+            session.scalars(
+                select(ExampleHash.group_id)
+                .where(ExampleHash.tenant_id == tenant_id, ExampleHash.digest.in_(chunk))
+                .distinct()
+            )
+        )
+    return sorted(found)
+
+
+def _new_budget(
+    wish: BudgetWish, n: int, settings: Settings
+) -> tuple[float | None, float | None, bool]:
+    """(ε, δ, defaulted) of a new group of ``n`` distinct examples."""
+    if wish.unbudgeted:
+        if wish.named:
+            raise InvalidInput(
+                "unbudgeted=true and a budget exclude each other",
+                param="unbudgeted",
+                code="invalid_value",
+            )
+        return None, None, False
+    if wish.named:
+        if wish.epsilon_budget is None:
+            raise InvalidInput("delta needs epsilon_budget", param="delta", code="invalid_value")
+        eps, d = budget_values(n, wish.epsilon_budget, wish.delta)
+        return eps, d, False
+    if settings.default_epsilon_budget is not None:
+        return settings.default_epsilon_budget, default_delta(n), True
+    if settings.require_budget:
+        raise InvalidInput(
+            "this upload names no privacy budget and the tenant has no default: send "
+            "epsilon_budget (and optionally delta), or unbudgeted=true for validation-only "
+            "data that no job may train on",
+            param="epsilon_budget",
+            code="budget_required",
+        )
+    return None, None, False
+
+
+def _join_refusal(group: BudgetGroup, wish: BudgetWish, settings: Settings) -> str | None:
+    """Why an upload with ``wish`` may not join ``group`` (None: it may)."""
+    if group.epsilon_budget is not None:
+        if wish.unbudgeted:
+            return (
+                f"this upload shares examples with data set {group.id}, which has a budget "
+                f"(epsilon={group.epsilon_budget:g}); it cannot be unbudgeted"
+            )
+        eps_differs = (
+            wish.epsilon_budget is not None and wish.epsilon_budget != group.epsilon_budget
+        )
+        delta_differs = wish.delta is not None and wish.delta != group.delta
+        if eps_differs or delta_differs:
+            return (
+                f"this upload shares examples with data set {group.id}, whose budget is "
+                f"epsilon={group.epsilon_budget:g} at delta={group.delta:g}; it joins that "
+                "budget, so it cannot ask for another one (only an admin changes a data "
+                f"set's budget: POST /v1/files/{{id}}/budget). Upload it without a budget to "
+                "join"
+            )
+        return None
+    wants_none = wish.unbudgeted or (
+        not wish.named and settings.default_epsilon_budget is None and not settings.require_budget
+    )
+    if wants_none:
+        return None
+    return (
+        f"this upload shares examples with data set {group.id}, which has no budget; an admin "
+        "sets its budget first (POST /v1/files/{id}/budget on one of its files), then upload "
+        "without a budget to join it"
+    )
+
+
+def place(
+    session: Session, tenant_id: int, hashed: HashedData, wish: BudgetWish, settings: Settings
+) -> Placement:
+    """Put an upload's examples in their group (under the tenant's lock; the caller
+    commits): a new group, or the one existing group it shares examples with."""
+    found = _existing_groups(session, tenant_id, hashed.digests)
+    if len(found) > 1:
+        raise Conflict(
+            f"this upload shares examples with {len(found)} data sets ({', '.join(found[:5])}), "
+            "each with a budget of its own; split it, or delete the overlap",
+            param="file",
+            code="budget_group_conflict",
+        )
+    if found:
+        group = session.scalar(
+            select(BudgetGroup).where(BudgetGroup.id == found[0]).with_for_update()
+        )
+        assert group is not None
+        refusal = _join_refusal(group, wish, settings)
+        if refusal is not None:
+            raise Conflict(refusal, param="epsilon_budget", code="budget_group_conflict")
+        _add_digests(session, tenant_id, group, hashed.digests)
+        return Placement(group, joined=True, budget_set=False, defaulted=False)
+    eps, d, defaulted = _new_budget(wish, len(hashed.digests), settings)
+    group = BudgetGroup(
+        id=new_id("bg"),
+        tenant_id=tenant_id,
+        created_at=now(),
+        n_examples=0,
+        epsilon_budget=eps,
+        delta=d,
+        epsilon_spent=0.0,
+        epsilon_committed=0.0,
+    )
+    session.add(group)
+    session.flush()
+    _add_digests(session, tenant_id, group, hashed.digests)
+    return Placement(group, joined=False, budget_set=eps is not None, defaulted=defaulted)
+
+
+def _add_digests(session: Session, tenant_id: int, group: BudgetGroup, digests: list[str]) -> None:
+    """Record the digests the group does not hold yet; its ``n_examples`` counts them."""
+    known: set[str] = set()
+    for i in range(0, len(digests), LOOKUP_CHUNK):
+        chunk = digests[i : i + LOOKUP_CHUNK]
+        known.update(
+            session.scalars(
+                select(ExampleHash.digest).where(
+                    ExampleHash.tenant_id == tenant_id, ExampleHash.digest.in_(chunk)
+                )
+            )
+        )
+    new = [d for d in digests if d not in known]
+    for i in range(0, len(new), LOOKUP_CHUNK):
+        session.execute(
+            insert(ExampleHash),
+            [
+                {"tenant_id": tenant_id, "digest": d, "group_id": group.id}
+                for d in new[i : i + LOOKUP_CHUNK]
+            ],
+        )
+    group.n_examples = int(
+        session.scalar(
+            select(func.count()).select_from(ExampleHash).where(ExampleHash.group_id == group.id)
+        )
+        or 0
+    )
