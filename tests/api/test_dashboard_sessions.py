@@ -96,7 +96,7 @@ def _audit(srv: Server, tenant: str) -> list[AuditEntry]:
             session.scalars(
                 select(AuditEntry)
                 .where(AuditEntry.tenant_id == tenant_id)
-                .order_by(AuditEntry.created_at, AuditEntry.id)
+                .order_by(AuditEntry.seq)
             )
         )
 

@@ -1,12 +1,15 @@
 """The admin pages in a real browser: an admin creates a trainer key on the keys page (its
 secret shown once), sees it listed, finds its ``key.create`` entry on the audit page and
 filters the log; the trainer signs in with the new key and gets a 403 page on /keys, with no
-admin entries in the menu; the admin revokes the key after the confirmation, which ends the
-trainer's session. No script error or CSP violation on the way."""
+admin entries in the menu, and a data set's budget read-only, which the admin changes with a
+reason; the admin revokes the key after the confirmation, which ends the trainer's session.
+No script error or CSP violation on the way."""
 
 from __future__ import annotations
 
-from tests.browser.test_dashboard import Watch, _sign_in
+import pytest
+
+from tests.browser.test_dashboard import Watch, _lines, _sign_in
 
 
 def test_keys_and_audit_pages(dashboard, new_context):
@@ -56,6 +59,33 @@ def test_keys_and_audit_pages(dashboard, new_context):
     response = trainer.goto(f"{dashboard.url}/keys")
     assert response is not None and response.status == 403
     assert "may not manage keys" in trainer.locator("#forbidden").inner_text()
+
+    # a data set's budget: read-only for the trainer, changed by the admin with a reason
+    api = dashboard.api("dora")
+    up = api.post(
+        "/v1/files",
+        files={"file": ("g.jsonl", _lines(30).encode())},
+        data={"purpose": "fine-tune", "epsilon_budget": "4"},
+    )
+    assert up.status_code == 200, up.text
+    file_id = up.json()["id"]
+    trainer.goto(f"{dashboard.url}/data-sets/{file_id}")
+    trainer.wait_for_selector("#budget-read-only")
+    assert trainer.locator("#budget-form").count() == 0
+    page.goto(f"{dashboard.url}/data-sets/{file_id}")
+    page.wait_for_selector("svg.bar")
+    page.fill("#budget-epsilon", "6")
+    page.fill("#budget-reason", "second study approved")
+    page.click("#budget-submit")
+    page.wait_for_selector("#budget-changed")
+    assert api.get(f"/v1/files/{file_id}").json()["budget"]["epsilon"] == pytest.approx(6.0)
+    group = up.json()["budget_group"]  # the change is the data set's: its budget group's
+    changes = api.get(
+        "/v1/organization/audit_logs", params={"action": "budget.change", "resource": group}
+    ).json()["data"]
+    assert [(c["detail"]["file_id"], c["detail"]["reason"]) for c in changes] == [
+        (file_id, "second study approved")
+    ]
 
     # revoked after the confirmation: the trainer's session ends with it
     page.goto(f"{dashboard.url}/keys")

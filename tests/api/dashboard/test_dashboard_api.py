@@ -209,7 +209,7 @@ def test_bad_key_and_other_tenants_pages(sqlite_server):
     assert r.status_code == 403
     assert anon.get("/jobs").status_code == 303  # not signed in: to the sign-in page
     owner = sqlite_server.http(sqlite_server.key("owner"))
-    f = _upload(owner, budget=None, delta=None)
+    f = _upload(owner)
     job = _job(owner, f["id"], 2.0)
     stranger, _ = _sign_in(sqlite_server, sqlite_server.key("stranger"))
     for path in (f"/jobs/{job['id']}", f"/data-sets/{f['id']}"):
