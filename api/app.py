@@ -23,6 +23,7 @@ from api.files.router import router as files_router
 from api.jobs.router import router as jobs_router
 from api.keys.router import router as keys_router
 from api.models.router import router as models_router
+from api.organization.router import router as organization_router
 from service.dispatch import Dispatcher, NoDispatcher
 from service.ids import new_id
 from service.settings import Settings, get_settings
@@ -104,7 +105,14 @@ def create_app(
         max_request_bytes=settings.max_request_bytes,
     )
 
-    for router in (files_router, jobs_router, models_router, accountant_router, keys_router):
+    for router in (
+        files_router,
+        jobs_router,
+        models_router,
+        accountant_router,
+        keys_router,
+        organization_router,
+    ):
         app.include_router(router)
     mount_dashboard(app)  # the web dashboard: pages at /, static files, its own CSP
 

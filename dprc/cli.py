@@ -1,5 +1,6 @@
 """The ``dprc`` console script: the library's commands (``dprc_core.cli``) plus the service's
-``serve`` and ``keys`` and the client's ``login``, ``files`` and ``jobs`` (``dprc.client``),
+``serve`` and ``keys`` and the client's ``login``, ``files``, ``jobs`` and ``audit``
+(``dprc.client``),
 with ``dprc accountant … --server`` answered by a server through the client. It lives here, in
 the composition root, so that ``dprc_core`` never imports the service or the client and
 ``api`` never imports ``worker``.
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 
 def add_subparsers(sub: Any) -> None:
     """Register ``serve`` and ``keys`` on the ``dprc`` command's sub-parsers."""
+    from service.roles import DEFAULT_ROLE, Role
+
     serve = sub.add_parser("serve", help="run the API server (uvicorn)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -39,11 +42,18 @@ def add_subparsers(sub: Any) -> None:
     ksub = keys.add_subparsers(dest="keys_command", required=True)
     create = ksub.add_parser("create", help="create a key; prints only the key on stdout")
     create.add_argument("--tenant", required=True)
+    create.add_argument(
+        "--role",
+        default=DEFAULT_ROLE.value,
+        choices=[r.value for r in Role],
+        help="what the key may do (default: trainer; docs/governance.md)",
+    )
+    create.add_argument("--name", help="a label for the key (1 to 128 characters)")
     create.set_defaults(func=_keys_create)
     revoke = ksub.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("key_id")
     revoke.set_defaults(func=_keys_revoke)
-    lst = ksub.add_parser("list", help="list keys (id, tenant, prefix, created, revoked)")
+    lst = ksub.add_parser("list", help="list keys (id, tenant, role, prefix, created, state, name)")
     lst.add_argument("--json", action="store_true", help="one JSON object per line")
     lst.set_defaults(func=_keys_list)
 
@@ -100,12 +110,16 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _keys_create(args: argparse.Namespace) -> int:
+    from service.errors import DomainError
     from service.keys import create_key
 
     store = _store()
     with store.sessions() as session:
-        key_id, secret = create_key(session, args.tenant)
-    print(f"created key {key_id} for tenant {args.tenant!r}", file=sys.stderr)
+        try:
+            key_id, secret = create_key(session, args.tenant, args.role, args.name)
+        except DomainError as exc:  # a refused --name: one line, exit status 2
+            raise ValueError(exc.message) from None
+    print(f"created {args.role} key {key_id} for tenant {args.tenant!r}", file=sys.stderr)
     print(secret)
     return 0
 
@@ -131,7 +145,8 @@ def _keys_list(args: argparse.Namespace) -> int:
                 print(json.dumps(dataclasses.asdict(info), separators=(",", ":")))
                 continue
             state = "revoked" if info.revoked_at is not None else "active"
-            print(f"{info.id}\t{info.tenant}\t{info.prefix}...\t{info.created_at}\t{state}")
+            cells = [info.id, info.tenant, info.role, f"{info.prefix}...", str(info.created_at)]
+            print("\t".join([*cells, state, info.name or "-"]))
     return 0
 
 

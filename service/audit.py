@@ -13,7 +13,8 @@ The hash of an entry is SHA-256 over the UTF-8 bytes of the JSON array
 ``[prev_hash, id, created_at, key_id, role, action, resource, request_id, detail]`` written
 with sorted keys, no spaces (``separators=(",", ":")``) and ``ensure_ascii=True``; ``detail``
 is the JSON object itself (parsed from its stored text). The first entry's ``prev_hash`` is 64
-zeros.
+zeros. ``key_id`` is null and ``role`` is ``"shell"`` for an act on the server's shell
+(``dprc keys create|revoke``), which no key makes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -29,13 +30,46 @@ from sqlalchemy.orm import Session
 from service.clock import now
 from service.db import locked_session
 from service.ids import new_id
-from service.keys import Caller
 from service.pagination import cursor_page
 from service.roles import Action, authorize
 from service.store import Store
 from service.tables import AuditEntry, AuditHead
 
+if TYPE_CHECKING:
+    from service.keys import Caller
+
 GENESIS = "0" * 64
+SHELL_ROLE = "shell"
+
+
+class Actor(Protocol):
+    """Who acts: a :class:`service.keys.Caller` (a key), or the server's shell
+    (:func:`shell`: no key, role ``"shell"``)."""
+
+    @property
+    def tenant_id(self) -> int: ...
+
+    @property
+    def key_id(self) -> str | None: ...
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def request_id(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class ShellActor:
+    tenant_id: int
+    key_id: str | None = None
+    role: str = SHELL_ROLE
+    request_id: str | None = None
+
+
+def shell(tenant_id: int) -> ShellActor:
+    """The server's shell acting on ``tenant_id``'s keys."""
+    return ShellActor(tenant_id=tenant_id)
 
 
 class Act:
@@ -80,7 +114,7 @@ def entry_hash(
 
 def record(
     session: Session,
-    caller: Caller,
+    caller: Actor,
     action: str,
     resource: str | None,
     detail: dict[str, Any] | None = None,
@@ -127,7 +161,7 @@ def record(
 
 def record_alone(
     store: Store,
-    caller: Caller,
+    caller: Actor,
     action: str,
     resource: str | None,
     detail: dict[str, Any] | None = None,
@@ -150,7 +184,7 @@ class AuditFilter:
 
 def list_entries(
     store: Store, caller: Caller, filters: AuditFilter, after: str | None, limit: int
-) -> tuple[list[AuditEntry], bool]:
+) -> tuple[list[Entry], bool]:
     """A page of the tenant's entries, oldest first (admins only)."""
     authorize(caller, Action.READ_AUDIT_LOG)
     with store.sessions() as session:
@@ -165,10 +199,48 @@ def list_entries(
             q = q.where(AuditEntry.created_at >= filters.since)
         if filters.until is not None:
             q = q.where(AuditEntry.created_at < filters.until)
-        return cursor_page(session, q, AuditEntry, after, limit, "audit_entry", descending=False)
+        rows, has_more = cursor_page(
+            session, q, AuditEntry, after, limit, "audit_entry", descending=False
+        )
+        return [as_entry(r) for r in rows], has_more
 
 
 def detail_of(entry: AuditEntry) -> dict[str, Any]:
-    value = json.loads(entry.detail)
-    assert isinstance(value, dict)
-    return value
+    """An entry's detail as its JSON object; a stored text that is not one (a row changed
+    behind the service's back) is shown as ``{"unparsable": text}``, whose hash will not match."""
+    try:
+        value = json.loads(entry.detail)
+    except ValueError:
+        value = None
+    return value if isinstance(value, dict) else {"unparsable": entry.detail}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """An entry as the API shows it: every hashed field, and the hash."""
+
+    id: str
+    created_at: int
+    key_id: str | None
+    role: str | None
+    action: str
+    resource: str | None
+    request_id: str | None
+    detail: dict[str, Any]
+    prev_hash: str
+    hash: str
+
+
+def as_entry(row: AuditEntry) -> Entry:
+    return Entry(
+        id=row.id,
+        created_at=row.created_at,
+        key_id=row.key_id,
+        role=row.role,
+        action=row.action,
+        resource=row.resource,
+        request_id=row.request_id,
+        detail=detail_of(row),
+        prev_hash=row.prev_hash,
+        hash=row.hash,
+    )

@@ -1,4 +1,5 @@
-"""``GET /v1/me``: who the key belongs to (keys themselves are managed with ``dprc keys``)."""
+"""``GET /v1/me``: who the key belongs to and its role (keys themselves are managed with
+``dprc keys`` on the server and by admins under ``/v1/organization/api_keys``)."""
 
 from __future__ import annotations
 

@@ -7,4 +7,4 @@ from service.keys import Caller
 
 
 def me(caller: Caller) -> Me:
-    return Me(key_id=caller.key_id, tenant=caller.tenant_name)
+    return Me(key_id=caller.key_id, tenant=caller.tenant_name, role=caller.role)

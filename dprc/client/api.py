@@ -1,7 +1,7 @@
 """The client: the official ``openai`` package against ``<server>/v1`` (files, jobs, events,
 checkpoints, cancel, pause, resume) and its raw ``get``/``post`` with the same base URL and key
-for dprc's own endpoints (budget, ledger, accountant). Every answer is a plain JSON-like dict;
-every failure is a :class:`ClientError` with one line for the user."""
+for dprc's own endpoints (budget, ledger, accountant, audit log). Every answer is a plain
+JSON-like dict; every failure is a :class:`ClientError` with one line for the user."""
 
 from __future__ import annotations
 
@@ -160,3 +160,21 @@ class Client:
     def accountant(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
         path = {"epsilon": "/accountant/epsilon", "sigma": "/accountant/noise_multiplier"}[kind]
         return self._post(path, body)
+
+    # -- audit log
+    def audit_logs(
+        self, filters: dict[str, Any], after: str | None = None, limit: int = 1000
+    ) -> dict[str, Any]:
+        """One page of the tenant's audit log, oldest first (admins only)."""
+        return self._get("/organization/audit_logs", **filters, after=after, limit=limit)
+
+    def all_audit_logs(self, filters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Every entry (all pages), oldest first."""
+        out: list[dict[str, Any]] = []
+        after: str | None = None
+        while True:
+            page = self.audit_logs(filters or {}, after=after)
+            out += page["data"]
+            if not page["has_more"] or not page["data"]:
+                return out
+            after = page["data"][-1]["id"]

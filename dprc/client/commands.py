@@ -1,4 +1,5 @@
-"""The client's sub-commands: ``dprc login``, ``dprc files …`` and ``dprc jobs …``.
+"""The client's sub-commands: ``dprc login``, ``dprc files …``, ``dprc jobs …`` and
+``dprc audit …``.
 
 Every command takes ``--server URL`` (else ``DPRC_SERVER_URL`` or the client config, see
 :mod:`dprc.client.config`) and ``--json`` (the server's objects as JSON, for scripts; tables
@@ -17,12 +18,13 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from dprc.client import audit_chain
 from dprc.client import follow as follow_mod
 from dprc.client.api import Client, ClientError
 from dprc.client.config import load_config, save_config
 from dprc.client.tables import fields, number, table, when
 
-CLIENT_COMMANDS = ("login", "files", "jobs")
+CLIENT_COMMANDS = ("login", "files", "jobs", "audit")
 
 
 def _common() -> argparse.ArgumentParser:
@@ -35,7 +37,8 @@ def _common() -> argparse.ArgumentParser:
 
 
 def add_subparsers(sub: Any) -> None:
-    """Register ``login``, ``files`` and ``jobs`` on the ``dprc`` command's sub-parsers."""
+    """Register ``login``, ``files``, ``jobs`` and ``audit`` on the ``dprc`` command's
+    sub-parsers."""
     common = _common()
     login = sub.add_parser(
         "login",
@@ -45,6 +48,7 @@ def add_subparsers(sub: Any) -> None:
     login.set_defaults(func=_login)
     _add_files(sub, common)
     _add_jobs(sub, common)
+    _add_audit(sub, common)
 
 
 def _add_files(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -122,6 +126,24 @@ def _add_jobs(sub: Any, common: argparse.ArgumentParser) -> None:
     dl.add_argument("-o", "--output", help="path (default: <job>-step-N.tar or -results.csv)")
     dl.add_argument("--extract", type=Path, metavar="DIR", help="extract the archive here")
     dl.set_defaults(func=_jobs_download)
+
+
+def _add_audit(sub: Any, common: argparse.ArgumentParser) -> None:
+    audit = sub.add_parser("audit", help="the tenant's audit log (admin keys)")
+    asub = audit.add_subparsers(dest="audit_command", required=True)
+    ls = asub.add_parser("list", parents=[common], help="list entries, oldest first")
+    ls.add_argument("--action", help="e.g. key.create, job.cancel")
+    ls.add_argument("--key-id", help="the key that acted")
+    ls.add_argument("--resource", help="the id of what was acted on")
+    ls.set_defaults(func=_audit_list)
+    server_only = argparse.ArgumentParser(add_help=False)
+    server_only.add_argument("--server", metavar="URL", help="server URL")
+    verify = asub.add_parser(
+        "verify",
+        parents=[server_only],
+        help="fetch the whole log and recompute its hash chain here (exit 1 if broken)",
+    )
+    verify.set_defaults(func=_audit_verify)
 
 
 def _job_arguments(p: argparse.ArgumentParser) -> None:
@@ -501,3 +523,32 @@ def _jobs_download(args: argparse.Namespace) -> int:
             return 0
     _write(data, args.output or f"{args.job_id}-step-{ckpt['step_number']}.tar")
     return 0
+
+
+# -- audit ------------------------------------------------------------------------------------
+
+
+AUDIT_COLUMNS = [
+    ("ID", lambda e: e["id"]),
+    ("TIME", lambda e: when(e["created_at"])),
+    ("ACTION", lambda e: e["action"]),
+    ("RESOURCE", lambda e: e.get("resource")),
+    ("KEY", lambda e: e.get("key_id") or "(shell)"),
+    ("ROLE", lambda e: e.get("role")),
+    ("REQUEST", lambda e: e.get("request_id")),
+    ("DETAIL", lambda e: json.dumps(e.get("detail") or {}, sort_keys=True, ensure_ascii=False)),
+]
+
+
+def _audit_list(args: argparse.Namespace) -> int:
+    filters = {"action": args.action, "key_id": args.key_id, "resource": args.resource}
+    data = _client(args).all_audit_logs(filters)
+    _print_json(data) if args.json else print(table(data, AUDIT_COLUMNS))
+    return 0
+
+
+def _audit_verify(args: argparse.Namespace) -> int:
+    """Exit 0 when the chain holds, 1 naming the first entry that breaks it."""
+    verdict = audit_chain.verify(_client(args).all_audit_logs())
+    print(verdict.line())
+    return 0 if verdict.ok else 1

@@ -60,7 +60,8 @@ def served(tmp_path_factory) -> Iterator[Served]:
     keys = {}
     for tenant in ("a", "b"):
         keys[tenant] = subprocess.run(
-            [*DPRC, "keys", "create", "--tenant", tenant],
+            # admin: the tests also change budgets, which only admins may
+            [*DPRC, "keys", "create", "--tenant", tenant, "--role", "admin"],
             env=env,
             check=True,
             capture_output=True,

@@ -1,0 +1,74 @@
+"""Schemas of the organization domain: API keys (OpenAI's ``organization.*`` naming) and the
+audit log's entries."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ApiKeyCreate(BaseModel):
+    """``POST /v1/organization/api_keys``: an unknown field is a 400 naming it (checked by the
+    router: ``extra`` is allowed here only to be reported)."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
+
+    role: str | None = Field(
+        default=None, description="admin | trainer | viewer (default: trainer)"
+    )
+    name: str | None = Field(default=None, description="a label, 1 to 128 characters")
+
+
+class ApiKeyObject(BaseModel):
+    object: Literal["organization.api_key"] = "organization.api_key"
+    id: str
+    name: str | None
+    role: str
+    prefix: str = Field(description="the secret's first characters, to recognise it")
+    created_at: int
+    created_by: str | None = Field(description="the key that created it; null: the shell")
+    revoked_at: int | None
+    revoked_by: str | None = Field(description="the key that revoked it")
+
+
+class ApiKeyCreated(ApiKeyObject):
+    key: str = Field(description="the secret: shown in this response only")
+
+
+class ApiKeyList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ApiKeyObject]
+    has_more: bool
+    first_id: str | None = None
+    last_id: str | None = None
+
+
+class ApiKeyDeleted(BaseModel):
+    object: Literal["organization.api_key.deleted"] = "organization.api_key.deleted"
+    id: str
+    deleted: bool
+
+
+class AuditLogObject(BaseModel):
+    """One entry; ``hash`` chains it to ``prev_hash`` (docs/governance.md gives the spec)."""
+
+    object: Literal["organization.audit_log"] = "organization.audit_log"
+    id: str
+    created_at: int
+    key_id: str | None = Field(description="the key that acted; null: the server's shell")
+    role: str | None
+    action: str
+    resource: str | None
+    request_id: str | None
+    detail: dict[str, Any]
+    prev_hash: str
+    hash: str
+
+
+class AuditLogList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[AuditLogObject]
+    has_more: bool
+    first_id: str | None = None
+    last_id: str | None = None
