@@ -101,7 +101,11 @@ def _serve(args: argparse.Namespace) -> int:
     restrict_new_files(settings.data_dir)
     host = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(args.host, args.host)  # a reachable one
     print(f"dprc dashboard: http://{host}:{args.port}/", file=sys.stderr, flush=True)
-    uvicorn.run(build_app(), host=args.host, port=args.port, log_level=level.lower())
+    # uvicorn's own X-Forwarded-* handling is off: the app believes the proxies of
+    # DPRC_TRUSTED_PROXIES alone (the dashboard cookie's Secure flag, docs/deploy.md)
+    uvicorn.run(
+        build_app(), host=args.host, port=args.port, log_level=level.lower(), proxy_headers=False
+    )
     return 0
 
 

@@ -1,11 +1,12 @@
-"""Dashboard sessions: a signed cookie naming an API key, never the key itself.
+"""The dashboard's session cookie over HTTP; the sessions themselves are the server's
+(:mod:`service.dashboard_sessions`).
 
-Signing in posts an API key once; the server checks it (:func:`service.keys.authenticate`)
-and sets the cookie ``dprc_session = v1.<key id>.<expiry>.<HMAC-SHA256>``, HttpOnly,
-SameSite=Strict, Path=/ (Secure over https). The HMAC key is a random secret in the data
-folder (``dashboard.secret``, written 0600 once, shared by every API process of that data
-folder). A cookie is honoured while it has not expired *and* its API key is not revoked:
-revoking a key ends its dashboard sessions.
+Signing in posts an API key once; the server opens a session and sets the cookie
+``dprc_session = v2.<random token>``, HttpOnly, SameSite=Strict, Path=/, Max-Age 12 h, and
+``Secure`` when the dashboard is reached over https (:func:`cookie_secure`). A request with the
+cookie counts while its session does (not expired, not signed out, its key not revoked); any
+other cookie value is 401 ``invalid_session`` on the API and a redirect to the sign-in page on
+a page.
 
 A request authenticated by the cookie that changes something (any method but GET, HEAD,
 OPTIONS) must carry the header ``X-DPRC-Dashboard: 1`` and, when the browser sends one, an
@@ -16,94 +17,86 @@ requests in the first place).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import os
-import secrets
-import threading
-import time
-from pathlib import Path
+import ipaddress
 
 from fastapi import Request
+from starlette.responses import Response
 
+from service import dashboard_sessions
+from service.dashboard_sessions import SESSION_SECONDS
 from service.errors import Unauthenticated
-from service.keys import Caller, caller_for_key_id
+from service.keys import Caller
+from service.settings import Settings
 
 COOKIE = "dprc_session"
 CSRF_HEADER = "x-dprc-dashboard"
-SESSION_SECONDS = 12 * 3600
-SECRET_FILE = "dashboard.secret"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-
-_secrets: dict[Path, bytes] = {}
-_secrets_guard = threading.Lock()
-
-
-def _secret(data_dir: Path) -> bytes:
-    """The data folder's signing secret, created (0600, exclusively) on first use."""
-    path = (data_dir / SECRET_FILE).resolve()
-    with _secrets_guard:
-        if path in _secrets:
-            return _secrets[path]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            value = bytes.fromhex(path.read_text().strip())
-        else:
-            value = secrets.token_bytes(32)
-            with os.fdopen(fd, "w") as out:
-                out.write(value.hex())
-        if len(value) < 32:
-            raise RuntimeError(f"{path} holds a secret shorter than 32 bytes; delete it")
-        _secrets[path] = value
-        return value
-
-
-def _mac(secret: bytes, key_id: str, expiry: int) -> str:
-    return hmac.new(secret, f"v1.{key_id}.{expiry}".encode(), hashlib.sha256).hexdigest()
-
-
-def issue(data_dir: Path, key_id: str, now: float | None = None) -> str:
-    """A cookie value for ``key_id``, valid for :data:`SESSION_SECONDS`."""
-    expiry = int(now if now is not None else time.time()) + SESSION_SECONDS
-    return f"v1.{key_id}.{expiry}.{_mac(_secret(data_dir), key_id, expiry)}"
-
-
-def key_id_of(data_dir: Path, value: str, now: float | None = None) -> str | None:
-    """The key id a cookie value names, or None if it is malformed, forged or expired."""
-    parts = value.split(".")
-    if len(parts) != 4 or parts[0] != "v1" or not parts[2].isdigit():
-        return None
-    _, key_id, expiry_text, mac = parts
-    expiry = int(expiry_text)
-    if not hmac.compare_digest(mac, _mac(_secret(data_dir), key_id, expiry)):
-        return None
-    if expiry < (now if now is not None else time.time()):
-        return None
-    return key_id
 
 
 def session_caller(request: Request) -> Caller | None:
     """The caller of a request signed in by cookie, or None when it carries no cookie. A cookie
-    that is forged, expired or whose key was revoked is :class:`Unauthenticated`."""
+    that is malformed, or whose session ended, expired or lost its key, is
+    :class:`Unauthenticated` (``invalid_session``)."""
     value = request.cookies.get(COOKIE)
-    if not value:
+    if value is None:
         return None
-    store = request.app.state.store
-    key_id = key_id_of(store.settings.data_dir, value)
-    if key_id is None:
-        raise Unauthenticated(
-            "the dashboard session is invalid or expired: sign in again",
-            code="invalid_session",
-        )
-    with store.sessions() as session:
-        caller = caller_for_key_id(session, key_id)
-    if caller is None:
-        raise Unauthenticated(
-            "the API key of this dashboard session has been revoked", code="invalid_session"
-        )
-    return caller
+    return dashboard_sessions.session_caller(request.app.state.store, value)
+
+
+def _trusted(peer: str | None, proxies: list[str]) -> bool:
+    """Whether ``peer`` is one of ``proxies`` (addresses or networks such as 10.0.0.0/24)."""
+    if not peer or not proxies:
+        return False
+    try:
+        address = ipaddress.ip_address(peer)
+    except ValueError:  # a Unix socket's path, a test client's name
+        return peer in proxies
+    for entry in proxies:
+        try:
+            if address in ipaddress.ip_network(entry.strip(), strict=False):
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def cookie_secure(request: Request, settings: Settings) -> bool:
+    """``Secure`` on the session cookie: the service's public URL is https, or the request
+    came over https itself, or through a trusted proxy (the direct peer is in
+    ``settings.trusted_proxies``) that says so with ``X-Forwarded-Proto: https``. A client's
+    own ``X-Forwarded-Proto`` from any other address counts for nothing."""
+    if (settings.public_url or "").strip().lower().startswith("https://"):
+        return True
+    if request.url.scheme == "https":
+        return True
+    peer = request.client.host if request.client else None
+    if not _trusted(peer, settings.trusted_proxies):
+        return False
+    # the nearest proxy's word is the last of a list
+    proto = request.headers.get("x-forwarded-proto", "").rsplit(",", 1)[-1]
+    return proto.strip().lower() == "https"
+
+
+def set_cookie(response: Response, request: Request, settings: Settings, value: str) -> None:
+    response.set_cookie(
+        COOKIE,
+        value,
+        max_age=SESSION_SECONDS,
+        path="/",
+        httponly=True,
+        samesite="strict",
+        secure=cookie_secure(request, settings),
+    )
+
+
+def clear_cookie(response: Response, request: Request, settings: Settings) -> None:
+    response.delete_cookie(
+        COOKIE,
+        path="/",
+        httponly=True,
+        samesite="strict",
+        secure=cookie_secure(request, settings),
+    )
 
 
 def same_origin(request: Request) -> bool:

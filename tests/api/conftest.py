@@ -75,10 +75,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(settings: Settings) -> Iterator[Server]:
+def _serve(settings: Settings, **options: object) -> Iterator[Server]:
+    """The app over uvicorn as ``dprc serve`` runs it (uvicorn's proxy headers off: the app
+    believes only ``settings.trusted_proxies``); ``options`` go to uvicorn (``ssl_certfile``
+    and ``ssl_keyfile``: https)."""
     app = build_app(settings)
     port = _free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        proxy_headers=False,
+        **options,
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -88,7 +99,8 @@ def _serve(settings: Settings) -> Iterator[Server]:
             raise RuntimeError("uvicorn did not start")
         time.sleep(0.02)
     try:
-        yield Server(f"http://127.0.0.1:{port}", app.state.store, settings)
+        scheme = "https" if "ssl_certfile" in options else "http"
+        yield Server(f"{scheme}://127.0.0.1:{port}", app.state.store, settings)
     finally:
         server.should_exit = True
         thread.join(timeout=10)

@@ -41,27 +41,30 @@ class Dashboard:
     env: dict[str, str]
     log: Path
     shots: Path
-    keys: dict[str, str] = field(default_factory=dict)
+    keys: dict[tuple[str, str], str] = field(default_factory=dict)
 
-    def key(self, tenant: str) -> str:
-        """``dprc keys create`` as a user runs it: the key is the line it prints."""
-        if tenant not in self.keys:
+    def key(self, tenant: str, role: str = "admin") -> str:
+        """``dprc keys create --role`` as a user runs it (one key per tenant and role; admin by
+        default, the role that may do everything): the key is the line it prints."""
+        if (tenant, role) not in self.keys:
+            argv = ["keys", "create", "--tenant", tenant, "--role", role]
             out = subprocess.run(
-                [sys.executable, "-m", "dprc.cli", "keys", "create", "--tenant", tenant]
-                + ["--role", "admin"],
+                [sys.executable, "-m", "dprc.cli", *argv],
                 env=self.env,
                 cwd=ROOT,
                 check=True,
                 capture_output=True,
                 text=True,
             )
-            self.keys[tenant] = out.stdout.strip()
-        return self.keys[tenant]
+            self.keys[(tenant, role)] = out.stdout.strip()
+        return self.keys[(tenant, role)]
 
-    def api(self, tenant: str) -> httpx.Client:
+    def api(self, tenant: str, role: str = "admin") -> httpx.Client:
         """The JSON API with the tenant's bearer key (the test's independent view)."""
         return httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {self.key(tenant)}"}, timeout=120
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {self.key(tenant, role)}"},
+            timeout=120,
         )
 
     def shot(self, page, name: str, full_page: bool = False) -> None:

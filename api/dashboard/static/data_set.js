@@ -1,16 +1,18 @@
 "use strict";
-(async () => {
+(() => {
   const { api, el, eps, num, when } = dprc;
   const id = dprc.main().dataset.fileId;
+  const base = `/v1/files/${encodeURIComponent(id)}`;
   const summary = document.getElementById("file-summary");
-  try {
-    const [f, history] = await Promise.all([
-      api(`/v1/files/${encodeURIComponent(id)}`),
-      api(`/v1/files/${encodeURIComponent(id)}/budget/history`),
-    ]);
+
+  async function load() {
+    const [f, history] = await Promise.all([api(base), api(`${base}/budget/history`)]);
     document.getElementById("file-name").textContent = f.filename;
     summary.replaceChildren(
       el("p", { class: "muted", text: `${f.id} · ${f.n_examples} examples · ${f.format} · uploaded ${when(f.created_at)}` }),
+      ...(f.budget_group ? [el("p", { class: "muted small", id: "budget-group", "data-group": f.budget_group,
+        text: `Budget group ${f.budget_group}: every upload that shares an example with this one shares this budget.` })] : []),
+      ...(f.deleted ? [el("p", { class: "muted", id: "file-deleted", text: `Content deleted ${when(f.deleted_at)}; its budget and history remain.` })] : []),
       ...(f.budget ? [dprc.budgetBar(f.budget), dprc.budgetWords(f.budget)]
         : [el("p", { class: "muted", text: `No privacy budget; ε below is at the default δ ${num(history.delta, 3)}.` })]));
     const t = (p) => (p.created_at - f.created_at) / 60;
@@ -36,5 +38,33 @@
         el("thead", {}, el("tr", {}, ["Job", "Status", "Created", "ε of the job (ran)", "composed ε spent", "composed ε committed"].map((h) => el("th", { text: h })))),
         el("tbody", {}, rows)))
       : el("p", { class: "muted", text: "None yet." }));
-  } catch (err) { dprc.showError(summary, err); }
+  }
+
+  // the budget change: rendered by the server for admins only (the API refuses the others);
+  // the reason is required and goes to the audit log with the change
+  const form = document.getElementById("budget-form");
+  if (form) {
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const out = document.getElementById("budget-result");
+      const body = { reason: document.getElementById("budget-reason").value.trim() };
+      const epsilon = document.getElementById("budget-epsilon").value.trim();
+      const delta = document.getElementById("budget-delta").value.trim();
+      if (!body.reason) {
+        out.replaceChildren(el("p", { class: "error", role: "alert", text: "Give the reason for the change." }));
+        return;
+      }
+      if (epsilon) body.epsilon_budget = Number(epsilon);
+      if (delta) body.delta = Number(delta);
+      try {
+        const f = await api(`${base}/budget`, { method: "POST", json: body });
+        out.replaceChildren(el("p", { class: "ok", id: "budget-changed" },
+          f.budget ? `Budget now ε ${num(f.budget.epsilon)} at δ ${num(f.budget.delta, 3)}.` : "Budget changed."));
+        form.reset();
+        await load();
+      } catch (err) { dprc.showError(out, err); }
+    });
+  }
+
+  load().catch((err) => dprc.showError(summary, err));
 })();

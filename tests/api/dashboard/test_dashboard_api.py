@@ -4,19 +4,23 @@
   dp_accounting's PLD accountant called here on the jobs' (σ, q, steps);
 * ``POST /v1/accountant/job_plan``: the plan job creation then makes, and the budget it leaves;
 * the sign-in cookie: HttpOnly, SameSite=Strict, not the key; CSRF refusals; revocation;
-  forged cookies; another tenant's pages are 404; the CSP header.
+  forged cookies; another tenant's pages are 404; the CSP header;
+* the pages by role: the role next to the tenant, the admin pages (keys, audit log) in the
+  menu and open to admins only (a 403 page for the others), the budget change on a data set's
+  page for admins only, with a required reason.
+
+The sessions themselves (sign-out, expiry, malformed cookies, the Secure flag):
+tests/api/test_dashboard_sessions.py.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 
 import dp_accounting
 import pytest
 
-from api.dashboard.session import COOKIE, SECRET_FILE
+from api.dashboard.session import COOKIE
 from service.keys import revoke_key
 from tests.api.conftest import labelled_lines
 
@@ -149,15 +153,14 @@ def _sign_in(sqlite_server, key: str):
     return http, r
 
 
-def test_sign_in_sets_a_signed_cookie_not_the_key(sqlite_server):
+def test_sign_in_sets_a_session_cookie_not_the_key(sqlite_server):
     key = sqlite_server.key("cookie")
     http, r = _sign_in(sqlite_server, key)
     header = r.headers["set-cookie"]
     assert header.startswith(f"{COOKIE}=")
     assert "HttpOnly" in header and "SameSite=strict" in header and "Path=/" in header
     assert key not in header and key.split("-", 1)[1] not in header
-    secret = sqlite_server.settings.data_dir / SECRET_FILE
-    assert stat.S_IMODE(os.stat(secret).st_mode) == 0o600
+    assert not (sqlite_server.settings.data_dir / "dashboard.secret").exists()  # no longer
     me = http.get("/v1/me")
     assert me.status_code == 200 and me.json()["tenant"] == "cookie"
     page = http.get("/")
@@ -168,21 +171,17 @@ def test_sign_in_sets_a_signed_cookie_not_the_key(sqlite_server):
     assert not re.search(r"<script(?![^>]*\bsrc=)", page.text)  # no inline script
     # a change by cookie needs the dashboard header and the same origin
     f = _upload(sqlite_server.http(key))
-    body = {"epsilon_budget": 5.0}
-    url = f"/v1/files/{f['id']}/budget"
-    refused = http.post(url, json=body)
+    url = f"/v1/files/{f['id']}"
+    refused = http.delete(url)
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "csrf_check_failed"
-    cross = http.post(
-        url, json=body, headers={"X-DPRC-Dashboard": "1", "Origin": "https://evil.example"}
-    )
+    cross = http.delete(url, headers={"X-DPRC-Dashboard": "1", "Origin": "https://evil.example"})
     assert cross.status_code == 401
-    ok = http.post(
-        url, json=body, headers={"X-DPRC-Dashboard": "1", "Origin": sqlite_server.base_url}
-    )
-    assert ok.status_code == 200 and ok.json()["budget"]["epsilon"] == 5.0
-    # a forged signature is refused; a revoked key ends its sessions
+    assert sqlite_server.http(key).get(url).status_code == 200  # still there
+    ok = http.delete(url, headers={"X-DPRC-Dashboard": "1", "Origin": sqlite_server.base_url})
+    assert ok.status_code == 200 and ok.json()["deleted"] is True
+    # a changed token is refused; a revoked key ends its sessions
     value = http.cookies[COOKIE]
-    forged = value[:-1] + ("0" if value[-1] != "0" else "1")
+    forged = value[:-1] + ("A" if value[-1] != "A" else "B")
     import httpx
 
     bad = httpx.get(f"{sqlite_server.base_url}/v1/me", cookies={COOKIE: forged})
@@ -210,7 +209,7 @@ def test_bad_key_and_other_tenants_pages(sqlite_server):
     assert r.status_code == 403
     assert anon.get("/jobs").status_code == 303  # not signed in: to the sign-in page
     owner = sqlite_server.http(sqlite_server.key("owner"))
-    f = _upload(owner, budget=None, delta=None)
+    f = _upload(owner)
     job = _job(owner, f["id"], 2.0)
     stranger, _ = _sign_in(sqlite_server, sqlite_server.key("stranger"))
     for path in (f"/jobs/{job['id']}", f"/data-sets/{f['id']}"):
@@ -222,3 +221,48 @@ def test_bad_key_and_other_tenants_pages(sqlite_server):
     assert mine.get(f"/data-sets/{f['id']}").status_code == 200
     static = mine.get("/dashboard/static/chart.js")
     assert static.status_code == 200 and static.headers["content-security-policy"]
+
+
+def test_pages_by_role(sqlite_server):
+    """Admins see and open the keys and audit pages; a trainer or viewer gets a 403 page."""
+    admin, _ = _sign_in(sqlite_server, sqlite_server.key("roles", "admin"))
+    home = admin.get("/")
+    assert home.status_code == 200 and 'data-role="admin"' in home.text
+    assert '<span class="role" id="role"' in home.text and ">admin</span>" in home.text
+    assert 'href="/keys"' in home.text and 'href="/audit"' in home.text
+    for path, script in (("/keys", "keys.js"), ("/audit", "audit.js")):
+        page = admin.get(path)
+        assert page.status_code == 200 and f"/dashboard/static/{script}" in page.text, path
+        assert not re.search(r"<script(?![^>]*\bsrc=)", page.text)  # no inline script
+        assert "default-src 'none'" in page.headers["content-security-policy"]
+    audit = admin.get("/audit").text
+    assert '<option value="session.sign_in">' in audit and '<option value="key.create">' in audit
+    for role in ("trainer", "viewer"):
+        http, _ = _sign_in(sqlite_server, sqlite_server.key("roles", role))
+        home = http.get("/")
+        assert f'data-role="{role}"' in home.text and f">{role}</span>" in home.text
+        assert 'href="/keys"' not in home.text and 'href="/audit"' not in home.text
+        for path in ("/keys", "/audit"):
+            page = http.get(path)
+            assert page.status_code == 403 and "Not allowed" in page.text, (role, path)
+            assert f"the {role} key" in page.text and ".js" not in page.text.split("<main")[1]
+            assert page.headers["content-security-policy"]
+    # not signed in: the sign-in page
+    import httpx
+
+    anon = httpx.Client(base_url=sqlite_server.base_url, timeout=60)
+    assert anon.get("/keys").headers["location"] == "/sign-in"
+
+
+def test_the_budget_change_is_for_admins_only(sqlite_server):
+    """The data set's page has the budget form, with a required reason, for admins; the others
+    see the budget read-only."""
+    f = _upload(sqlite_server.http(sqlite_server.key("budget-form")))
+    admin, _ = _sign_in(sqlite_server, sqlite_server.key("budget-form", "admin"))
+    page = admin.get(f"/data-sets/{f['id']}").text
+    assert 'id="budget-form"' in page and 'id="budget-read-only"' not in page
+    assert re.search(r'<input[^>]*name="reason"[^>]*id="budget-reason"[^>]*required', page)
+    for role in ("trainer", "viewer"):
+        http, _ = _sign_in(sqlite_server, sqlite_server.key("budget-form", role))
+        page = http.get(f"/data-sets/{f['id']}").text
+        assert 'id="budget-form"' not in page and 'id="budget-read-only"' in page, role
