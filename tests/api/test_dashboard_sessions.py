@@ -94,9 +94,7 @@ def _audit(srv: Server, tenant: str) -> list[AuditEntry]:
         tenant_id = session.scalar(select(Tenant.id).where(Tenant.name == tenant))
         return list(
             session.scalars(
-                select(AuditEntry)
-                .where(AuditEntry.tenant_id == tenant_id)
-                .order_by(AuditEntry.seq)
+                select(AuditEntry).where(AuditEntry.tenant_id == tenant_id).order_by(AuditEntry.seq)
             )
         )
 
