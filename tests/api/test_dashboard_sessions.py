@@ -90,11 +90,15 @@ def server_log() -> Iterator[Records]:
 
 
 def _audit(srv: Server, tenant: str) -> list[AuditEntry]:
+    """The tenant's session entries in chain order (the keys' creation on the shell is
+    audited too: left out)."""
     with srv.store.sessions() as session:
         tenant_id = session.scalar(select(Tenant.id).where(Tenant.name == tenant))
         return list(
             session.scalars(
-                select(AuditEntry).where(AuditEntry.tenant_id == tenant_id).order_by(AuditEntry.seq)
+                select(AuditEntry)
+                .where(AuditEntry.tenant_id == tenant_id, AuditEntry.action.like("session.%"))
+                .order_by(AuditEntry.seq)
             )
         )
 
