@@ -21,9 +21,11 @@ STEP = re.compile(r"^Step \d+/\d+$")  # a progress event (service/job_runs.recor
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
-def _lines(n: int) -> str:
+def _lines(n: int, tag: str = "") -> str:
+    """JSONL training lines; a distinct `tag` makes a data set of its own: uploads that share
+    lines share one budget group, and the tests here would otherwise spend each other's ε."""
     pats = ["ab", "cd", "ef"]
-    return "".join(json.dumps({"text": pats[i % 3] * (6 + i % 5)}) + "\n" for i in range(n))
+    return "".join(json.dumps({"text": pats[i % 3] * (6 + i % 5) + tag}) + "\n" for i in range(n))
 
 
 class Watch:
@@ -232,7 +234,7 @@ def test_upload_create_follow_download_cancel(dashboard, new_context, tmp_path):
     # 6. a second job, cancelled from its page after the confirmation
     other = api.post(
         "/v1/files",
-        files={"file": ("more.jsonl", _lines(48).encode())},
+        files={"file": ("more.jsonl", _lines(48, " more").encode())},
         data={"purpose": "fine-tune"},
     ).json()
     second = api.post(
@@ -289,7 +291,9 @@ def test_upload_create_follow_download_cancel(dashboard, new_context, tmp_path):
 def test_another_tenants_job_and_data_set_are_404_pages(dashboard, new_context):
     owner = dashboard.api("alice")
     f = owner.post(
-        "/v1/files", files={"file": ("a.jsonl", _lines(20).encode())}, data={"purpose": "fine-tune"}
+        "/v1/files",
+        files={"file": ("a.jsonl", _lines(20, " other").encode())},
+        data={"purpose": "fine-tune"},
     ).json()
     job = owner.post(
         "/v1/fine_tuning/jobs",

@@ -64,7 +64,7 @@ def test_keys_and_audit_pages(dashboard, new_context):
     api = dashboard.api("dora")
     up = api.post(
         "/v1/files",
-        files={"file": ("g.jsonl", _lines(30).encode())},
+        files={"file": ("g.jsonl", _lines(30, " governed").encode())},
         data={"purpose": "fine-tune", "epsilon_budget": "4"},
     )
     assert up.status_code == 200, up.text

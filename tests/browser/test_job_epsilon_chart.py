@@ -49,7 +49,9 @@ def _wait(api: httpx.Client, job_id: str, done, timeout: float = 240) -> dict[st
 
 def _job(api: httpx.Client, n_epochs: int, clipping: dict[str, Any], **extra) -> dict[str, Any]:
     f = api.post(
-        "/v1/files", files={"file": ("t.jsonl", _lines(48).encode())}, data={"purpose": "fine-tune"}
+        "/v1/files",
+        files={"file": ("t.jsonl", _lines(48, " chart").encode())},
+        data={"purpose": "fine-tune"},
     ).json()
     job = api.post(
         "/v1/fine_tuning/jobs",

@@ -17,8 +17,9 @@ from tests.dprc.client.conftest import write_lines
 PATTERNS = ["ab", "cd", "ef"]
 
 
-def _train(path, n=32):
-    return write_lines(path, [{"text": PATTERNS[i % 3] * (6 + i % 5)} for i in range(n)])
+def _train(path, n=32, tag=""):
+    """Training lines; a distinct `tag` makes a data set of its own (its own budget group)."""
+    return write_lines(path, [{"text": PATTERNS[i % 3] * (6 + i % 5) + tag} for i in range(n)])
 
 
 def _create_args(train_id: str, *extra: str) -> list[str]:
@@ -175,7 +176,8 @@ def test_follow_exits_non_zero_when_the_job_fails_or_is_cancelled(served, tmp_pa
     assert "failed: invalid_training_file" in failed.stderr
 
     # a long job: paused (follow exits 3), resumed, then cancelled (follow exits 1)
-    train = served.json("files", "upload", str(_train(tmp_path / "t.jsonl")))
+    # lines of its own: the earlier tests' jobs charged the shared lines' budget group
+    train = served.json("files", "upload", str(_train(tmp_path / "t.jsonl", tag=" paused")))
     job = served.json(*_create_args(train["id"]), "--epochs", "200")
     paused = served.json("jobs", "pause", job["id"])
     assert paused["status"] in ("paused", "running")
