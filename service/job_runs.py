@@ -13,8 +13,10 @@ from typing import Any
 
 from sqlalchemy import select
 
+from dprc_core.accounting import SHARED_SKETCH, epsilon_for_events
+from dprc_core.accounting.describe import sketch_words
 from dprc_core.training.results import results_csv
-from service import lifecycle
+from service import budget, lifecycle
 from service.clock import now
 from service.db import locked_session
 from service.file_storage import storage_dir, store_result_file
@@ -136,6 +138,75 @@ def _finite_or_none(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+class AccountingMismatch(Exception):
+    """The runner accounts a job otherwise than the service charged it, and not more cheaply
+    in the one sound way (an ``auto`` job whose every layer resolved to exact norms)."""
+
+
+EXACT_ENVELOPE = "exact"
+
+
+def record_accounting(store: Store, job_id: str, envelope: str, sketch: str) -> bool:
+    """The accountant's envelope and sketch the runner accounts the job with, once it has
+    resolved its norm methods on the model (before its first step is recorded).
+
+    The service plans ``auto`` as ``hutch`` (it has no model at creation). When every layer
+    resolves to an exact norm, the mechanism that runs is exact clipping with the planned σ,
+    q and steps: the job is then accounted, charged and reported as exact — one ε on every
+    surface (the job, its events, checkpoints, results, ledgers and the data set's budget) — and
+    one event says so. True when the row changed. Anything else that differs from the plan
+    would charge less than what runs: :class:`AccountingMismatch` (the worker fails the job)."""
+    with locked_session(store.sessions) as session:
+        file_id = session.scalar(select(JobRow.training_file_id).where(JobRow.id == job_id))
+        group_id = session.scalar(select(File.group_id).where(File.id == file_id))
+        group = budget.lock_group(session, group_id) if group_id is not None else None
+        job = session.scalar(select(JobRow).where(JobRow.id == job_id).with_for_update())
+        assert job is not None
+        if (envelope, sketch) == (job.accounting_envelope, job.accounting_sketch):
+            return False
+        if envelope != EXACT_ENVELOPE or job.accounting_envelope == EXACT_ENVELOPE:
+            raise AccountingMismatch(
+                f"the runner accounts envelope={envelope} sketch={sketch}, the job was "
+                f"charged envelope={job.accounting_envelope} sketch={job.accounting_sketch}"
+            )
+        privacy = dict(job.privacy)
+        before = float(privacy["planned_epsilon"])
+        job.accounting_envelope, job.accounting_k, job.accounting_sketch = (
+            EXACT_ENVELOPE,
+            None,
+            SHARED_SKETCH,
+        )
+        planned = epsilon_for_events([budget.planned_event(job)], float(privacy["target_delta"]))
+        accountant = dict(privacy.get("accountant") or {})
+        accountant.update(
+            clipping=EXACT_ENVELOPE,
+            k=None,
+            envelope=None,
+            sketch=SHARED_SKETCH,
+            sketch_model=sketch_words(EXACT_ENVELOPE, SHARED_SKETCH),
+        )
+        privacy.update(planned_epsilon=planned, accountant=accountant)
+        job.privacy = privacy
+        if group is not None:
+            budget.settle(session, group)
+        add_event(
+            session,
+            job.id,
+            f"Every layer resolved to exact norms (norm method auto at max_seq_len): the job "
+            f"is accounted as exact clipping, planned epsilon {planned:.4g} instead of the "
+            f"{before:.4g} charged for hutch at creation; the data set's budget is charged "
+            "accordingly",
+            data={
+                "accounting_envelope": EXACT_ENVELOPE,
+                "accounting_sketch": SHARED_SKETCH,
+                "planned_epsilon": planned,
+                "charged_before": before,
+            },
+        )
+        session.commit()
+        return True
 
 
 def record_progress(

@@ -10,8 +10,9 @@ runner computes:
 - δ defaults to 1/N^1.1 rounded down to two significant digits (never above 1/N); a δ above
   1/N is refused.
 - σ = ``dprc_core.accounting.noise_multiplier`` with the dimension-free envelope (rank=None).
-  ``auto`` clipping is planned as ``hutch`` (conservative: an all-exact auto run would be
-  accounted as exact, which has a smaller ε for the same σ).
+  ``auto`` clipping is planned as ``hutch`` (conservative: the service has no model at
+  creation); a run whose every layer resolves to exact norms is re-accounted as exact by the
+  worker before its first step is recorded (:func:`service.job_runs.record_accounting`).
 - the sketch (``privacy.clipping.sketch``): ``shared`` (revealed-scale model) or
   ``per_example`` (hidden-scale model, docs/accounting.md §10: a smaller σ for the same ε);
   per_example needs a randomized method. The plan carries the sketch it was accounted with

@@ -262,9 +262,21 @@ def _attempt_spec(store: Store, req: runs.JobRequest) -> JobSpec:
 
 
 def _progress_recorder(store: Store, job_id: str) -> Callable[[Progress], None]:
-    """The runner's progress callback: each step's metrics, and each checkpoint's archive."""
+    """The runner's progress callback: the accounting the runner resolved (first progress;
+    :func:`service.job_runs.record_accounting`), each step's metrics, and each checkpoint's
+    archive."""
+
+    accounted = False
 
     def on_progress(p: Progress) -> None:
+        nonlocal accounted
+        if not accounted and p.envelope is not None and p.sketch is not None:
+            # before the step is recorded: the job is charged what the runner accounts
+            try:
+                runs.record_accounting(store, job_id, p.envelope, p.sketch)
+            except runs.AccountingMismatch as exc:
+                raise JobFailure("plan_mismatch", str(exc)) from exc
+            accounted = True
         metrics: dict[str, Any] = {"batch_size": p.batch_size, "dropped": p.dropped}
         if p.loss is not None:
             metrics["train_loss"] = p.loss

@@ -121,8 +121,8 @@ class Clipping(Strict):
         "accounting). Omitted: per_example for a randomized method (hutch, hutchpp, auto), "
         "shared for exact and for nu_dpftrl (nothing is drawn); the job echoes what it runs. "
         "per_example is refused with exact. auto is planned and charged as hutch with this "
-        "sketch; a run whose layers all resolve to exact norms draws no sketch, and its "
-        "checkpoint ledger records exact, shared",
+        "sketch until the worker resolves it; a run whose layers all resolve to exact norms "
+        "draws no sketch and the job is then re-accounted as exact, shared (one event says so)",
     )
 
     @model_validator(mode="after")

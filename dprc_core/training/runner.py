@@ -199,6 +199,11 @@ class Progress:
     epsilon: float | None
     checkpoint: str | None = None
     valid_loss: float | None = None  # at checkpoints, with a validation file (validation.py)
+    # what ``epsilon`` is accounted with: the accountant's envelope family of the norm methods
+    # the engine resolved on the model (``auto``: exact when every layer is exact) and the
+    # sketch model; a service compares them with what it charged (service.job_runs)
+    envelope: str | None = None
+    sketch: str | None = None
 
 
 @dataclass
@@ -695,6 +700,8 @@ class TrainingRun:
             epsilon=self.epsilon_at(self.done) if saved else self.epsilon_bound(),
             checkpoint=saved,
             valid_loss=self._valid_loss() if saved else None,
+            envelope=self.clipping,
+            sketch=self.plan.sketch,
         )
 
     def _valid_loss(self) -> float | None:
