@@ -222,6 +222,56 @@ class Clipping:
     def max_seq_len(self) -> int | None:
         return self.norm.max_seq_len if isinstance(self.norm, Auto) else None
 
+    def to_dict(self) -> dict[str, Any]:
+        """This clipping as a JSON object (a service job row's ``privacy.mechanisms.clipping``;
+        :meth:`from_dict` builds the equal object back)."""
+        return {
+            "max_grad_norm": self.max_grad_norm,
+            "norm_method": self.norm_method,
+            "k": None if isinstance(self.norm, Exact) else self.k,
+            "sketch": self.sketch,
+            "max_seq_len": self.max_seq_len,
+            "clipped_sum": self.clipped_sum,
+            "check_independence": self.check_independence,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Clipping:
+        """The clipping a :meth:`to_dict` object describes (unknown or missing fields and
+        invalid values refused with a ValueError naming them)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a clipping must be a JSON object, got {type(data).__name__}")
+        unknown = set(data) - set(_CLIPPING_FIELDS)
+        missing = {"max_grad_norm", "norm_method"} - set(data)
+        if unknown or missing:
+            raise ValueError(
+                f"clipping fields: unknown {sorted(unknown)}, missing {sorted(missing)}"
+            )
+        k = data.get("k")
+        norm = norm_from_method(
+            data["norm_method"],
+            k=DEFAULT_K if k is None else k,
+            max_seq_len=data.get("max_seq_len"),
+            sketch=data.get("sketch"),
+        )
+        return cls(
+            data["max_grad_norm"],
+            norm,
+            data.get("clipped_sum", "bookkeeping"),
+            data.get("check_independence", True),
+        )
+
+
+_CLIPPING_FIELDS = (
+    "max_grad_norm",
+    "norm_method",
+    "k",
+    "sketch",
+    "max_seq_len",
+    "clipped_sum",
+    "check_independence",
+)
+
 
 def norm_from_method(
     method: str,

@@ -29,9 +29,9 @@ from dprc_core.accounting.dpftrl import (
     dpftrl_sensitivity,
 )
 from dprc_core.accounting.events import (
-    CLIPPINGS,
-    check_clipping,
+    ENVELOPES,
     check_delta,
+    check_envelope,
     check_epsilon,
     check_noise_multiplier,
     check_sample_rate,
@@ -108,10 +108,10 @@ def _check(param: str | None, fn: Callable[..., T], *args: Any) -> T:
 def _clipping(req: AccountantQuery) -> tuple[str, int | None, int | None]:
     """The clipping, k and rank, checked one parameter at a time so that a refusal names the
     parameter it is about: the method alone, then k with it, then the rank with both."""
-    if req.clipping not in CLIPPINGS:
-        _check("clipping", check_clipping, req.clipping, req.k, req.rank)
-    _check("k", check_clipping, req.clipping, req.k, None)
-    return _check("rank", check_clipping, req.clipping, req.k, req.rank)
+    if req.clipping not in ENVELOPES:
+        _check("clipping", check_envelope, req.clipping, req.k, req.rank)
+    _check("k", check_envelope, req.clipping, req.k, None)
+    return _check("rank", check_envelope, req.clipping, req.k, req.rank)
 
 
 def _positive_int(name: str, value: int | None) -> int:

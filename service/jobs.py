@@ -199,7 +199,14 @@ def create_job(
     # each composes once, on a snapshot no one here changes meanwhile; the database's write
     # lock is held only to check the snapshot and insert. Other processes (API replicas) are
     # caught by the snapshot check.
-    new = _NewJob(req, plan, privacy_event, idem)
+    pr = req.privacy
+    mechanisms = plan.mechanisms(
+        pr.max_grad_norm,
+        req.hyperparameters.max_seq_len,
+        planning.job_sketch(pr.norm_method, pr.mechanism, pr.sketch),
+        secure=store.settings.secure_rng,
+    )
+    new = _NewJob(req, plan, privacy_event, idem, mechanisms)
     with _group_turn(group_id):
         known = _budget_snapshot(store, group_id, privacy_event)
         deadline = time.monotonic() + OPTIMISTIC_SECONDS
@@ -219,6 +226,7 @@ class _NewJob:
     plan: planning.JobPlan
     privacy_event: PrivacyEvent
     idem: Idempotency | None
+    mechanisms: dict[str, Any]  # the engine's clipping and noise objects, serialized
 
 
 def _check_devices(settings: Settings, devices: int) -> None:
@@ -351,7 +359,7 @@ def _reserve_and_insert(
     budget.reserve(
         session, group, new.privacy_event, known, plan.planned_epsilon, plan.target_delta
     )
-    row = _insert_job(session, caller, new.req, plan)
+    row = _insert_job(session, caller, new.req, plan, new.mechanisms)
     if new.idem is not None:
         session.add(
             IdempotencyKey(
@@ -507,9 +515,13 @@ def _stored_hyperparameters(req: JobRequest, plan: planning.JobPlan) -> dict[str
     return hyper
 
 
-def _stored_privacy(req: JobRequest, plan: planning.JobPlan) -> dict[str, Any]:
+def _stored_privacy(
+    req: JobRequest, plan: planning.JobPlan, mechanisms: dict[str, Any]
+) -> dict[str, Any]:
     """The job row's ``privacy``: what was asked, what was planned and how it is accounted
-    (read back by budgets, workers and :func:`privacy_of`)."""
+    (read back by budgets and :func:`privacy_of`), and ``mechanisms``, the engine's clipping
+    and noise objects serialized (``Clipping.to_dict``, ``Gaussian | NuDPFTRL.to_dict``),
+    which the worker builds its engine from."""
     pr = req.privacy
     return {
         "target_epsilon": pr.target_epsilon,
@@ -528,11 +540,16 @@ def _stored_privacy(req: JobRequest, plan: planning.JobPlan) -> dict[str, Any]:
         "noise_multiplier": plan.noise_multiplier,
         "planned_epsilon": plan.planned_epsilon,
         "accountant": plan.accountant(),
+        "mechanisms": mechanisms,
     }
 
 
 def _insert_job(
-    session: Session, caller: Caller, req: JobRequest, plan: planning.JobPlan
+    session: Session,
+    caller: Caller,
+    req: JobRequest,
+    plan: planning.JobPlan,
+    mechanisms: dict[str, Any],
 ) -> JobRow:
     row = JobRow(
         id=new_id("ftjob"),
@@ -542,7 +559,7 @@ def _insert_job(
         status=INITIAL.value,
         created_at=now(),
         hyperparameters=_stored_hyperparameters(req, plan),
-        privacy=_stored_privacy(req, plan),
+        privacy=_stored_privacy(req, plan, mechanisms),
         seed=req.seed if req.seed is not None else secrets.randbits(63),  # secret: 63 bits
         suffix=req.suffix,
         job_metadata=req.metadata,

@@ -32,6 +32,8 @@ from typing import Any, Literal
 from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent
 from dprc_core.accounting.describe import sketch_words
 from dprc_core.accounting.events import PER_EXAMPLE_SKETCH, SHARED_SKETCH, default_sketch
+from dprc_core.clipping import DEFAULT_K, Auto, Clipping, norm_from_method
+from dprc_core.noise import Gaussian, NoiseMechanism, NuDPFTRL
 from dprc_core.norm_methods import get_norm_method
 from dprc_core.training.plan import PrivacyPlan, default_delta, plan_privacy, planned_steps
 from service.budget import check_delta_for
@@ -89,6 +91,27 @@ class JobPlan:
         """The whole plan's privacy event, built by the library's plan."""
         assert self.privacy is not None, "service plans are made by make_plan"
         return self.privacy.event()
+
+    def mechanisms(
+        self, max_grad_norm: float, max_seq_len: int, sketch: str, *, secure: bool
+    ) -> dict[str, Any]:
+        """The engine's clipping and noise objects of this plan, serialized (the job row's
+        ``privacy.mechanisms``; the worker builds its engine from exactly them): the norm
+        method with its k, the run's ``sketch`` (:func:`job_sketch`) and, for ``auto``, the
+        ``max_seq_len`` it resolves for; the planned σ; ``secure``: the service's secure mode
+        (Gaussian noise only)."""
+        norm = norm_from_method(
+            self.method,
+            k=self.k if self.k is not None else DEFAULT_K,
+            max_seq_len=max_seq_len if self.method == Auto.method else None,
+            sketch=sketch,
+        )
+        noise: NoiseMechanism
+        if self.mechanism == NuDPFTRL.name:
+            noise = NuDPFTRL(self.noise_multiplier, nu=self.nu, bands=self.bands)
+        else:
+            noise = Gaussian(self.noise_multiplier, secure=secure)
+        return {"clipping": Clipping(max_grad_norm, norm).to_dict(), "noise": noise.to_dict()}
 
     def noise(self) -> dict[str, Any]:
         """What the job row stores as ``privacy.noise`` (read back by budgets and workers)."""

@@ -29,10 +29,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dprc_core.clipping import Clipping
+from dprc_core.noise import Gaussian, noise_from_dict
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.data import DataError
 from dprc_core.training.models import LoraSpec, ModelLoadError
-from dprc_core.training.runner import JobSpec, Progress, run_job
+from dprc_core.training.runner import JobSpec, Progress, mechanism_fields, run_job
 from dprc_core.training.validation import ValidationDataError
 from service import builtin_models as builtin
 from service import job_runs as runs
@@ -153,7 +155,41 @@ def _hyperparameter_fields(store: Store, hp: dict[str, Any]) -> dict[str, Any]:
 
 
 def _privacy_fields(store: Store, req: runs.JobRequest) -> dict[str, Any]:
-    """The spec's privacy fields from the job's privacy settings and the service's plan."""
+    """The spec's privacy fields: the engine's mechanism objects the service stored with the
+    job (``privacy.mechanisms``), read back and checked against the job's plan; a job stored
+    before they were (no ``mechanisms``): from its privacy settings as stored then."""
+    pr = req.privacy
+    stored = pr.get("mechanisms")
+    if stored is None:
+        return _legacy_privacy_fields(store, req)
+    try:
+        clipping, noise = Clipping.from_dict(stored["clipping"]), noise_from_dict(stored["noise"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise JobFailure(
+            "plan_mismatch", f"the job's stored mechanisms are invalid: {exc}"
+        ) from exc
+    if noise.noise_multiplier != req.noise_multiplier:
+        raise JobFailure(
+            "plan_mismatch",
+            f"the stored noise multiplier {noise.noise_multiplier} is not the job's "
+            f"{req.noise_multiplier}",
+        )
+    if isinstance(noise, Gaussian):
+        # secure mode is the worker's setting (docs/engine.md); an attempt that runs otherwise
+        # than the job was created with says so in an event (_attempt_spec)
+        noise = dataclasses.replace(noise, secure=store.settings.secure_rng)
+    fields = mechanism_fields(clipping, noise)
+    fields.pop("max_seq_len", None)  # the hyperparameters' (Clipping.to_dict took it from them)
+    return {
+        **fields,
+        "target_epsilon": None,
+        "target_delta": float(pr["target_delta"]),
+        "report_train_loss": bool(pr.get("report_train_loss", True)),
+    }
+
+
+def _legacy_privacy_fields(store: Store, req: runs.JobRequest) -> dict[str, Any]:
+    """The spec's privacy fields of a job stored without ``privacy.mechanisms``."""
     settings, pr = store.settings, req.privacy
     clip = pr["clipping"]
     noise = pr.get("noise") or {"mechanism": "gaussian"}
@@ -253,6 +289,15 @@ def _attempt_spec(store: Store, req: runs.JobRequest) -> JobSpec:
             if spec.noise_mechanism != "gaussian"
             else "Secure mode is on, but this job resumes from a checkpoint written without "
             "it: its noise and batches continue from torch's generator",
+        )
+    stored = (req.privacy.get("mechanisms") or {}).get("noise") or {}
+    if stored.get("mechanism") == Gaussian.name and bool(stored.get("secure")) != spec.secure_rng:
+        runs.record_event(
+            store,
+            req.id,
+            f"Secure mode is {'on' if spec.secure_rng else 'off'} on this worker and was "
+            f"{'on' if stored.get('secure') else 'off'} where the job was created: the "
+            "worker's setting decides where its noise and batches come from",
         )
     latest = ckpt_io.latest_checkpoint(Path(spec.output_dir))
     if latest is not None and (latest / "resume").is_dir():

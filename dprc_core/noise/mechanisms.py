@@ -55,6 +55,14 @@ class Gaussian:
         """The torch-generator sampler (the engine builds the secure one itself)."""
         return GaussianNoise(std)
 
+    def to_dict(self) -> dict[str, Any]:
+        """This mechanism as a JSON object (:func:`noise_from_dict` reads it back)."""
+        return {
+            "mechanism": self.name,
+            "noise_multiplier": self.noise_multiplier,
+            "secure": self.secure,
+        }
+
 
 @dataclass(frozen=True)
 class NuDPFTRL:
@@ -79,8 +87,38 @@ class NuDPFTRL:
         assert self.nu is not None  # checked on construction
         return NuDPFTRLNoise(std, self.nu, self.bands)
 
+    def to_dict(self) -> dict[str, Any]:
+        """This mechanism as a JSON object (:func:`noise_from_dict` reads it back)."""
+        return {
+            "mechanism": self.name,
+            "noise_multiplier": self.noise_multiplier,
+            "nu": self.nu,
+            "bands": self.bands,
+        }
+
 
 NoiseMechanism = Gaussian | NuDPFTRL
+
+
+def noise_from_dict(data: Any) -> NoiseMechanism:
+    """The mechanism a ``to_dict`` object describes, by its ``mechanism`` name (unknown
+    fields and invalid values refused with a ValueError)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a noise mechanism must be a JSON object, got {type(data).__name__}")
+    fields = dict(data)
+    name = fields.pop("mechanism", None)
+    allowed = {
+        Gaussian.name: {"noise_multiplier", "secure"},
+        NuDPFTRL.name: {"noise_multiplier", "nu", "bands"},
+    }
+    if name not in allowed:
+        raise ValueError(f"mechanism must be one of {sorted(allowed)}, got {name!r}")
+    unknown = set(fields) - allowed[name]
+    if unknown:
+        raise ValueError(f"unknown {name} fields: {sorted(unknown)}")
+    if name == Gaussian.name:
+        return Gaussian(**fields)
+    return NuDPFTRL(**fields)
 
 
 def as_noise_mechanism(

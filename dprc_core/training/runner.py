@@ -39,7 +39,7 @@ from typing import Any, cast
 import torch
 
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger
-from dprc_core.clipping import Clipping, norm_from_method
+from dprc_core.clipping import Auto, Clipping, norm_from_method
 from dprc_core.distributed import (
     Ranks,
     broadcast_bytes,
@@ -49,7 +49,7 @@ from dprc_core.distributed import (
 )
 from dprc_core.engine import PrivacyEngine, StepStats, accounting_envelope_for, layer_methods
 from dprc_core.losses import causal_lm_per_sample_loss, sequence_classification_per_sample_loss
-from dprc_core.noise import Gaussian, NuDPFTRL, SecureStream
+from dprc_core.noise import Gaussian, NoiseMechanism, NuDPFTRL, SecureStream
 from dprc_core.noise.secure_stream import new_key
 from dprc_core.norm_methods import get_norm_method, method_names
 from dprc_core.seeding import derive_seed, fresh_seed
@@ -166,6 +166,23 @@ class JobSpec:
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 
+    def mechanisms(self, noise_multiplier: float) -> tuple[Clipping, NoiseMechanism]:
+        """The engine's clipping and noise objects of this spec, with the planned σ: the one
+        mapping from the spec's flat fields (YAML-friendly) to the mechanism objects;
+        :func:`mechanism_fields` is its inverse."""
+        norm = norm_from_method(
+            self.norm_method,
+            k=self.k,
+            max_seq_len=self.max_seq_len if self.norm_method == Auto.method else None,
+            sketch=self.sketch,
+        )
+        noise: NoiseMechanism
+        if self.noise_mechanism == NuDPFTRL.name:
+            noise = NuDPFTRL(noise_multiplier=noise_multiplier, nu=self.nu, bands=self.bands)
+        else:
+            noise = Gaussian(noise_multiplier, secure=self.secure_rng)
+        return Clipping(self.max_grad_norm, norm), noise
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:
         if not isinstance(data, dict):
@@ -184,6 +201,33 @@ class JobSpec:
         if missing:
             raise ValueError(f"missing job fields: {sorted(missing)}")
         return cls(**data)
+
+
+def mechanism_fields(clipping: Clipping, noise: NoiseMechanism) -> dict[str, Any]:
+    """The job spec's fields that say ``clipping`` and ``noise`` (σ included): the inverse of
+    :meth:`JobSpec.mechanisms`, so that a service stores the mechanism objects
+    (``to_dict``) and its worker runs exactly them. Only the defaults a job spec runs with are
+    representable (``bookkeeping`` clipped sums, the independence check on)."""
+    if (clipping.clipped_sum, clipping.check_independence) != ("bookkeeping", True):
+        raise ValueError(
+            "a job spec runs bookkeeping clipped sums with the independence check: "
+            f"clipped_sum={clipping.clipped_sum!r}, check_independence="
+            f"{clipping.check_independence!r} cannot be run by the runner"
+        )
+    fields: dict[str, Any] = {
+        "max_grad_norm": clipping.max_grad_norm,
+        "norm_method": clipping.norm_method,
+        "k": clipping.k,
+        "sketch": clipping.sketch,
+        "noise_mechanism": noise.name,
+        "noise_multiplier": noise.noise_multiplier,
+        "secure_rng": noise.secure,
+    }
+    if clipping.max_seq_len is not None:
+        fields["max_seq_len"] = clipping.max_seq_len
+    if isinstance(noise, NuDPFTRL):
+        fields.update(nu=noise.nu, bands=noise.bands)
+    return fields
 
 
 @dataclass
@@ -502,22 +546,11 @@ def _build_engine(
         opt = torch.optim.Adam(params, lr=spec.learning_rate)
     else:
         opt = torch.optim.SGD(params, lr=spec.learning_rate)
-    noise: Gaussian | NuDPFTRL
-    if spec.noise_mechanism == NuDPFTRL.name:
-        assert spec.nu is not None  # the plan refused a nu_dpftrl job without nu
-        noise = NuDPFTRL(noise_multiplier=plan.noise_multiplier, nu=spec.nu, bands=spec.bands)
-    else:
-        noise = Gaussian(plan.noise_multiplier, secure=spec.secure_rng)
-    norm = norm_from_method(
-        spec.norm_method,
-        k=spec.k,
-        max_seq_len=spec.max_seq_len if spec.norm_method == "auto" else None,
-        sketch=spec.sketch,
-    )
+    clipping, noise = spec.mechanisms(plan.noise_multiplier)
     engine = PrivacyEngine(
         model,
         opt,
-        clipping=Clipping(spec.max_grad_norm, norm),
+        clipping=clipping,
         noise=noise,
         expected_batch_size=plan.batch_size,
         seed=seed,
