@@ -20,11 +20,12 @@ from service import budget, lifecycle
 from service.clock import now
 from service.db import locked_session
 from service.file_storage import storage_dir, store_result_file
+from service.fine_tuned_models import fine_tuned_name, root_base_name
 from service.ids import new_id
 from service.job_events import add_event
 from service.lifecycle import Actor, JobStatus
 from service.store import Store
-from service.tables import Checkpoint, File, JobEvent
+from service.tables import Checkpoint, File, JobEvent, Tenant
 from service.tables import Job as JobRow
 
 # The validation file's id is kept in the job row's ``hyperparameters`` JSON under this key
@@ -320,6 +321,9 @@ def end_job(
     if target not in lifecycle.TERMINAL:
         raise ValueError(f"not a terminal status: {status}")
     record_results(store, job_id)
+    named: dict[str, Any] = {}
+    if target == JobStatus.SUCCEEDED:
+        named["fine_tuned_model"] = _fine_tuned_name(store, job_id)
     lifecycle.move(
         store,
         job_id,
@@ -331,7 +335,21 @@ def end_job(
         error_code=error_code,
         error_message=error_message,
         lease_owner=None,
+        **named,
     )
+
+
+def _fine_tuned_name(store: Store, job_id: str) -> str:
+    """The model a succeeded job names (OpenAI's ``fine_tuned_model``): its root base model,
+    its tenant, its suffix and its id (service.fine_tuned_models)."""
+    with store.sessions() as session:
+        model, suffix, tenant_id, tenant = session.execute(
+            select(JobRow.model, JobRow.suffix, JobRow.tenant_id, Tenant.name)
+            .join(Tenant, Tenant.id == JobRow.tenant_id)
+            .where(JobRow.id == job_id)
+        ).one()
+        base = root_base_name(session, tenant_id, model)
+    return fine_tuned_name(base, tenant, suffix, job_id)
 
 
 def results_rows(session: Any, job_id: str) -> list[dict[str, Any]]:

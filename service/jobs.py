@@ -31,7 +31,7 @@ from dprc_core.training.models import (
     check_max_seq_len,
     check_trainable,
 )
-from service import audit, budget, job_runs, lifecycle, planning
+from service import audit, budget, fine_tuned_models, job_runs, lifecycle, planning
 from service import model_registry as models
 from service.audit import Act
 from service.clock import now
@@ -173,7 +173,8 @@ def create_job(
             if existing is not None:
                 return existing
 
-    model = models.get_model(store.settings, req.model)
+    # an allow-listed model, or one of the tenant's fine-tuned ones (then its root base)
+    model = fine_tuned_models.model_for_job(store, caller, req.model)
     _check_devices(store.settings, req.devices)
     with store.sessions() as session:
         file = _training_file(session, caller, req.training_file)

@@ -37,8 +37,9 @@ from dprc_core.training.models import LoraSpec, ModelLoadError
 from dprc_core.training.runner import JobSpec, Progress, mechanism_fields, run_job
 from dprc_core.training.validation import ValidationDataError
 from service import builtin_models as builtin
+from service import fine_tuned_models, lifecycle
 from service import job_runs as runs
-from service import lifecycle
+from service.errors import NotFound
 from service.lifecycle import WorkerOutcome
 from service.model_registry import Model, registry
 from service.private_data import engine_seed, run_folder
@@ -91,7 +92,7 @@ def build_spec(store: Store, req: runs.JobRequest) -> JobSpec:
     """The runner's spec of a job: the allow-listed model's folder, the job's files on disk,
     its hyperparameters, and the service's plan (σ, δ, the norm method) used as is."""
     settings = store.settings
-    model = _ready_model(store, req.model)
+    model = _ready_model(store, req)
     _check_files_on_disk(req)
     return JobSpec(
         model=str(model.path),
@@ -108,8 +109,12 @@ def build_spec(store: Store, req: runs.JobRequest) -> JobSpec:
     )
 
 
-def _ready_model(store: Store, name: str) -> Model:
-    """The allow-listed model ``name``, its folder on disk (a buildable one built first)."""
+def _ready_model(store: Store, req: runs.JobRequest) -> Model:
+    """The job's model and its folder on disk: an allow-listed one (a buildable one built
+    first), or one of the tenant's fine-tuned models, unpacked from its last checkpoint."""
+    name = req.model
+    if fine_tuned_models.is_fine_tuned(name):
+        return _fine_tuned_model(store, req.tenant_id, name)
     model = registry(store.settings).get(name)
     if model is None:
         raise JobFailure("model_not_found", f"model {name!r} is no longer in the allow-list")
@@ -122,6 +127,21 @@ def _ready_model(store: Store, name: str) -> Model:
             "no config.json (was it removed from disk?)",
         )
     return model
+
+
+def _fine_tuned_model(store: Store, tenant_id: int, name: str) -> Model:
+    try:
+        ft = fine_tuned_models.lookup(store, tenant_id, name)
+    except NotFound as exc:
+        raise JobFailure(
+            "model_not_found",
+            f"the fine-tuned model {name!r} is gone (its job's last checkpoint was deleted, or "
+            "its base left the allow-list)",
+        ) from exc
+    if ft.lora:
+        raise JobFailure("model_not_found", f"the model {name!r} holds LoRA adapters only")
+    path = fine_tuned_models.unpack(ft, fine_tuned_models.weights_dir(store.settings, ft.job_id))
+    return Model(name, ft.base.task, path, False)
 
 
 def _check_files_on_disk(req: runs.JobRequest) -> None:

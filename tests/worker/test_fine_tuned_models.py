@@ -1,0 +1,141 @@
+"""Fine-tuned models as in OpenAI's API (issue 33, point 7), with the embedded worker on SQLite
+and PostgreSQL through uvicorn and the official ``openai`` client: a succeeded job names its
+model ``ft:<base>:<tenant>:<suffix>:<job id>``, ``GET /v1/models`` lists it for its tenant only,
+and it is the base of a later job, whose worker starts from exactly its released weights."""
+
+from __future__ import annotations
+
+import io
+import re
+import tarfile
+from collections.abc import Iterator
+
+import openai
+import pytest
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import load_file
+
+from tests.api.conftest import Server, _serve, _settings
+from tests.worker.conftest import learnable_lines, wait_for
+
+HP = {"n_epochs": 1, "batch_size": 8, "learning_rate": 0.01, "max_seq_len": 32}
+PRIVACY = {"privacy": {"target_epsilon": 4.0, "clipping": {"method": "exact"}}}
+ENDED = {"succeeded", "failed", "cancelled"}
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def served(request, tmp_path_factory) -> Iterator[Server]:
+    url = request.getfixturevalue("pg_url") if request.param == "postgresql" else None
+    tmp = tmp_path_factory.mktemp(f"dprc-ft-{request.param}")
+    yield from _serve(
+        _settings(
+            tmp,
+            url,
+            embedded_worker=True,
+            lease_seconds=6,
+            sweep_seconds=2,
+            max_physical_batch_size=8,
+        )
+    )
+
+
+def _train(client, tag: str, hp: dict = HP, **extra):
+    lines = learnable_lines(24).replace(b'"}', f' {tag}"}}'.encode())
+    f = client.files.create(
+        file=(f"{tag}.jsonl", lines), purpose="fine-tune", extra_body={"epsilon_budget": 9.0}
+    )
+    job = client.fine_tuning.jobs.create(
+        training_file=f.id, hyperparameters=hp, extra_body=PRIVACY, **extra
+    )
+    job = wait_for(client, job.id, ENDED)
+    assert job.status == "succeeded", job.model_extra.get("error") or job
+    return job
+
+
+def _archive_weights(client, job) -> dict:
+    ckpts = client.fine_tuning.jobs.checkpoints.list(job.id).data
+    last = max(ckpts, key=lambda c: c.step_number)
+    archive = client.files.content(last.model_extra["file_id"]).read()
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        member = tar.extractfile("model/model.safetensors")
+        assert member is not None
+        return load_safetensors(member.read())
+
+
+def test_a_succeeded_job_names_a_model_its_tenant_lists_and_trains_on(served):
+    tenant = f"Acme Labs {served.settings.data_dir.name}"
+    alice = served.client(served.key(tenant, role="trainer"))
+    bob = served.client(served.key(f"other {served.settings.data_dir.name}"))
+
+    first = _train(alice, "first", model="dprc-tiny-llama", suffix="first_run")
+    slug = re.sub(r"[^a-z0-9-]+", "-", tenant.lower()).strip("-")
+    name = f"ft:dprc-tiny-llama:{slug}:first_run:{first.id}"
+    assert first.fine_tuned_model == name
+
+    listed = {m.id: m for m in alice.models.list().data}
+    assert name in listed and "dprc-tiny-llama" in listed
+    assert listed[name].owned_by == tenant
+    assert alice.models.retrieve(name).id == name
+    # another tenant: not listed, 404 to read and to train on
+    assert name not in {m.id for m in bob.models.list().data}
+    with pytest.raises(openai.NotFoundError):
+        bob.models.retrieve(name)
+    bob_file = bob.files.create(
+        file=("b.jsonl", learnable_lines(24)), purpose="fine-tune", extra_body={"epsilon_budget": 5}
+    )
+    with pytest.raises(openai.NotFoundError) as refused:
+        bob.fine_tuning.jobs.create(
+            model=name, training_file=bob_file.id, hyperparameters=HP, extra_body=PRIVACY
+        )
+    assert refused.value.body["code"] == "model_not_found"
+
+    # the fine-tuned model is the base of a later job, which starts from its released weights
+    second = _train(alice, "second", model=name)
+    assert second.model == name
+    assert second.fine_tuned_model == f"ft:dprc-tiny-llama:{slug}::{second.id}"  # root base
+    unpacked = load_file(served.settings.models_dir / "fine-tuned" / first.id / "model.safetensors")
+    released = _archive_weights(alice, first)
+    assert unpacked.keys() == released.keys()
+    assert all((unpacked[k] == released[k]).all() for k in released)
+    trained = _archive_weights(alice, second)
+    assert any(not (trained[k] == released[k]).all() for k in released)  # it trained on
+
+    # the first job's last checkpoint deleted: its weights are gone, so is the model
+    ckpts = alice.fine_tuning.jobs.checkpoints.list(first.id).data
+    last = max(ckpts, key=lambda c: c.step_number)
+    admin = served.client(served.key(tenant, role="admin"))
+    admin.files.delete(last.model_extra["file_id"])
+    assert name not in {m.id for m in alice.models.list().data}
+    with pytest.raises(openai.NotFoundError):
+        alice.models.retrieve(name)
+    again = alice.files.create(
+        file=("c.jsonl", learnable_lines(24).replace(b'"}', b' third"}')),
+        purpose="fine-tune",
+        extra_body={"epsilon_budget": 5},
+    )
+    with pytest.raises(openai.NotFoundError):
+        alice.fine_tuning.jobs.create(
+            model=name, training_file=again.id, hyperparameters=HP, extra_body=PRIVACY
+        )
+
+
+def test_a_lora_fine_tune_is_listed_but_refused_as_a_base(served):
+    alice = served.client(served.key(f"lora {served.settings.data_dir.name}"))
+    job = _train(
+        alice,
+        "lora",
+        model="dprc-tiny-llama",
+        hp={**HP, "lora": {"r": 4}},
+    )
+    assert job.fine_tuned_model in {m.id for m in alice.models.list().data}
+    f = alice.files.create(
+        file=("d.jsonl", learnable_lines(24).replace(b'"}', b' next"}')),
+        purpose="fine-tune",
+        extra_body={"epsilon_budget": 5},
+    )
+    with pytest.raises(openai.BadRequestError) as refused:
+        alice.fine_tuning.jobs.create(
+            model=job.fine_tuned_model, training_file=f.id, hyperparameters=HP, extra_body=PRIVACY
+        )
+    assert refused.value.body["code"] == "model_unavailable"
+    assert "LoRA" in refused.value.body["message"]
