@@ -3,7 +3,7 @@
 The YAML (or JSON) file holds the fields of :class:`dprc_core.training.runner.JobSpec`;
 relative paths (``model``, ``train_file``, ``output_dir``) are taken relative to the file's
 folder. A progress bar shows step, loss and ε spent; a run whose ``output_dir`` holds a
-checkpoint resumes from it (``--no-resume`` refuses to, if the folder is not empty).
+checkpoint resumes from it (``--no-resume`` refuses a folder that is not empty).
 
 ``--nproc-per-node N`` trains on N processes of this host (data-parallel, see
 :mod:`dprc_core.distributed`): the command re-launches itself under ``torchrun``
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ def add_subparser(sub: Any) -> None:
     train.add_argument(
         "--no-resume",
         action="store_true",
-        help="never resume; refuse an output_dir that already has checkpoints",
+        help="never resume; refuse an output_dir that is not empty",
     )
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.add_argument(
@@ -57,7 +59,16 @@ def load_spec(path: str | Path):
     for key in ("model", "train_file", "validation_file", "output_dir"):
         if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
             data[key] = str((path.parent / data[key]).resolve())
-    return JobSpec.from_dict(data)
+    # a deprecated field's warning is shown (Python hides DeprecationWarning outside __main__)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecationWarning)
+        spec = JobSpec.from_dict(data)
+    for w in caught:
+        if issubclass(w.category, DeprecationWarning):
+            print(f"dprc train: warning: {path}: {w.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return spec
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -97,6 +108,10 @@ def _train(args: argparse.Namespace) -> int:
     from dprc_core.distributed import join_torchrun_group
 
     spec = load_spec(args.spec)
+    # checked before joining the process group: every rank checks before any rank writes
+    out = Path(spec.output_dir)
+    if args.no_resume and out.is_dir() and any(out.iterdir()):
+        raise ValueError(f"{out} is not empty; --no-resume needs an empty or new output_dir")
     joined = join_torchrun_group(spec.device)
     try:
         return _train_here(args, spec)
@@ -109,12 +124,9 @@ def _train_here(args: argparse.Namespace, spec: Any) -> int:
     from tqdm import tqdm
 
     from dprc_core.distributed import current_ranks
-    from dprc_core.training import checkpoint as ckpt_io
     from dprc_core.training.runner import run_job
 
     main = current_ranks().is_main
-    if args.no_resume and ckpt_io.list_checkpoints(spec.output_dir):
-        raise ValueError(f"{spec.output_dir} already holds checkpoints (--no-resume)")
     bar = None
 
     def progress(p) -> None:

@@ -19,6 +19,7 @@ from dprc_core.clipping import Clipping, Hutch
 from dprc_core.engine import PrivacyEngine
 from dprc_core.losses import causal_lm_per_sample_loss
 from dprc_core.noise import Gaussian
+from dprc_core.training.plan import default_delta
 from dprc_core.training.sampling import PoissonSampler
 
 VOCAB, SEQ, N = 64, 32, 512
@@ -54,12 +55,13 @@ def build_model(path: Path):
 def run(
     out_dir: Path = Path("runs/demo"),
     epsilon: float = 8.0,
-    delta: float = 1e-5,
+    delta: float | None = None,
     batch_size: int = 32,
     epochs: int = 2,
     k: int = 32,
 ) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
+    delta = default_delta(N) if delta is None else delta  # 1/N^1.1, as every other entry point
     data = synthetic_corpus(N)
     q = batch_size / N
     steps = epochs * math.ceil(N / batch_size)

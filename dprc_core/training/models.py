@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -118,12 +121,24 @@ def load_model(
     if lora is not None or adapter_path is not None:
         from peft import PeftModel, get_peft_model
 
-        if adapter_path is not None:
-            model = PeftModel.from_pretrained(model, adapter_path, is_trainable=True)
-        else:
-            assert lora is not None
-            model = get_peft_model(model, lora_config(lora, task))
+        with peft_quietly():
+            if adapter_path is not None:
+                model = PeftModel.from_pretrained(model, adapter_path, is_trainable=True)
+            else:
+                assert lora is not None
+                model = get_peft_model(model, lora_config(lora, task))
     return model
+
+
+@contextmanager
+def peft_quietly() -> Iterator[None]:
+    """Wrapping a model with peft without the FutureWarning peft triggers on every run
+    (it reads transformers' deprecated ``is_gradient_checkpointing``); other warnings pass."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        yield
 
 
 def lora_config(lora: LoraSpec, task: str) -> Any:
@@ -236,7 +251,8 @@ def check_trainable(
         from peft import get_peft_model
 
         try:
-            model = get_peft_model(model, lora_config(lora, task))
+            with peft_quietly():
+                model = get_peft_model(model, lora_config(lora, task))
         except ValueError as exc:  # e.g. a target that is a LayerNorm
             raise ModelSettingError("lora", f"lora.target_modules: {exc}") from exc
     trained = [n for n, p in model.named_parameters() if p.requires_grad]

@@ -138,9 +138,29 @@ def test_dprc_train_runs_a_yaml_job_and_resumes(tmp_path, capsys):
     assert out["status"] == "succeeded" and out["steps_done"] == out["steps"] == 3
     assert out["epsilon"] <= 4.0
     assert main(["train", str(tmp_path / "job.yaml"), "--no-resume", "--quiet"]) == 2
-    assert "already holds checkpoints" in capsys.readouterr().err
+    assert "is not empty" in capsys.readouterr().err
+    # --no-resume refuses any non-empty output_dir, checkpoints or not
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    (tmp_path / "other.yaml").write_text(
+        (tmp_path / "job.yaml").read_text().replace("output_dir: out", "output_dir: other")
+    )
+    assert main(["train", str(tmp_path / "other.yaml"), "--no-resume", "--quiet"]) == 2
+    assert "is not empty" in capsys.readouterr().err
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["notes.txt"]
     (tmp_path / "bad.yaml").write_text("model: m\ntask: translation\n")
     assert main(["train", str(tmp_path / "bad.yaml")]) == 2
+
+
+def test_dprc_train_shows_a_deprecated_field_s_warning(tmp_path, capsys):
+    # Python hides DeprecationWarning outside __main__: dprc train prints it itself
+    (tmp_path / "job.yaml").write_text(
+        "model: m\ntask: causal_lm\ntrain_file: t.jsonl\noutput_dir: out\nclipping: exact\n"
+    )
+    assert main(["train", str(tmp_path / "job.yaml"), "--quiet"]) != 0  # no model folder m
+    err = capsys.readouterr().err
+    assert "warning:" in err and "'clipping' is deprecated" in err and "norm_method" in err
 
 
 def test_the_job_field_norm_method_and_its_deprecated_spelling_clipping():
