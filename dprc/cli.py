@@ -6,8 +6,11 @@ the composition root, so that ``dprc_core`` never imports the service or the cli
 ``api`` never imports ``worker``.
 
 The client's commands are parsed without importing the library (whose engine imports torch):
-``dprc files list`` starts in about a second. Errors are one line and exit status 2 on both
-paths."""
+``dprc files list`` starts in under a second. ``dprc accountant …`` is parsed first with
+the command's own parser, standard library alone (:mod:`dprc.client.remote_accountant`): with
+``--server`` a server answers and the library is never imported; ``--help`` and usage errors
+exit before it is; the library (and torch) is imported only to compute here. Errors are one
+line and exit status 2 on both paths."""
 
 from __future__ import annotations
 
@@ -154,14 +157,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in client_commands.CLIENT_COMMANDS:
         return _run_client(build_client_parser(), argv)
+    if argv and argv[0] == "accountant":
+        return _accountant(argv)
     from dprc_core import cli as core_cli
 
     return core_cli.main(argv, parser=build_parser())
 
 
+def _accountant(argv: list[str]) -> int:
+    """``dprc accountant …``, parsed once, without the library: a server answers ``--server``
+    (a client command); else the library computes (``dprc_core.cli.main``'s way)."""
+    from dprc.client import remote_accountant
+
+    args = remote_accountant.build_parser().parse_args(argv)
+    if args.server is not None:
+        args.func = remote_accountant.command
+        return _run_parsed(args)
+    from dprc_core import cli as core_cli
+    from dprc_core.accounting import cli as accounting_cli
+
+    args.func = accounting_cli.COMMANDS[args.accountant_command]
+    return core_cli.run(args)
+
+
 def _run_client(parser: argparse.ArgumentParser, argv: list[str]) -> int:
-    """As ``dprc_core.cli.main``: a user error is one line on stderr and exit status 2."""
-    args = parser.parse_args(argv)
+    return _run_parsed(parser.parse_args(argv))
+
+
+def _run_parsed(args: argparse.Namespace) -> int:
+    """As ``dprc_core.cli.run``: a user error is one line on stderr and exit status 2."""
     try:
         return int(args.func(args) or 0)
     except (ValueError, RuntimeError) as exc:

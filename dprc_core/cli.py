@@ -2,7 +2,7 @@
 
 Each domain contributes its own sub-commands through an ``add_subparser(subparsers)``
 function, so this module only wires them together. The installed ``dprc`` script is
-``api.cli:main``, which adds the service's commands (``serve``, ``keys``) through
+``dprc.cli:main``, which adds the service's commands (``serve``, ``keys``) through
 ``extra_commands``; this library never imports the service.
 """
 
@@ -48,7 +48,11 @@ def _demo(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
     parser = parser or build_parser()
-    args = parser.parse_args(argv)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed command (its ``func``): a user error is one line and exit status 2."""
     try:
         return int(args.func(args) or 0)
     except (ValueError, RuntimeError) as exc:  # user errors: one clear line, non-zero exit

@@ -1,0 +1,315 @@
+"""The client's commands (``login``, ``files``, ``jobs``, ``audit``, ``accountant … --server``
+and their ``--help``) run with torch, transformers, numpy, scipy and dp_accounting made
+unimportable, and import neither those nor the ``dprc_core`` package: docs/cli.md, issue 33.
+
+Each command runs as ``python -c WRAPPER argv…``, where the wrapper puts a ``sys.meta_path``
+finder first that refuses those packages (noting every attempt) and, at exit, writes which of
+the watched packages were imported. The library's own path (``dprc accountant epsilon``
+without ``--server``) still imports torch, and fails under the same wrapper: the refusal bites.
+
+The accountant's options and request live in :mod:`dprc_core.accounting.cli_args`, standard
+library alone, which restates a few of the library's facts; they are checked against the
+library's here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dprc.client import remote_accountant
+
+REFUSED = ("torch", "transformers", "numpy", "scipy", "dp_accounting")
+WATCHED = (*REFUSED, "dprc_core")
+
+WRAPPER = """
+import atexit, json, os, sys
+
+REFUSED = set(json.loads(os.environ["REFUSED_IMPORTS"]))
+WATCHED = json.loads(os.environ["WATCHED_IMPORTS"])
+tried = []
+
+
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in REFUSED:
+            tried.append(name)
+            raise ImportError(f"{name} is made unimportable by the test")
+        return None
+
+
+sys.meta_path.insert(0, Refuse())
+
+
+@atexit.register
+def report():
+    loaded = sorted({m.split(".")[0] for m in sys.modules} & set(WATCHED))
+    with open(os.environ["IMPORT_REPORT"], "w") as fh:
+        json.dump({"tried": tried, "loaded": loaded}, fh)
+
+
+from dprc.cli import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+SIGMA_JOB = ["--sigma", "1.1", "--delta", "1e-5", "-q", "0.01", "--steps", "10"]
+
+
+def _closed_port() -> int:
+    """A local port nobody listens on (connections are refused at once)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _dprc(
+    tmp_path: Path, *argv: str, refuse: bool = True, stdin: str = "", **env: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, list[str]]]:
+    """``dprc argv…`` in a subprocess (no server, no key, a private client config unless
+    ``env`` says otherwise) and what it imported."""
+    report = tmp_path / "imports.json"
+    report.unlink(missing_ok=True)
+    e = {k: v for k, v in os.environ.items() if not k.startswith("DPRC_")}
+    e.update(
+        DPRC_CLIENT_CONFIG=str(tmp_path / "client.toml"),
+        IMPORT_REPORT=str(report),
+        REFUSED_IMPORTS=json.dumps(REFUSED if refuse else []),
+        WATCHED_IMPORTS=json.dumps(WATCHED),
+        **env,
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", WRAPPER, *argv],
+        env=e,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return proc, json.loads(report.read_text())
+
+
+def _assert_light(proc: subprocess.CompletedProcess[str], imports: dict[str, list[str]]) -> None:
+    assert "Traceback" not in proc.stderr and "ImportError" not in proc.stderr, proc.stderr
+    assert imports == {"tried": [], "loaded": []}, imports
+
+
+HELP = [
+    ["login", "--help"],
+    ["files", "list", "--help"],
+    ["files", "upload", "--help"],
+    ["jobs", "list", "--help"],
+    ["jobs", "create", "--help"],
+    ["audit", "--help"],
+    ["audit", "verify", "--help"],
+    ["accountant", "--help"],
+    ["accountant", "epsilon", "--help"],
+    ["accountant", "sigma", "--server", "--help"],
+]
+
+
+@pytest.mark.parametrize("argv", HELP, ids=" ".join)
+def test_client_help_needs_no_torch(tmp_path, argv):
+    proc, imports = _dprc(tmp_path, *argv)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: dprc {argv[0]}")
+    _assert_light(proc, imports)
+
+
+def _one_line_error(proc: subprocess.CompletedProcess[str], text: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert proc.stderr.startswith("dprc: error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert text in proc.stderr
+
+
+NOT_CONFIGURED = [
+    (["files", "list"], "no server"),
+    (["files", "list", "--server", "http://127.0.0.1:9"], "no API key"),
+    (["jobs", "list", "--server", "http://127.0.0.1:9"], "no API key"),
+    (["audit", "list", "--server", "http://127.0.0.1:9"], "no API key"),
+    (["accountant", "epsilon", *SIGMA_JOB, "--server"], "no server"),
+    (["accountant", "epsilon", *SIGMA_JOB, "--server", "http://127.0.0.1:9"], "no API key"),
+    (["accountant", "sigma", "--epsilon", "2", "--delta", "1e-5", "-q", "0.01", "--steps", "50",
+      "--server", "http://127.0.0.1:9"], "no API key"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"), NOT_CONFIGURED, ids=[" ".join(a) for a, _ in NOT_CONFIGURED]
+)
+def test_client_commands_without_a_server_or_key_fail_in_one_line_without_torch(
+    tmp_path, argv, error
+):
+    proc, imports = _dprc(tmp_path, *argv)
+    _one_line_error(proc, error)
+    _assert_light(proc, imports)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["jobs", "list"], ["accountant", "epsilon", *SIGMA_JOB, "--server"]],
+    ids=" ".join,
+)
+def test_client_commands_reach_for_the_server_without_torch(tmp_path, argv):
+    """Past the key: the request is built and sent (to a port nobody listens on)."""
+    url = f"http://127.0.0.1:{_closed_port()}"
+    proc, imports = _dprc(tmp_path, *argv, DPRC_API_KEY="dprc-test", DPRC_SERVER_URL=url)
+    _one_line_error(proc, f"cannot reach the dprc server at {url}")
+    _assert_light(proc, imports)
+
+
+def test_accountant_server_usage_and_job_errors_need_no_torch(tmp_path):
+    missing = ["accountant", "epsilon", "--sigma", "1", "--server", "http://127.0.0.1:9"]
+    proc, imports = _dprc(tmp_path, *missing)
+    assert proc.returncode == 2 and "the following arguments are required: --delta" in proc.stderr
+    _assert_light(proc, imports)
+    no_steps = ["accountant", "epsilon", "--sigma", "1", "--delta", "1e-5", "-q", "0.01"]
+    proc, imports = _dprc(tmp_path, *no_steps, "--server", "http://127.0.0.1:9")
+    _one_line_error(proc, "give --sample-rate and --steps")
+    _assert_light(proc, imports)
+    ftrl = [*no_steps[:-2], "--mechanism", "nu-dpftrl", "--steps", "10"]
+    proc, imports = _dprc(tmp_path, *ftrl, "--server", "http://127.0.0.1:9")
+    _one_line_error(proc, "--mechanism nu_dpftrl needs --nu")
+    _assert_light(proc, imports)
+
+
+def test_login_saves_the_config_without_torch(tmp_path):
+    proc, imports = _dprc(tmp_path, "login", "--server", "http://127.0.0.1:9/v1/", stdin="k\n")
+    assert proc.returncode == 0, proc.stderr
+    assert "saved the server URL and key" in proc.stderr
+    assert 'server_url = "http://127.0.0.1:9"' in (tmp_path / "client.toml").read_text()
+    _assert_light(proc, imports)
+
+
+def test_the_library_path_still_imports_torch(tmp_path):
+    """Computing here is the library's: it imports torch, and the refusal makes it fail."""
+    from dprc_core.accounting import epsilon
+
+    proc, imports = _dprc(tmp_path, "accountant", "epsilon", *SIGMA_JOB, "--json", refuse=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["epsilon"] == epsilon(1.1, 0.01, 10, 1e-5, "exact", None)
+    assert {"torch", "dprc_core", "numpy"} <= set(imports["loaded"]), imports
+    refused, imports = _dprc(tmp_path, "accountant", "epsilon", *SIGMA_JOB)
+    assert refused.returncode != 0 and "is made unimportable by the test" in refused.stderr
+    assert any(name.split(".")[0] in REFUSED for name in imports["tried"]), imports
+
+
+# -- in process: the request, the loader and the restated facts ------------------------------
+
+
+def test_server_request_is_built_from_the_same_arguments(monkeypatch):
+    from dprc.cli import main
+
+    sent = []
+
+    def answer(kind, body, args):
+        sent.append((kind, body))
+        return 0
+
+    monkeypatch.setattr(remote_accountant, "run", answer)
+    by_size = ["--dataset-size", "1000", "--batch-size", "10", "--epochs", "2"]
+    argv = ["accountant", "epsilon", "--sigma", "1.1", "--delta", "1e-5", *by_size]
+    assert main([*argv, "--envelope", "hutch", "--k", "8", "--server", "http://x"]) == 0
+    assert main(["accountant", "sigma", "--epsilon", "2", "--delta", "1e-5", *by_size,
+                 "--mechanism", "nu-dpftrl", "--nu", "0.1", "--ser"]) == 0  # fmt: skip
+    assert sent == [
+        ("epsilon", {"sample_rate": 0.01, "steps": 200, "clipping": "hutch", "k": 8,
+                     "rank": None, "noise_multiplier": 1.1, "delta": 1e-5}),
+        ("sigma", {"mechanism": "nu_dpftrl", "nu": 0.1, "bands": None, "steps": 200,
+                   "participations": 2, "min_separation": 100, "target_epsilon": 2.0,
+                   "target_delta": 1e-5}),
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def fresh_loader():
+    remote_accountant.accountant_args.cache_clear()
+    yield remote_accountant.accountant_args
+    remote_accountant.accountant_args.cache_clear()
+
+
+def test_the_loader_reads_the_library_module_from_its_file(fresh_loader, monkeypatch):
+    from dprc_core.accounting import cli_args
+
+    assert fresh_loader() is cli_args  # the library is imported: its module
+    fresh_loader.cache_clear()
+    monkeypatch.delitem(sys.modules, remote_accountant.ACCOUNTANT_ARGS)
+    light = fresh_loader()
+    assert light is not cli_args and light.__file__ == cli_args.__file__
+    assert light.ENVELOPES == cli_args.ENVELOPES
+
+
+def test_the_restated_facts_are_the_librarys():
+    from dprc_core import mechanism_names, norm_methods
+    from dprc_core.accounting import cli_args, events
+
+    assert cli_args.ENVELOPES == norm_methods.ENVELOPES == events.ENVELOPES
+    assert cli_args.SKETCHES == events.SKETCHES
+    assert cli_args.SHARED_SKETCH == events.SHARED_SKETCH
+    assert cli_args.PER_EXAMPLE_SKETCH == events.PER_EXAMPLE_SKETCH
+    assert (cli_args.GAUSSIAN, cli_args.NU_DPFTRL) == (
+        mechanism_names.GAUSSIAN,
+        mechanism_names.NU_DPFTRL,
+    )
+    assert cli_args.MECHANISMS == mechanism_names.NOISE_MECHANISMS
+    assert cli_args.LEGACY_MECHANISMS == mechanism_names.LEGACY_NAMES
+    for name in (*mechanism_names.NOISE_MECHANISMS, *mechanism_names.LEGACY_NAMES):
+        assert cli_args.canonical_mechanism(name) == mechanism_names.canonical_mechanism(name)
+    with pytest.raises(argparse.ArgumentTypeError):
+        cli_args.canonical_mechanism("dp_sgd")
+
+
+def test_the_restated_step_rule_is_the_planners():
+    from dprc_core.accounting import cli_args
+    from dprc_core.accounting.steps import planned_steps
+
+    for n in (1, 7, 30, 1000, 60_000):
+        for b in (1, 3, 8, 30, 256):
+            if b > n:
+                continue
+            for e in (0.1, 0.3, 0.5, 1, 1.5, 2, 3, 7.25):
+                assert cli_args.planned_steps(n, b, e) == planned_steps(n, b, e), (n, b, e)
+            for e in (1, 2, 5):
+                got = cli_args.planned_steps(n, b, e, "nu_dpftrl")
+                assert got == planned_steps(n, b, e, "nu_dpftrl") == e * math.ceil(n / b)
+
+
+FTRL_JOBS = [
+    "--nu 0.1 --dataset-size 100 --batch-size 10 --epochs 2",
+    "--nu 0.1 --dataset-size 101 --batch-size 10 --epochs 3",
+    "--nu 0.1 --steps 20 --participations 2 --min-separation 10",
+    "--nu 0.1 --dataset-size 100 --batch-size 10 --epochs 1.5",
+    "--nu 0.1 --dataset-size 100 --batch-size 200 --epochs 1",
+    "--nu 0.1 --dataset-size 100 --batch-size 10",
+    "--nu 0.1 --dataset-size 100 --batch-size 10 --epochs 2 --steps 20",
+    "--nu 0.1 --steps 20 --participations 2",
+    "--steps 20 --participations 2 --min-separation 10",
+    "--nu 0.1 -q 0.1 --steps 20 --participations 2 --min-separation 10",
+    "--nu 0.1 --envelope hutch --steps 20 --participations 2 --min-separation 10",
+    "--nu 0.1 --k 8 --steps 20 --participations 2 --min-separation 10",
+    "--nu 0.1 --sketch per_example --steps 20 --participations 2 --min-separation 10",
+]
+
+
+@pytest.mark.parametrize("job", FTRL_JOBS)
+def test_the_restated_dpftrl_job_rule_is_the_librarys(job):
+    from dprc_core.accounting import cli_args, dpftrl_cli
+
+    parser = remote_accountant.build_parser()
+    argv = "accountant epsilon --mechanism nu_dpftrl --sigma 1 --delta 1e-5 " + job
+    args = parser.parse_args(argv.split())
+    outcomes = []
+    for rule in (cli_args.dpftrl_job, dpftrl_cli._job):
+        try:
+            outcomes.append(rule(args))
+        except ValueError as exc:
+            outcomes.append(f"ValueError: {exc}")
+    assert outcomes[0] == outcomes[1]
