@@ -15,20 +15,29 @@ touch privacy and replaced where it does:
   ``per_sample_loss`` given); the Trainer's ``optimizer.step()`` is the engine's step: noise
   once, divide by B, the real optimizer's step;
 * the steps are planned by dprc's planner (one step rule ⌈epochs·N/B⌉, or ``max_steps``) and
-  σ calibrated for ``target_epsilon`` unless ``noise_multiplier`` is given;
+  σ calibrated for ``target_epsilon`` unless ``noise_multiplier`` is given; the Trainer's
+  epochs are the plan's (epoch e ends after ⌈e·N/B⌉ steps, :class:`_EpochClock`), so
+  per-epoch eval / log / save strategies fire once per epoch, and the steps run are exactly
+  the planned steps;
 * ε spent is in every log (hence TensorBoard and any ``report_to``) and the final metrics;
-  ``save_model`` writes safetensors plus ``privacy_ledger.json``; a Trainer checkpoint also
-  holds ``dprc_private/`` (the engine's generator and noise states: PRIVATE, never share it),
-  from which ``train(resume_from_checkpoint=...)`` continues exactly.
+  ``save_model`` writes safetensors plus ``privacy_ledger.json``, ``privacy.json`` and
+  ``training_args.json`` (never the Trainer's pickled ``training_args.bin``); a Trainer
+  checkpoint also holds ``dprc_private/`` (the engine's generator and noise states: PRIVATE,
+  never share it), from which ``train(resume_from_checkpoint=...)`` in a new DPTrainer
+  continues exactly. A DPTrainer trains once: a second ``train()`` is refused.
 
-What would break privacy is refused when the trainer is built (see :func:`_refusals`).
+What would break privacy is refused, every reason at once, before the parent's ``__init__``
+(which may prepare the data) where the constructor's arguments decide it (see
+:func:`_input_refusals`), else right after it.
 """
 
 from __future__ import annotations
 
+import bisect
 import copy
 import dataclasses
 import importlib
+import inspect
 import json
 import math
 import os
@@ -40,6 +49,8 @@ from typing import Any, cast
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import Trainer, TrainerCallback
+from transformers.trainer import TRAINING_ARGS_NAME
+from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging as hf_logging
 
 from dprc_core.accounting import PrivacyLedger
@@ -65,8 +76,11 @@ PerSampleLoss = Callable[[torch.nn.Module, Any], torch.Tensor]
 PRIVATE_DIRNAME = "dprc_private"  # inside a Trainer checkpoint: never release
 LEDGER_NAME = "privacy_ledger.json"
 PRIVACY_NAME = "privacy.json"
+TRAINING_ARGS_JSON = "training_args.json"  # save_model: the arguments, in place of the pickle
 _ENGINE_FILE = "engine.safetensors"
 _STATE_FILE = "state.json"
+# logged values computed on the training data (not covered by DP): only with report_train_loss
+_TRAIN_SET_LOGS = ("loss", "train_loss")
 
 
 class DPTrainerError(ValueError):
@@ -75,9 +89,9 @@ class DPTrainerError(ValueError):
 
 
 # --------------------------------------------------------------------------- refusals
-def _refusals(trainer: Trainer) -> list[str]:
-    """Every reason this Trainer setup cannot be run privately (empty: fine)."""
-    args = trainer.args
+def _args_refusals(args: Any) -> list[str]:
+    """The refusals that the TrainingArguments decide alone, each naming the setting to change
+    (checked before the parent's ``__init__``, hence before any data work)."""
     reasons: list[str] = []
 
     def refuse(cond: bool, why: str) -> None:
@@ -95,112 +109,222 @@ def _refusals(trainer: Trainer) -> list[str]:
     refuse(
         bool(getattr(args, "group_by_length", False)) or strategy == "group_by_length",
         "group_by_length: batches of similar lengths are not Poisson samples, so the "
-        "accountant's amplification by sampling would not hold",
+        "accountant's amplification by sampling would not hold; set "
+        "train_sampling_strategy='random' (group_by_length=False)",
     )
     refuse(
         strategy not in ("random", "group_by_length"),
         f"train_sampling_strategy={strategy!r}: DPTrainer's batches are Poisson samples (the "
-        "sampling the accountant assumes); another sampler cannot be honoured",
+        "sampling the accountant assumes); another sampler cannot be honoured; set "
+        "train_sampling_strategy='random'",
     )
-    for name in ("_get_train_sampler", "get_train_dataloader", "training_step"):
-        overridden = getattr(type(trainer), name) is not getattr(DPTrainer, name)
-        refuse(
-            overridden,
-            f"{type(trainer).__name__} overrides {name}: the training batches must be DPTrainer's "
-            "Poisson batches and each micro-batch must go through the engine",
-        )
     refuse(
         args.world_size > 1 or args.n_gpu > 1,
         f"distributed or DataParallel training (world_size={args.world_size}, "
-        f"n_gpu={args.n_gpu}): not supported yet; every process would sample and noise alone",
+        f"n_gpu={args.n_gpu}): not supported yet, every process would sample and noise alone; "
+        "run one process on one device (e.g. CUDA_VISIBLE_DEVICES=0, no torchrun or "
+        "accelerate launch), or use dprc train for several devices",
     )
     refuse(
-        bool(args.deepspeed) or bool(args.fsdp) or trainer.is_fsdp_enabled,
-        "DeepSpeed / FSDP: they own the backward and the gradients, which must be dprc's "
-        "clipped per-sample sums",
+        bool(args.deepspeed) or bool(args.fsdp),
+        "deepspeed / fsdp: they own the backward and the gradients, which must be dprc's "
+        "clipped per-sample sums; unset deepspeed and fsdp",
     )
     refuse(
         bool(getattr(args, "activation_checkpointing", False))
         or bool(getattr(args, "gradient_checkpointing", False)),
-        "gradient (activation) checkpointing: its recomputed forward is invisible to dprc's "
-        "per-sample hooks",
+        "gradient_checkpointing=True (activation checkpointing): its recomputed forward is "
+        "invisible to dprc's per-sample hooks; set gradient_checkpointing=False (TRL's "
+        "SFTConfig turns it on by default)",
     )
     refuse(
         args.auto_find_batch_size,
         "auto_find_batch_size: it changes the batch size, hence the sample rate the privacy was "
-        "planned for",
+        "planned for; set auto_find_batch_size=False",
     )
     refuse(
         args.dataloader_drop_last,
         "dataloader_drop_last: Poisson batches are never cut; dropping examples changes the "
-        "sampling",
+        "sampling; set dataloader_drop_last=False",
     )
     refuse(
         args.ignore_data_skip,
         "ignore_data_skip: a resumed run would redraw the batches of the steps already run, "
-        "which were not accounted twice",
+        "which were not accounted twice; set ignore_data_skip=False",
     )
     refuse(
         args.label_smoothing_factor > 0,
-        "label_smoothing_factor: the per-sample loss is plain cross-entropy; smoothing would "
-        "silently not happen",
+        f"label_smoothing_factor={args.label_smoothing_factor}: the per-sample loss is plain "
+        "cross-entropy, smoothing would silently not happen; set label_smoothing_factor=0",
     )
     refuse(
         str(args.optim).lower().endswith("lomo"),
-        f"optim={args.optim}: LOMO optimizers update inside the backward, before the noise",
+        f"optim={args.optim}: LOMO optimizers update inside the backward, before the noise; "
+        "choose another optim (e.g. adamw_torch)",
     )
     refuse(
         args.push_to_hub,
         "push_to_hub: Trainer checkpoints hold the noise generator's state (dprc_private/); "
-        "upload the model written by save_model yourself",
-    )
-    refuse(
-        trainer.model_init is not None,
-        "model_init: the privacy plan and the engine are made for the model given",
-    )
-    refuse(
-        isinstance(trainer.train_dataset, torch.utils.data.IterableDataset)
-        or not hasattr(trainer.train_dataset, "__len__"),
-        "an iterable (unsized) train_dataset: Poisson sampling needs the N examples indexable",
-    )
-    collator = getattr(trainer, "data_collator", None)
-    refuse(
-        type(collator).__name__ == "DataCollatorWithFlattening"
-        or bool(getattr(collator, "padding_free", False)),
-        f"data collator {type(collator).__name__} flattens examples into one row (padding "
-        "free): a row must be one example, the unit of privacy",
+        "set push_to_hub=False and upload the model written by save_model yourself",
     )
     return reasons
 
 
+def _input_refusals(cls: type, inputs: Mapping[str, Any]) -> list[str]:
+    """The refusals decided by the trainer's class and its inputs (``args``, ``model_init``,
+    ``train_dataset``, ``data_collator``, ``compute_loss_func``): every reason at once."""
+    reasons: list[str] = []
+    args = inputs.get("args")
+    if args is not None:
+        reasons += _args_refusals(args)
+    for name in ("_get_train_sampler", "get_train_dataloader", "training_step"):
+        if getattr(cls, name) is not getattr(DPTrainer, name):
+            reasons.append(
+                f"{cls.__name__} overrides {name}: the training batches must be DPTrainer's "
+                "Poisson batches and each micro-batch must go through the engine; remove the "
+                "override (a model's own loss goes in per_sample_loss=fn)"
+            )
+    if inputs.get("model_init") is not None:
+        reasons.append(
+            "model_init: the privacy plan and the engine are made for the model given; pass "
+            "model= instead"
+        )
+    if inputs.get("compute_loss_func") is not None:
+        reasons.append(
+            "compute_loss_func: DP training needs one loss per example and would silently not "
+            "use it; pass per_sample_loss=fn (fn(model, batch) -> Tensor[B]) instead"
+        )
+    dataset = inputs.get("train_dataset")
+    if dataset is not None and (
+        isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__")
+    ):
+        reasons.append(
+            "an iterable (unsized) train_dataset: Poisson sampling needs the N examples "
+            "indexable; pass a map-style data set (e.g. a datasets.Dataset, not streaming)"
+        )
+    collator = inputs.get("data_collator")
+    if type(collator).__name__ == "DataCollatorWithFlattening" or bool(
+        getattr(collator, "padding_free", False)
+    ):
+        reasons.append(
+            f"data collator {type(collator).__name__} flattens examples into one row (padding "
+            "free): a row must be one example, the unit of privacy; use a padding collator"
+        )
+    return reasons
+
+
+def _refusals(trainer: Trainer) -> list[str]:
+    """Every reason this built Trainer cannot be run privately (empty: fine)."""
+    reasons = cast(Any, trainer)._input_refusals(
+        {
+            "args": trainer.args,
+            "model_init": trainer.model_init,
+            "compute_loss_func": trainer.compute_loss_func,
+            "train_dataset": trainer.train_dataset,
+            "data_collator": getattr(trainer, "data_collator", None),
+        }
+    )
+    if trainer.is_fsdp_enabled and not trainer.args.fsdp:
+        reasons.append("FSDP (enabled by the accelerate config): not supported; turn it off")
+    return reasons
+
+
+def _refuse(cls: type, reasons: list[str]) -> None:
+    if reasons:
+        raise DPTrainerError(f"{cls.__name__} refuses this setup:\n- " + "\n- ".join(reasons))
+
+
 # --------------------------------------------------------------------------- data
+class _EpochClock:
+    """Epochs as the plan counts them: epoch e ends after ``planned_steps(N, B, e)`` steps (the
+    plan of e epochs), so the Trainer's epoch boundaries are ⌈e·N/B⌉ (every ⌈N/B⌉ steps when B
+    divides N; ν-DP-FTRL: every ⌈N/B⌉ steps). The last epoch ends at the plan's last step, so
+    the epochs run exactly the planned steps."""
+
+    def __init__(self, plan: PrivacyPlan):
+        from dprc_core.accounting.steps import planned_steps
+
+        n, b, mechanism = plan.dataset_size, plan.batch_size, plan.mechanism
+        self.full_ends: list[int] = []  # where whole epochs 1, 2, ... end
+        while not self.full_ends or self.full_ends[-1] < plan.steps:
+            self.full_ends.append(planned_steps(n, b, len(self.full_ends) + 1, mechanism))
+        self.ends = [*self.full_ends[:-1], plan.steps]  # the epochs that run
+        self._ends = frozenset(self.ends)
+        starts = [0, *self.ends[:-1]]
+        self.longest = max(end - start for start, end in zip(starts, self.ends, strict=True))
+
+    @property
+    def epochs(self) -> int:
+        return len(self.ends)
+
+    def is_end(self, steps: int) -> bool:
+        """Whether an epoch ends after ``steps`` steps."""
+        return steps in self._ends
+
+    def index(self, step: int) -> int:
+        """The 0-based epoch that step ``step + 1`` belongs to (= epochs completed)."""
+        return bisect.bisect_right(self.ends, step)
+
+    def end(self, step: int) -> int:
+        """The last step of the epoch that step ``step + 1`` belongs to."""
+        return self.ends[min(self.index(step), self.epochs - 1)]
+
+    def epoch_at(self, steps: int) -> float:
+        """Epochs done after ``steps`` steps: e at the end of epoch e, linear in between."""
+        i = bisect.bisect_left(self.full_ends, steps)
+        if i >= len(self.full_ends):
+            return float(len(self.full_ends))
+        before = self.full_ends[i - 1] if i else 0
+        return i + (steps - before) / (self.full_ends[i] - before)
+
+
 class _PoissonMicroBatches(torch.utils.data.Sampler[list[int]]):
-    """The batch sampler of the training loader: for each planned step, a Poisson batch (or
-    ν-DP-FTRL's fixed-order batch) split into ``micro_batches`` consecutive index lists.
+    """The batch sampler of the training loader: for each step of the current Trainer epoch, a
+    Poisson batch (or ν-DP-FTRL's fixed-order batch) split into ``micro_batches`` consecutive
+    index lists.
 
-    The seed is read when iteration starts (a resumed trainer restores it first) and every
-    iteration starts from step 0, so skipping the first k·micro_batches lists (as the Trainer
-    does on resume) continues exactly where an uninterrupted run would be."""
+    Step s's batch is drawn from its own seed (derived from the DP seed and s), so an iteration
+    can start at any step: it starts at the Trainer's global step when iteration begins (read
+    then: a resumed trainer has restored its seed and step) and ends with the epoch (see
+    :class:`_EpochClock`). Its length is the longest epoch's (the Trainer's steps per epoch)."""
 
-    def __init__(self, n: int, plan: PrivacyPlan, micro_batches: int, seed: Callable[[], int]):
-        self.n, self.plan, self.micro_batches, self._seed = n, plan, micro_batches, seed
+    def __init__(
+        self,
+        n: int,
+        plan: PrivacyPlan,
+        micro_batches: int,
+        seed: Callable[[], int],
+        step: Callable[[], int],
+        clock: _EpochClock,
+    ):
+        self.n, self.plan, self.micro_batches = n, plan, micro_batches
+        self._seed, self._step, self.clock = seed, step, clock
         self.batch_size = max(1, round(plan.batch_size / micro_batches))  # nominal, for logs
 
     def __len__(self) -> int:
-        return self.plan.steps * self.micro_batches
+        return self.clock.longest * self.micro_batches
+
+    def batches(self, seed: int) -> Callable[[int], torch.Tensor]:
+        """step (0-based) -> that step's example indices, for the DP seed ``seed``."""
+        if self.plan.mechanism == NuDPFTRL.name:
+            order = FixedOrderSampler(
+                self.n,
+                int(self.plan.batch_size),
+                steps=self.plan.steps,
+                seed=derive_seed(seed, "sampler"),
+            )
+            return order.batch
+        n, q = self.n, self.plan.sample_rate
+
+        def poisson(step: int) -> torch.Tensor:
+            return next(iter(PoissonSampler(n, q, 1, seed=derive_seed(seed, "sampler-step", step))))
+
+        return poisson
 
     def __iter__(self) -> Iterator[list[int]]:
-        seed = derive_seed(self._seed(), "sampler")
-        sampler: PoissonSampler | FixedOrderSampler
-        if self.plan.mechanism == NuDPFTRL.name:
-            sampler = FixedOrderSampler(
-                self.n, int(self.plan.batch_size), steps=self.plan.steps, seed=seed
-            )
-        else:
-            sampler = PoissonSampler(self.n, self.plan.sample_rate, self.plan.steps, seed=seed)
-        for idx in sampler:
-            for chunk in torch.tensor_split(idx, self.micro_batches):
-                yield chunk.tolist()
+        batch, start = self.batches(self._seed()), self._step()
+        for step in range(start, self.clock.end(start)):
+            yield from (c.tolist() for c in torch.tensor_split(batch(step), self.micro_batches))
 
 
 # the batch key that carries each row's data set index from the collator to training_step
@@ -325,6 +449,21 @@ class _StopBeforeMaxEpsilon(TrainerCallback):
         return control
 
 
+class _EpochBoundaries(TrainerCallback):
+    """Ends each Trainer epoch where the plan's epoch ends (:class:`_EpochClock`) and keeps
+    ``state.epoch`` in the plan's epochs, never above ``num_train_epochs``."""
+
+    def __init__(self, trainer: DPTrainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        t = self.trainer
+        state.epoch = t.epoch_after(state.global_step)
+        if t.epoch_clock.is_end(state.global_step):
+            control.should_epoch_stop = True  # on_epoch_end: the per-epoch eval / log / save
+        return control
+
+
 # --------------------------------------------------------------------------- the trainer
 def default_per_sample_loss(model: torch.nn.Module) -> PerSampleLoss:
     """The per-sample loss of a causal LM or a sequence classifier (peft models unwrapped)."""
@@ -364,11 +503,12 @@ class DPTrainer(Trainer):
     ):
         if not isinstance(privacy_args, PrivacyArguments):
             raise TypeError("privacy_args must be a PrivacyArguments")
+        # every refusal the constructor's inputs decide, at once and before the parent's
+        # __init__ (which may tokenize the data: TRL's SFTTrainer does)
+        _refuse(type(self), self._input_refusals(self._constructor_inputs(args, kwargs)))
         super().__init__(*args, **kwargs)
         self.privacy_args = privacy_args
-        reasons = _refusals(self)
-        if reasons:
-            raise DPTrainerError("DPTrainer refuses this setup:\n- " + "\n- ".join(reasons))
+        _refuse(type(self), _refusals(self))  # what the parent built (collator, data set)
         if self.args.fp16:
             # dprc forms the clipped sums itself (no loss.backward): a loss scaler would unscale
             # gradients it never scaled. fp16 autocast runs without loss scaling.
@@ -377,6 +517,9 @@ class DPTrainer(Trainer):
         self.dp_seed = privacy_args.dp_seed if privacy_args.dp_seed is not None else fresh_seed()
         self._eps: dict[int, float] = {}
         self.plan, self.clipping = self._plan()
+        self.epoch_clock = _EpochClock(self.plan)
+        # the logged epoch never exceeds the epochs asked for (⌈E·N/B⌉ may round past E·N/B)
+        self._epoch_cap = self.args.num_train_epochs if self.args.max_steps <= 0 else None
         self.args = copy.copy(self.args)  # the user's TrainingArguments stay as given
         self.args.max_steps = self.plan.steps  # the loop runs exactly the planned steps
         self.allowed_steps = self._steps_within_max_epsilon()
@@ -384,6 +527,34 @@ class DPTrainer(Trainer):
         self.engine: PrivacyEngine | None = None
         self.last_step_stats: StepStats | None = None
         self.add_callback(_StopBeforeMaxEpsilon(self))
+        self.add_callback(_EpochBoundaries(self))
+
+    def _constructor_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The parent ``__init__``'s arguments by name (empty where they do not bind: the
+        parent then raises its own error)."""
+        try:
+            bound = inspect.signature(super().__init__).bind_partial(*args, **kwargs)
+        except TypeError:
+            return {}
+        inputs = dict(bound.arguments)
+        if "args" in inputs and inputs["args"] is None:
+            del inputs["args"]
+        if "args" not in inputs:
+            inputs["args_missing"] = True
+        return inputs
+
+    def _input_refusals(self, inputs: Mapping[str, Any]) -> list[str]:
+        """Every refusal the trainer's inputs decide (see :func:`_input_refusals`); a subclass
+        adds its own (DPSFTTrainer: TRL's settings)."""
+        reasons = _input_refusals(type(self), inputs)
+        if inputs.get("args_missing"):
+            reasons.insert(0, self._missing_args_reason)
+        return reasons
+
+    _missing_args_reason = (
+        "no args: the default TrainingArguments clip globally (max_grad_norm=1.0); pass "
+        "args=TrainingArguments(output_dir=..., max_grad_norm=0)"
+    )
 
     @property
     def dp_model(self) -> torch.nn.Module:
@@ -451,6 +622,12 @@ class DPTrainer(Trainer):
             self._eps[steps] = self.ledger_at(steps).epsilon(self.plan.delta) if steps else 0.0
         return self._eps[steps]
 
+    def epoch_after(self, steps: int) -> float:
+        """The epoch logged after ``steps`` steps: the plan's epochs done (e at the end of
+        epoch e, see :class:`_EpochClock`), never above ``num_train_epochs``."""
+        epoch = self.epoch_clock.epoch_at(steps)
+        return epoch if self._epoch_cap is None else min(epoch, self._epoch_cap)
+
     def _steps_within_max_epsilon(self) -> int:
         cap = self.privacy_args.max_epsilon
         if cap is not None and self.plan.noise_multiplier == 0:
@@ -488,6 +665,8 @@ class DPTrainer(Trainer):
             self.plan,
             self.args.gradient_accumulation_steps,
             lambda: self.dp_seed,
+            lambda: self.state.global_step,
+            self.epoch_clock,
         )
         loader = torch.utils.data.DataLoader(
             _Indexed(dataset),
@@ -500,6 +679,43 @@ class DPTrainer(Trainer):
 
     def _get_train_sampler(self, train_dataset: Any = None) -> Any:
         raise DPTrainerError("DPTrainer samples its batches itself (Poisson)")
+
+    # -- the loop: the plan's steps, in the plan's epochs
+    def train(self, *args: Any, **kwargs: Any) -> TrainOutput:
+        """``Trainer.train``, once per DPTrainer: a second call is refused (see
+        :meth:`_refuse_second_train`)."""
+        self._refuse_second_train()
+        return super().train(*args, **kwargs)
+
+    def _refuse_second_train(self) -> None:
+        engine = self.engine
+        if engine is None:
+            return
+        eps = self.epsilon_at(engine.steps)
+        raise DPTrainerError(
+            f"this DPTrainer has trained already: its engine ran {engine.steps} of the "
+            f"{self.plan.steps} planned steps (ε={eps:.4g} at δ={self.plan.delta:g}). A second "
+            "train() would run the plan's steps again on the same private data, spending "
+            "privacy the plan did not account for, so it is refused. To train longer, plan it "
+            "from the start in a new DPTrainer (more num_train_epochs or max_steps; σ is "
+            "calibrated for the whole run); to continue an interrupted run, build a new "
+            "DPTrainer with the same settings and call train(resume_from_checkpoint=...). A "
+            "new run on the same data spends privacy of its own: the total is the "
+            "composition of both runs' ledgers (privacy_ledger.json; PrivacyLedger([*first."
+            "events, *second.events]).epsilon(delta)), never the second run's ε alone"
+        )
+
+    def set_initial_training_values(self, args: Any, dataloader: Any) -> Any:
+        # the Trainer's epochs are the plan's (the loader's length is the longest epoch)
+        values = list(super().set_initial_training_values(args, dataloader))
+        values[0] = self.epoch_clock.epochs  # num_train_epochs
+        return tuple(values)
+
+    def _init_training_state(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+        # on resume: the epoch by the plan's boundaries, and no batch to skip (the loader
+        # starts at the restored global step)
+        super()._init_training_state(*args, **kwargs)
+        return self.epoch_clock.index(self.state.global_step), 0
 
     # -- the step
     def create_optimizer(self, model: Any = None) -> torch.optim.Optimizer:
@@ -545,20 +761,44 @@ class DPTrainer(Trainer):
         ids = inputs.pop(_EXAMPLE_IDS, None)  # the rows' data set indices (sketch keys)
         batch = self._prepare_input(inputs)
         seen: list[torch.Tensor] = []
+        observed: list[Any] = []
+        observe = self.privacy_args.report_train_loss and self._observes_train_outputs
+
+        def hook(module: Any, args: Any, output: Any) -> None:
+            observed.append(self._train_output_stats(batch, output))
 
         def loss_fn(m: torch.nn.Module, b: Any) -> torch.Tensor:
-            losses = self.per_sample_loss(m, b)
-            if b is batch:
-                seen.append(losses.detach())
+            if b is not batch:
+                return self.per_sample_loss(m, b)
+            handle = m.register_forward_hook(hook) if observe else None
+            try:
+                losses = self.per_sample_loss(m, b)
+            finally:
+                if handle is not None:
+                    handle.remove()
+            seen.append(losses.detach())
             return losses
 
         with self.compute_loss_context_manager():
             engine.accumulate(loss_fn, batch, None if ids is None else ids.cpu())
+        if self.privacy_args.report_train_loss:
+            self._record_train_batch(batch, observed[-1] if observed else None)
         total = torch.zeros((), device=self.args.device)
         if seen:
             losses = seen[-1].float()
             total = losses[torch.isfinite(losses)].sum().to(self.args.device)
         return total / self.plan.batch_size
+
+    # what a subclass reports of the training batches (DPSFTTrainer: SFT's token metrics);
+    # training-set metrics are not covered by DP: only with PrivacyArguments.report_train_loss
+    _observes_train_outputs = False
+
+    def _train_output_stats(self, batch: Any, outputs: Any) -> Any:
+        """Statistics of the model's outputs on a training micro-batch (in the forward)."""
+        return None
+
+    def _record_train_batch(self, batch: Any, stats: Any) -> None:
+        """Record a training micro-batch (and its output statistics) for the logs."""
 
     def _get_grad_norm(self, model: Any, grad_norm: Any = None) -> Any:
         # before the optimizer step the gradients are the clipped sum without its noise: their
@@ -568,8 +808,10 @@ class DPTrainer(Trainer):
     # -- logs
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         steps = self.state.global_step
-        # the loader holds every planned step as one Trainer epoch: report passes over the data
-        self.state.epoch = steps * self.plan.batch_size / self.plan.dataset_size
+        self.state.epoch = self.epoch_after(steps)  # the plan's epochs, never above E
+        if not self.privacy_args.report_train_loss:  # computed on the private data, not DP
+            for key in _TRAIN_SET_LOGS:
+                logs.pop(key, None)
         logs["epsilon"] = self.epsilon_at(steps)
         if "train_runtime" in logs:  # the final metrics
             logs["delta"] = self.plan.delta
@@ -600,6 +842,9 @@ class DPTrainer(Trainer):
         if not self.args.should_save:
             return
         out = Path(str(output_dir if output_dir is not None else self.args.output_dir))
+        # the arguments as JSON, never the Trainer's pickle of them (no pickle in outputs)
+        (out / TRAINING_ARGS_NAME).unlink(missing_ok=True)
+        (out / TRAINING_ARGS_JSON).write_text(self.args.to_json_string())
         steps = self.engine.steps if self.engine is not None else 0
         if self.plan.noise_multiplier > 0:
             (out / LEDGER_NAME).write_text(self.ledger_at(steps).to_json())
@@ -637,10 +882,20 @@ class DPTrainer(Trainer):
                 "with save_only_model); resuming needs the engine's noise and sampling state"
             )
         state = json.loads((private / _STATE_FILE).read_text())
-        if state["plan"] != json.loads(json.dumps(self.plan.to_dict())):
+        saved, now = state["plan"], json.loads(json.dumps(self.plan.to_dict()))
+        if saved != now:
+            missing = "(absent)"
+            differ = [
+                f"- {name}: {saved.get(name, missing)!r} in the checkpoint, "
+                f"{now.get(name, missing)!r} now"
+                for name in sorted(set(saved) | set(now))
+                if saved.get(name, missing) != now.get(name, missing)
+            ]
             raise DPTrainerError(
-                f"the checkpoint {checkpoint} was written for another privacy plan "
-                f"({state['plan']}); this trainer plans {self.plan.to_dict()}"
+                f"the checkpoint {checkpoint} was written for another privacy plan; the plan "
+                "fields that differ:\n" + "\n".join(differ) + "\nresume with the settings the "
+                "checkpoint was planned with (the same data set, batch size · gradient "
+                "accumulation steps, epochs or max_steps and PrivacyArguments)"
             )
         if int(state["steps"]) != self.state.global_step:
             raise DPTrainerError(

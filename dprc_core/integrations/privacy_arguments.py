@@ -78,6 +78,14 @@ class PrivacyArguments:
     clipping_mode: str | None = field(
         default=None, metadata={"help": "deprecated name of clipped_sum"}
     )
+    report_train_loss: bool = field(
+        default=True,
+        metadata={
+            "help": "log what is computed on the training data (the loss; DPSFTTrainer also "
+            "mean_token_accuracy, entropy, num_tokens). It is NOT covered by DP; False leaves "
+            "it out of the logs"
+        },
+    )
     dp_seed: int | None = field(
         default=None,
         metadata={
@@ -135,6 +143,8 @@ class PrivacyArguments:
             raise ValueError(
                 f"clipped_sum must be 'bookkeeping' or 'two_pass', got {self.clipped_sum!r}"
             )
+        if not isinstance(self.report_train_loss, bool):
+            raise ValueError(f"report_train_loss must be a bool, got {self.report_train_loss!r}")
         s = self.dp_seed
         if s is not None and (isinstance(s, bool) or not isinstance(s, int) or s < 0):
             raise ValueError(f"dp_seed must be a non-negative integer, got {s!r}")

@@ -588,13 +588,20 @@ def test_per_example_sketches_are_keyed_by_the_data_set_index(tiny_llama_path, t
         finally:
             PrivacyEngine.accumulate = accumulate
         assert trainer.plan.sketch == "per_example"  # the default
-        sampler = PoissonSampler(
-            len(lm_examples()),
-            trainer.plan.sample_rate,
-            trainer.plan.steps,
-            seed=derive_seed(trainer.dp_seed, "sampler"),
-        )
-        want = [idx.tolist() for idx in sampler]
+        # each step's Poisson batch is drawn from its own seed (derived from the DP seed)
+        want = [
+            next(
+                iter(
+                    PoissonSampler(
+                        len(lm_examples()),
+                        trainer.plan.sample_rate,
+                        1,
+                        seed=derive_seed(trainer.dp_seed, "sampler-step", step),
+                    )
+                )
+            ).tolist()
+            for step in range(trainer.plan.steps)
+        ]
         got = [sum(recorded[i : i + micro], []) for i in range(0, len(recorded), micro)]
         assert got == want
         weights.append({k: v.detach().clone() for k, v in trainable_named(trainer.model).items()})
