@@ -67,7 +67,12 @@ def command(args: argparse.Namespace) -> int:
 
 def run(kind: str, body: dict[str, Any], args: argparse.Namespace) -> int:
     config = load_config(args.server or None)
-    result = Client(config).accountant(kind, body)
+    client = Client(config)
+    result = client.accountant(kind, body)
+    rows = None
+    if kind == "epsilon" and getattr(args, "mechanism_unnamed", False):
+        rows = _alternatives(client, body, args)
+        result["by_mechanism"] = rows
     if args.json:
         print(json.dumps(result, sort_keys=True))
         return 0
@@ -83,6 +88,22 @@ def run(kind: str, body: dict[str, Any], args: argparse.Namespace) -> int:
     print("settings:")
     shown = "epsilon" if kind == "epsilon" else "noise_multiplier"
     for key, value in result.items():
-        if key not in (shown, "object"):
+        if key not in (shown, "object", "by_mechanism"):
             print(f"  {key}: {value}")
+    if rows is not None:
+        accountant_args().print_alternatives(rows)
     return 0
+
+
+def _alternatives(
+    client: Client, body: dict[str, Any], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """ε of the same job under each mechanism it could have run, asked of the server."""
+    rows = []
+    for alt in accountant_args().alternatives(args):
+        ask = {**body, "clipping": alt["envelope"], "k": alt["k"], "rank": alt["rank"]}
+        ask.pop("sketch", None)
+        if alt["sketch"] != "shared":
+            ask["sketch"] = alt["sketch"]
+        rows.append({**alt, "epsilon": client.accountant("epsilon", ask).get("epsilon")})
+    return rows

@@ -48,7 +48,7 @@ def _report(result: dict[str, Any], as_json: bool, headline: str, shown: str) ->
     print(headline)
     print("settings:")
     for key, value in result.items():
-        if key != shown:
+        if key not in (shown, "by_mechanism"):
             print(f"  {key}: {value}")
 
 
@@ -79,7 +79,20 @@ def _remote(args: argparse.Namespace, kind: str) -> int:
     return int(handler(kind, api_request(args, kind), args))
 
 
+def _alternatives(args: argparse.Namespace, q: float, steps: int) -> list[dict[str, Any]]:
+    """ε of the same σ, q and steps under each mechanism a job could have run
+    (:func:`cli_args.alternatives`), computed here."""
+    rows = []
+    for alt in cli_args.alternatives(args):
+        event = SubsampledGaussianEvent(
+            args.noise_multiplier, q, steps, alt["envelope"], alt["k"], alt["rank"], alt["sketch"]
+        )
+        rows.append({**alt, "epsilon": account([event], args.delta, DEFAULT_SETTINGS).epsilon})
+    return rows
+
+
 def _epsilon_command(args: argparse.Namespace) -> int:
+    unnamed = cli_args.settle_mechanism(args)
     if args.server is not None:
         return _remote(args, "epsilon")
     if args.mechanism == NU_DPFTRL:
@@ -92,11 +105,17 @@ def _epsilon_command(args: argparse.Namespace) -> int:
         args.noise_multiplier, q, steps, args.envelope, args.k, args.rank, args.sketch
     )
     result = _common(event, args.delta, extra)
+    rows = _alternatives(args, q, steps) if unnamed else None
+    if rows is not None:
+        result["by_mechanism"] = rows
     _report(result, args.json, f"epsilon = {result['epsilon']:.6g} (upper bound)", "epsilon")
+    if rows is not None and not args.json:
+        cli_args.print_alternatives(rows)
     return 0
 
 
 def _sigma_command(args: argparse.Namespace) -> int:
+    cli_args.settle_mechanism(args)
     if args.server is not None:
         return _remote(args, "sigma")
     if args.mechanism == NU_DPFTRL:

@@ -103,9 +103,10 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
     clip.add_argument(
         "--envelope",
         choices=ENVELOPES,
-        default="exact",
+        default=None,
         help="the accountant's envelope family: exact norms, or the hutch / hutchpp envelope "
-        "of randomized norms (default exact)",
+        "of randomized norms (default exact; left out, epsilon also lists the other "
+        "mechanisms a job could have run)",
     )
     clip.add_argument(
         "--clipping",
@@ -125,9 +126,10 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
     clip.add_argument(
         "--sketch",
         choices=SKETCHES,
-        default=SHARED_SKETCH,
+        default=None,
         help="how the projections are drawn (hutch/hutchpp): shared by the batch (revealed "
-        "scale) or per example (hidden scale, docs/accounting.md section 10)",
+        "scale, the default: a bound for both) or per example (hidden scale, "
+        "docs/accounting.md section 10; the engine's default for randomized norms)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
@@ -268,9 +270,71 @@ def dpftrl_job(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def settle_mechanism(args: argparse.Namespace) -> bool:
+    """Fill the accountant's defaults for a mechanism left partly unnamed (``--envelope``
+    exact, ``--sketch`` shared: the revealed-scale bound holds for both sketches) and say
+    whether it was: True when ``--envelope`` was left out, or a randomized envelope was given
+    without ``--sketch`` — then the job's ε depends on what the job ran, and ``epsilon``
+    lists the alternatives. Idempotent."""
+    if hasattr(args, "mechanism_unnamed"):
+        return bool(args.mechanism_unnamed)
+    unnamed = args.envelope is None or (args.envelope != "exact" and args.sketch is None)
+    args.envelope = args.envelope or "exact"
+    args.sketch = args.sketch or SHARED_SKETCH
+    args.mechanism_unnamed = unnamed and getattr(args, "mechanism", GAUSSIAN) != NU_DPFTRL
+    return bool(args.mechanism_unnamed)
+
+
+# What a job could have run with one σ, q and steps, listed by ``epsilon`` when it is not told
+# which (randomized norms at --k, default 32 as in dprc_core.clipping.DEFAULT_K; the engine's
+# default sketch for them is per-example, dprc_core.accounting.events.default_sketch)
+DEFAULT_K = 32
+ALTERNATIVES = (
+    ("exact", None),
+    ("hutch", PER_EXAMPLE_SKETCH),
+    ("hutch", SHARED_SKETCH),
+    ("hutchpp", PER_EXAMPLE_SKETCH),
+    ("hutchpp", SHARED_SKETCH),
+)
+
+
+def alternatives(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The mechanisms of :data:`ALTERNATIVES` as accountant settings (envelope, k, rank,
+    sketch), ``--k`` and ``--rank`` applied where they mean something."""
+    k = args.k if args.k is not None else DEFAULT_K
+    return [
+        {
+            "envelope": envelope,
+            "k": k if sketch is not None else None,
+            "rank": args.rank if envelope == "hutch" else None,
+            "sketch": sketch or SHARED_SKETCH,
+            "default_sketch": sketch == PER_EXAMPLE_SKETCH,
+        }
+        for envelope, sketch in ALTERNATIVES
+    ]
+
+
+def print_alternatives(rows: list[dict[str, Any]]) -> None:
+    """The table of ε by mechanism (rows of :func:`alternatives` with their ``epsilon``)."""
+    print("the same noise multiplier, sample rate and steps under each mechanism a job could")
+    print("have run (name the job's with --envelope, --k and --sketch):")
+    for row in rows:
+        if row["envelope"] == "exact":
+            label = "exact norms"
+        else:
+            sketch = "per-example" if row["sketch"] == PER_EXAMPLE_SKETCH else "shared"
+            label = f"{row['envelope']} k={row['k']}, {sketch} sketch"
+            if row["default_sketch"]:
+                label += " (default sketch)"
+        eps = row["epsilon"]
+        text = f"{eps:.6g}" if isinstance(eps, float) else "no finite bound"
+        print(f"  {label:<48} epsilon = {text}")
+
+
 def api_request(args: argparse.Namespace, kind: str) -> dict[str, Any]:
     """The ``/v1/accountant`` request body (``kind``: epsilon or sigma) for these arguments,
     with q and steps derived as the local command derives them."""
+    settle_mechanism(args)
     if args.mechanism == NU_DPFTRL:
         pattern = dpftrl_job(args)  # the local command's checks and pattern
         body: dict[str, Any] = {

@@ -195,6 +195,14 @@ def test_accountant_through_the_server_equals_the_library(served):
     remote = served.json(*argv, "--server", served.url)
     assert remote["steps"] == 200 and remote["sample_rate"] == 0.01
     assert remote["epsilon"] == epsilon(1.1, 0.01, 200, 1e-5, "exact", None)
+    # no mechanism named: the server's ε under each one a job could have run, as the library's
+    rows = remote["by_mechanism"]
+    assert [(r["envelope"], r["sketch"]) for r in rows][:3] == [
+        ("exact", "shared"), ("hutch", "per_example"), ("hutch", "shared"),
+    ]  # fmt: skip
+    assert [r["epsilon"] for r in rows] == [
+        epsilon(1.1, 0.01, 200, 1e-5, r["envelope"], r["k"], sketch=r["sketch"]) for r in rows
+    ]
     configured = served.ok(*argv, "--server").stdout  # the URL from DPRC_SERVER_URL
     assert configured.startswith("epsilon = ") and served.url in configured
     sigma = served.json(
