@@ -27,7 +27,7 @@ from api.organization.router import router as organization_router
 from service.dispatch import Dispatcher, NoDispatcher
 from service.ids import new_id
 from service.settings import Settings, get_settings
-from service.store import Store, open_store, ping
+from service.store import Store, open_store, ping, readiness
 
 DispatcherFactory = Callable[[Store], Dispatcher]
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
@@ -128,6 +128,18 @@ def create_app(
         if settings.broker_url:
             checks["broker"] = _ping_broker(settings.broker_url)
             ok = ok and checks["broker"] == "ok"
+        return JSONResponse(
+            {"status": "ok" if ok else "error", "checks": checks}, status_code=200 if ok else 503
+        )
+
+    @app.get("/readyz", tags=["health"])
+    def readyz(request: Request) -> JSONResponse:
+        """Ready to serve: the database answers and is at the code's migration head, and the
+        broker (when configured) answers; 503 with the failing check otherwise."""
+        checks = readiness(request.app.state.store)
+        if settings.broker_url:
+            checks["broker"] = _ping_broker(settings.broker_url)
+        ok = all(v == "ok" for v in checks.values())
         return JSONResponse(
             {"status": "ok" if ok else "error", "checks": checks}, status_code=200 if ok else 503
         )

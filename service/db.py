@@ -68,6 +68,22 @@ def locked_session(factory: sessionmaker[Session]) -> Iterator[Session]:
 _UPGRADE_LOCK = threading.Lock()
 
 
+def migrations_at_head(engine: Engine) -> tuple[bool, str | None, str]:
+    """Whether the database's Alembic revision is the code's head: (at head, the database's
+    revision or None, the head)."""
+    from alembic.config import Config
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    head = ScriptDirectory.from_config(cfg).get_current_head()
+    assert head is not None
+    with engine.connect() as conn:
+        current = MigrationContext.configure(conn).get_current_revision()
+    return current == head, current, head
+
+
 def upgrade(engine: Engine) -> None:
     """Apply the Alembic migrations up to head on ``engine``. One thread at a time: Alembic's
     ``context`` is a module-global proxy, so two threads of one process (a Celery task and the

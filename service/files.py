@@ -174,6 +174,21 @@ def storage_used(session: Session, tenant_id: int) -> int:
     return int(used or 0)
 
 
+@dataclass(frozen=True)
+class Storage:
+    used_bytes: int
+    quota_bytes: int
+
+
+def storage(store: Store, caller: Caller) -> Storage:
+    """The caller's tenant's storage: bytes its files hold (uploads and archives, deleted
+    files excluded) and the quota of ``DPRC_TENANT_STORAGE_BYTES``."""
+    authorize(caller, Action.READ)
+    with store.sessions() as session:
+        used = storage_used(session, caller.tenant_id)
+    return Storage(used, store.settings.tenant_storage_bytes)
+
+
 def _check_quota(session: Session, caller: Caller, size: int, quota: int) -> None:
     """Refuse an upload of ``size`` bytes that would take the tenant beyond ``quota``; under
     the tenant's lock (its row FOR UPDATE on PostgreSQL; the write lock on SQLite), so

@@ -651,11 +651,13 @@ def list_events(
 def list_checkpoints(
     store: Store, caller: Caller, job_id: str, after: str | None, limit: int
 ) -> tuple[JobRow, list[Checkpoint], bool]:
-    """The job and a page of its checkpoints."""
+    """The job and a page of its checkpoints whose archive is still there (retention or a
+    deletion removes it: :mod:`service.retention`)."""
     authorize(caller, Action.READ)
     with store.sessions() as session:
         job = get_row(session, caller, job_id)
-        q = select(Checkpoint).where(Checkpoint.job_id == job.id)
+        kept = select(File.id).where(File.id == Checkpoint.file_id, File.deleted.is_(False))
+        q = select(Checkpoint).where(Checkpoint.job_id == job.id, kept.exists())
         rows, more = cursor_page(session, q, Checkpoint, after, limit, "checkpoint")
         return job, rows, more
 

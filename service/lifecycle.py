@@ -30,6 +30,7 @@ from service.errors import Conflict, NotFound
 from service.job_events import add_event
 from service.job_status import ACTIVE, TERMINAL, JobStatus
 from service.private_data import remove_resume_state
+from service.retention import keep_last_checkpoints
 from service.store import Store
 from service.tables import BudgetGroup, File
 from service.tables import Job as JobRow
@@ -211,6 +212,7 @@ def move(
         session.commit()
     if target in TERMINAL:  # an ended job is never resumed: its seed and RNG states go
         remove_resume_state(store.settings.data_dir, job_id)
+        keep_last_checkpoints(store, job_id)  # DPRC_KEEP_CHECKPOINTS (off by default)
     return job
 
 

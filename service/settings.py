@@ -38,6 +38,13 @@ class Settings(BaseSettings):
         "authentication; a larger one is refused with 413 without being read",
     )
     max_active_jobs_per_tenant: int = 16
+    keep_checkpoints: int | None = Field(
+        default=None,
+        ge=1,
+        description="keep the last K checkpoints of a finished job (the final one always); "
+        "older archives are deleted and no longer listed for download. Unset: keep all. "
+        "Ledgers, budgets, job events and the audit log are never deleted",
+    )
     tenant_storage_bytes: int = Field(
         default=20 * 1024**3,
         ge=1,

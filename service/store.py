@@ -11,7 +11,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.db import make_engine, make_sessionmaker, upgrade
+from service.db import make_engine, make_sessionmaker, migrations_at_head, upgrade
 from service.settings import Settings
 
 
@@ -35,6 +35,25 @@ def ping(store: Store) -> None:
     """Raise if the database does not answer a trivial query."""
     with store.sessions() as session:
         session.execute(text("SELECT 1"))
+
+
+def readiness(store: Store) -> dict[str, str]:
+    """What ``/readyz`` reports of the store: the database answers, and its schema is at the
+    code's migration head (``"ok"`` each, else why not)."""
+    checks: dict[str, str] = {}
+    try:
+        ping(store)
+        checks["store"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        checks["store"] = f"error: {type(exc).__name__}"
+        checks["migrations"] = "unknown: the database does not answer"
+        return checks
+    try:
+        ok, current, head = migrations_at_head(store.engine)
+        checks["migrations"] = "ok" if ok else f"error: at {current}, the code needs {head}"
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        checks["migrations"] = f"error: {type(exc).__name__}"
+    return checks
 
 
 # a value the database cannot store (e.g. NUL in PostgreSQL text): the client's error

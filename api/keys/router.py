@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
+from api.app_state import get_store
 from api.keys import views
 from api.keys.dependencies import CallerDep
 from api.keys.schemas import Me
+from service import files
 
 router = APIRouter(prefix="/v1", tags=["keys"])
 
 
 @router.get("/me", response_model=Me)
-def me(caller: CallerDep) -> Me:
-    return views.me(caller)
+def me(caller: CallerDep, request: Request) -> Me:
+    return views.me(caller, files.storage(get_store(request), caller))

@@ -72,6 +72,10 @@ def test_a_bad_key_is_an_error_and_a_good_one_signs_in(dashboard, new_context):
     key = dashboard.key("alice")
     _sign_in(page, dashboard.url, key)
     assert page.locator("#tenant").inner_text() == "alice"
+    page.wait_for_selector("#storage:has-text('Storage:')")
+    storage = dashboard.api("alice").get("/v1/me").json()["storage"]
+    assert int(page.locator("#storage").get_attribute("data-used-bytes")) == storage["used_bytes"]
+    assert int(page.locator("#storage").get_attribute("data-quota-bytes")) == storage["quota_bytes"]
     dashboard.shot(page, "home")
     cookies = page.context.cookies()
     session = [c for c in cookies if c["name"] == "dprc_session"]
