@@ -13,6 +13,7 @@ from urllib.parse import unquote, urlparse
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import dprc_core
 from api.accountant.router import router as accountant_router
@@ -26,6 +27,7 @@ from api.models.router import router as models_router
 from api.organization.router import router as organization_router
 from service.dispatch import Dispatcher, NoDispatcher
 from service.ids import new_id
+from service.logging_setup import log_context
 from service.settings import Settings, get_settings
 from service.store import Store, open_store, ping, readiness
 
@@ -85,25 +87,15 @@ def create_app(
             )
         return await call_next(request)
 
-    @app.middleware("http")
-    async def request_id(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        # the id the audit log records: the client's X-Request-ID when it is a plain token,
-        # else a new one; echoed on the response
-        given = request.headers.get("x-request-id", "")
-        rid = given if REQUEST_ID.fullmatch(given) else new_id("req")
-        request.state.request_id = rid
-        response = await call_next(request)
-        response.headers["X-Request-ID"] = rid
-        return response
-
     # outermost of the app's own layers: a body's size is checked before anything reads it
     app.add_middleware(
         BodyLimit,
         max_upload_bytes=settings.max_upload_bytes,
         max_request_bytes=settings.max_request_bytes,
     )
+    # outside it: every response (a refusal included) carries its X-Request-ID, and every log
+    # line written while the request is served (uvicorn's access line too) its request id
+    app.add_middleware(RequestContext)
 
     for router in (
         files_router,
@@ -145,6 +137,32 @@ def create_app(
         )
 
     return app
+
+
+class RequestContext:
+    """The request's id — the client's ``X-Request-ID`` when it is a plain token, else a new
+    one — on ``request.state.request_id`` (the audit log records it), echoed on the response,
+    and in the log context (:func:`service.logging_setup.log_context`) while it is served."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
+        rid = given if REQUEST_ID.fullmatch(given) else new_id("req")
+        scope.setdefault("state", {})["request_id"] = rid
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [h for h in message.get("headers", []) if h[0].lower() != b"x-request-id"]
+                message = {**message, "headers": [*headers, (b"x-request-id", rid.encode())]}
+            await send(message)
+
+        with log_context(request_id=rid):
+            await self.app(scope, receive, send_with_id)
 
 
 DOCS_ASSETS = "/docs-assets"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -100,14 +101,25 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     level = args.log_level or settings.log_level
-    configure_logging(level)
+    configure_logging(level, settings.log_format)
     restrict_new_files(settings.data_dir)
     host = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(args.host, args.host)  # a reachable one
-    print(f"dprc dashboard: http://{host}:{args.port}/", file=sys.stderr, flush=True)
+    if settings.log_format == "json":
+        logging.getLogger("dprc").info("dprc dashboard: http://%s:%s/", host, args.port)
+    else:
+        print(f"dprc dashboard: http://{host}:{args.port}/", file=sys.stderr, flush=True)
     # uvicorn's own X-Forwarded-* handling is off: the app believes the proxies of
     # DPRC_TRUSTED_PROXIES alone (the dashboard cookie's Secure flag, docs/deploy.md)
+    options: dict[str, Any] = {}
+    if settings.log_format == "json":  # uvicorn's own lines through the root handler too
+        options["log_config"] = None
     uvicorn.run(
-        build_app(), host=args.host, port=args.port, log_level=level.lower(), proxy_headers=False
+        build_app(),
+        host=args.host,
+        port=args.port,
+        log_level=level.lower(),
+        proxy_headers=False,
+        **options,
     )
     return 0
 

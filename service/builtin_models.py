@@ -26,7 +26,10 @@ def minilm_dir() -> Path | None:
 def build_tiny_llama(path: Path) -> Path:
     """Build (once) the built-in tiny random Llama with a byte-level tokenizer into ``path``
     (``dprc_core.training.tiny``: hidden 64, 2 layers, 512 positions, seed 0)."""
+    from transformers.utils import logging as hf_logging
+
     from dprc_core.training.tiny import build_tiny_llama as build
 
+    hf_logging.disable_progress_bar()  # a service's output is its log lines, no progress bars
     with _build_lock:
         return build(path, hidden=64, layers=2, max_positions=512, seed=0, tokenizer="byte")

@@ -132,6 +132,11 @@ class Settings(BaseSettings):
         description="root log level of `dprc serve` and "
         "of the Celery workers: debug | info | warning | error",
     )
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="text, or json: one JSON object a line with time, level, logger, message "
+        "and request_id, tenant, key_id, job_id where known (service/logging_setup.py)",
+    )
 
     @property
     def sqlalchemy_url(self) -> str:

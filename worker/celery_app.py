@@ -34,7 +34,7 @@ from typing import Any
 from celery import Celery, signals
 
 from service.lifecycle import runnable_jobs
-from service.logging_setup import configure_logging
+from service.logging_setup import configure_logging, log_context
 from service.private_data import restrict_new_files
 from service.settings import Settings
 from service.store import Store, open_store
@@ -104,15 +104,17 @@ app = make_celery(Settings()) if Settings().broker_url else Celery("dprc")
 @signals.setup_logging.connect
 def _setup_logging(**_: Any) -> None:
     """Replaces Celery's logging set-up with the service's (``DPRC_LOG_LEVEL``)."""
-    configure_logging(Settings().log_level)
+    settings = Settings()
+    configure_logging(settings.log_level, settings.log_format)
 
 
 @app.task(name=TASK_NAME)
 def run_job_task(job_id: str) -> str:
     from worker.execution import execute_job  # torch and the runner: only in the task
 
-    outcome = execute_job(_store(), job_id)
-    log.info("job %s: %s", job_id, outcome)
+    with log_context(job_id=job_id):
+        outcome = execute_job(_store(), job_id)
+        log.info("job %s: %s", job_id, outcome)
     return outcome.value
 
 

@@ -15,6 +15,7 @@ import queue
 import threading
 
 from service.lifecycle import runnable_jobs
+from service.logging_setup import log_context
 from service.store import Store
 from worker.execution import execute_job, worker_id
 
@@ -76,10 +77,12 @@ class EmbeddedWorker:
             if not job_id or self._stop.is_set():
                 continue
             try:
-                outcome = execute_job(self.store, job_id, self.owner, stop=self._stop)
-                log.info("job %s: %s", job_id, outcome)
-            except Exception:
-                log.exception("job %s crashed the embedded worker's task", job_id)
+                with log_context(job_id=job_id):
+                    try:
+                        outcome = execute_job(self.store, job_id, self.owner, stop=self._stop)
+                        log.info("job %s: %s", job_id, outcome)
+                    except Exception:
+                        log.exception("job %s crashed the embedded worker's task", job_id)
             finally:
                 with self._lock:
                     self._pending.discard(job_id)

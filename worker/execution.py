@@ -41,6 +41,7 @@ from service import fine_tuned_models, lifecycle
 from service import job_runs as runs
 from service.errors import NotFound
 from service.lifecycle import WorkerOutcome
+from service.logging_setup import log_context
 from service.model_registry import Model, registry
 from service.private_data import engine_seed, run_folder
 from service.store import Store
@@ -244,6 +245,14 @@ def _archive(ckpt: Path) -> Path:
 
 def execute_job(
     store: Store, job_id: str, owner: str | None = None, stop: threading.Event | None = None
+) -> WorkerOutcome:
+    """Run or resume ``job_id`` (:func:`_execute_job`), its log lines carrying its id."""
+    with log_context(job_id=job_id):
+        return _execute_job(store, job_id, owner, stop)
+
+
+def _execute_job(
+    store: Store, job_id: str, owner: str | None, stop: threading.Event | None
 ) -> WorkerOutcome:
     """Run or resume ``job_id``. Returns what happened (:class:`WorkerOutcome`).
 

@@ -10,6 +10,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.dashboard.session import check_csrf, session_caller
 from service.keys import Caller, authenticate
+from service.logging_setup import bind
 
 _bearer = HTTPBearer(auto_error=False, description="an API key from `dprc keys create`")
 
@@ -24,9 +25,15 @@ def current_caller(
         caller = session_caller(request)
         if caller is not None:
             check_csrf(request)
-            return caller.with_request(request_id)
+            return _bound(caller.with_request(request_id))
     with request.app.state.store.sessions() as session:
-        return authenticate(session, authorization).with_request(request_id)
+        return _bound(authenticate(session, authorization).with_request(request_id))
+
+
+def _bound(caller: Caller) -> Caller:
+    """The caller, its tenant and key id added to the request's log context."""
+    bind(tenant=caller.tenant_name, key_id=caller.key_id)
+    return caller
 
 
 CallerDep = Annotated[Caller, Depends(current_caller)]
