@@ -12,9 +12,9 @@ participations, ⌈N/B⌉ steps apart) or by ``--steps`` with ``--participations
 from __future__ import annotations
 
 import argparse
-import math
 from typing import Any
 
+from dprc_core.accounting import cli_args
 from dprc_core.accounting.describe import ADJACENCY, NU_DPFTRL_ACCOUNTANT
 from dprc_core.accounting.dpftrl import (
     check_dpftrl_envelope,
@@ -22,7 +22,6 @@ from dprc_core.accounting.dpftrl import (
     dpftrl_noise_multiplier,
     dpftrl_sensitivity_details,
 )
-from dprc_core.accounting.steps import planned_steps
 from dprc_core.mechanism_names import GAUSSIAN, NOISE_MECHANISMS, NU_DPFTRL, canonical_mechanism
 
 MECHANISMS = NOISE_MECHANISMS
@@ -67,51 +66,12 @@ def refuse_ftrl_options(args: argparse.Namespace) -> None:
 
 
 def _job(args: argparse.Namespace) -> dict[str, Any]:
-    if args.sample_rate is not None:
-        raise ValueError("nu_dpftrl uses fixed-order batches: --sample-rate does not apply")
-    check_dpftrl_envelope(args.envelope)
-    if args.k is not None or args.rank is not None:
-        raise ValueError("--k and --rank are for randomized clipping, which nu_dpftrl refuses")
-    if getattr(args, "sketch", "shared") != "shared":
-        raise ValueError("--sketch is for randomized clipping, which nu_dpftrl refuses")
-    if args.nu is None:
-        raise ValueError("--mechanism nu_dpftrl needs --nu")
-    by_size = any(v is not None for v in (args.dataset_size, args.batch_size, args.epochs))
-    if by_size:
-        if (
-            args.steps is not None
-            or args.participations is not None
-            or (args.min_separation is not None)
-        ):
-            raise ValueError(
-                "give either --dataset-size/--batch-size/--epochs or "
-                "--steps/--participations/--min-separation, not both"
-            )
-        if None in (args.dataset_size, args.batch_size, args.epochs):
-            raise ValueError("--dataset-size, --batch-size and --epochs go together")
-        n, b, e = args.dataset_size, args.batch_size, args.epochs
-        if n < 1 or b < 1 or b > n or not (e >= 1 and float(e).is_integer()):
-            raise ValueError("need 1 <= batch-size <= dataset-size and whole epochs >= 1")
-        e = int(e)
-        spe = math.ceil(n / b)
-        return {
-            "steps": planned_steps(n, b, e, "nu_dpftrl"),
-            "participations": e,
-            "min_separation": spe,
-            "dataset_size": n,
-            "batch_size": b,
-            "epochs": e,
-        }
-    if None in (args.steps, args.participations, args.min_separation):
-        raise ValueError(
-            "nu_dpftrl needs --dataset-size/--batch-size/--epochs, or --steps with "
-            "--participations and --min-separation"
-        )
-    return {
-        "steps": args.steps,
-        "participations": args.participations,
-        "min_separation": args.min_separation,
-    }
+    """The job's steps and participation pattern: the one rule of
+    :func:`dprc_core.accounting.cli_args.dpftrl_job` (the client's too), after the library's
+    own envelope check."""
+    if args.sample_rate is None:
+        check_dpftrl_envelope(args.envelope)
+    return cli_args.dpftrl_job(args)
 
 
 def _result(sigma: float, delta: float, nu: float, bands: int | None, job: dict) -> dict:
