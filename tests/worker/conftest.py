@@ -35,6 +35,24 @@ def embedded(tmp_path_factory) -> Iterator[Server]:
     )
 
 
+def serve_embedded(request, tmp_path_factory, name: str, **settings: object) -> Iterator[Server]:
+    """The API with its embedded worker on the fixture's parameter, ``sqlite`` or
+    ``postgresql``, with the small leases and batches of these tests and ``settings``."""
+    url = request.getfixturevalue("pg_url") if request.param == "postgresql" else None
+    tmp = tmp_path_factory.mktemp(f"dprc-{name}-{request.param}")
+    yield from _serve(
+        _settings(
+            tmp,
+            url,
+            embedded_worker=True,
+            lease_seconds=6,
+            sweep_seconds=2,
+            max_physical_batch_size=8,
+            **settings,
+        )
+    )
+
+
 def wait_for(client, job_id: str, statuses: set[str], timeout: float = 300.0):
     deadline = time.monotonic() + timeout
     while True:

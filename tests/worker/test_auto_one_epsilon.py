@@ -21,26 +21,15 @@ from dprc_core.engine import layer_methods
 from dprc_core.training.models import load_model
 from dprc_core.training.results import read_results
 from service.model_registry import registry
-from tests.api.conftest import Server, _serve, _settings
-from tests.worker.conftest import learnable_lines, wait_for
+from tests.api.conftest import Server
+from tests.worker.conftest import learnable_lines, serve_embedded, wait_for
 
 MAX_SEQ_LEN = 16
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def served(request, tmp_path_factory) -> Iterator[Server]:
-    url = request.getfixturevalue("pg_url") if request.param == "postgresql" else None
-    tmp = tmp_path_factory.mktemp(f"dprc-auto-{request.param}")
-    yield from _serve(
-        _settings(
-            tmp,
-            url,
-            embedded_worker=True,
-            lease_seconds=6,
-            sweep_seconds=2,
-            max_physical_batch_size=8,
-        )
-    )
+    yield from serve_embedded(request, tmp_path_factory, "auto")
 
 
 def _archive_ledger(client, file_id: str) -> PrivacyLedger:

@@ -15,8 +15,8 @@ import pytest
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import load_file
 
-from tests.api.conftest import Server, _serve, _settings
-from tests.worker.conftest import learnable_lines, wait_for
+from tests.api.conftest import Server
+from tests.worker.conftest import learnable_lines, serve_embedded, wait_for
 
 HP = {"n_epochs": 1, "batch_size": 8, "learning_rate": 0.01, "max_seq_len": 32}
 PRIVACY = {"privacy": {"target_epsilon": 4.0, "clipping": {"method": "exact"}}}
@@ -25,18 +25,7 @@ ENDED = {"succeeded", "failed", "cancelled"}
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def served(request, tmp_path_factory) -> Iterator[Server]:
-    url = request.getfixturevalue("pg_url") if request.param == "postgresql" else None
-    tmp = tmp_path_factory.mktemp(f"dprc-ft-{request.param}")
-    yield from _serve(
-        _settings(
-            tmp,
-            url,
-            embedded_worker=True,
-            lease_seconds=6,
-            sweep_seconds=2,
-            max_physical_batch_size=8,
-        )
-    )
+    yield from serve_embedded(request, tmp_path_factory, "ft")
 
 
 def _train(client, tag: str, hp: dict = HP, **extra):

@@ -14,7 +14,7 @@ from sqlalchemy import text
 from dprc_core.training.checkpoint import list_checkpoints
 from service.private_data import run_folder
 from tests.api.conftest import Server, _serve, _settings
-from tests.worker.conftest import learnable_lines, wait_for
+from tests.worker.conftest import learnable_lines, serve_embedded, wait_for
 
 HP = {"n_epochs": 1, "batch_size": 8, "learning_rate": 0.01, "max_seq_len": 32}
 PRIVACY = {"privacy": {"target_epsilon": 4.0, "clipping": {"method": "exact"}}}
@@ -22,19 +22,7 @@ PRIVACY = {"privacy": {"target_epsilon": 4.0, "clipping": {"method": "exact"}}}
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def served(request, tmp_path_factory) -> Iterator[Server]:
-    url = request.getfixturevalue("pg_url") if request.param == "postgresql" else None
-    tmp = tmp_path_factory.mktemp(f"dprc-ops-{request.param}")
-    yield from _serve(
-        _settings(
-            tmp,
-            url,
-            embedded_worker=True,
-            lease_seconds=6,
-            sweep_seconds=2,
-            max_physical_batch_size=8,
-            keep_checkpoints=2,
-        )
-    )
+    yield from serve_embedded(request, tmp_path_factory, "ops", keep_checkpoints=2)
 
 
 def test_a_finished_job_keeps_its_last_checkpoints_and_all_its_privacy_record(served):
