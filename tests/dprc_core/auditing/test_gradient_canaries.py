@@ -15,7 +15,7 @@ import pytest
 import torch
 from scipy import stats
 
-from dprc_core import PrivacyEngine, accounting
+from dprc_core import Clipping, Exact, Gaussian, Hutch, HutchPP, PrivacyEngine, accounting
 from dprc_core.auditing import (
     audit_scores,
     epsilon_lower_bound,
@@ -86,6 +86,7 @@ def test_coverage_on_randomized_response():
 
 # ----------------------------------------------------------------------------- engine audits
 M, Q, T, DELTA, EPS = 1000, 0.05, 100, 1e-5, 1.0
+NORMS = {"exact": Exact(), "hutch": Hutch(32), "hutchpp": HutchPP(32)}
 
 
 def _real_engine(sigma, method):
@@ -93,11 +94,9 @@ def _real_engine(sigma, method):
         return PrivacyEngine(
             model,
             opt,
-            max_grad_norm=1.0,
-            noise_multiplier=sigma,
+            clipping=Clipping(1.0, NORMS[method]),
+            noise=Gaussian(sigma),
             expected_batch_size=expected_batch_size,
-            norm_method=method,
-            k=32,
             seed=seed,
         )
 
@@ -149,10 +148,9 @@ def test_audit_catches_noise_scaled_down_four_times():
         return _QuarterNoiseEngine(
             model,
             opt,
-            max_grad_norm=1.0,
-            noise_multiplier=sigma,
+            clipping=Clipping(1.0, Exact()),
+            noise=Gaussian(sigma),
             expected_batch_size=expected_batch_size,
-            norm_method="exact",
             seed=seed,
         )
 

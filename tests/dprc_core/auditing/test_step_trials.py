@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from dprc_core import PrivacyEngine, accounting
+from dprc_core import Clipping, Gaussian, PrivacyEngine, accounting
 from dprc_core.auditing.step_trials import (
     THRESHOLDS,
     bilinear_loss,
     run_step_trial_audit,
     trial_lower_bound,
 )
+from dprc_core.clipping import norm_from_method
 from dprc_core.noise import GaussianNoise
 
 DELTA = 1e-5
@@ -82,13 +83,10 @@ def _engine(sigma: float, norm_method: str, sketch: str, noise_divisor: float = 
         return Engine(
             model,
             opt,
-            max_grad_norm=1.0,
-            noise_multiplier=sigma,
+            clipping=Clipping(1.0, norm_from_method(norm_method, k=32, sketch=sketch)),
+            noise=Gaussian(sigma),
             expected_batch_size=expected_batch_size,
-            norm_method=norm_method,
-            k=32,
             seed=seed,
-            sketch=sketch,
         )
 
     return make

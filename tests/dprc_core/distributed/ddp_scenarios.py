@@ -17,9 +17,10 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from dprc_core.clipping import Clipping, Exact, Hutch
 from dprc_core.distributed import current_ranks, shard_indices
 from dprc_core.engine import PrivacyEngine
-from dprc_core.noise import NuDPFTRL
+from dprc_core.noise import Gaussian, NuDPFTRL
 from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
 
 N_EXAMPLES = 12
@@ -59,23 +60,20 @@ def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def make_engine(
-    model: nn.Module, method: str, sigma: float, seed: int = 7, mechanism: object = "gaussian"
+    model: nn.Module, method: str, sigma: float, seed: int = 7, nu: float | None = None
 ) -> PrivacyEngine:
-    """``method``: a norm method, or ``"<method>/per_example"`` for per-example sketches."""
+    """``method``: ``"exact"``, ``"hutch"`` (k = 4, shared sketches) or ``"hutch/per_example"``
+    for per-example sketches; Gaussian noise, or ν-DP-FTRL noise with damping ``nu``."""
     method, _, sketch = method.partition("/")
+    norm = Exact() if method == "exact" else Hutch(4, sketch=sketch or "shared")
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     return PrivacyEngine(
         model,
         opt,
-        max_grad_norm=0.3,
-        noise_multiplier=sigma,
+        clipping=Clipping(0.3, norm, check_independence=True),
+        noise=Gaussian(sigma) if nu is None else NuDPFTRL(sigma, nu=nu),
         expected_batch_size=4.0,
-        norm_method=method,
-        k=4,
         seed=seed,
-        check_independence=True,
-        noise_mechanism=mechanism,  # type: ignore[arg-type]
-        sketch=sketch or "shared",
     )
 
 
@@ -117,7 +115,7 @@ def scenario_dpftrl(out: Path) -> None:
     """σ > 0 ν-DP-FTRL steps over fixed-order batches: the correlated state is rank 0's."""
     ranks = current_ranks()
     model, data = build_case()
-    engine = make_engine(model, "exact", sigma=0.8, mechanism=NuDPFTRL(nu=0.3))
+    engine = make_engine(model, "exact", sigma=0.8, nu=0.3)
     batches = [b.tolist() for b in FixedOrderSampler(N_EXAMPLES, 4, steps=5, seed=2)]
     run_steps(engine, data, batches, 2, lambda i: shard_indices(i, ranks))
     tensors = {n: p.detach().contiguous() for n, p in model.named_parameters()}
@@ -134,7 +132,12 @@ def scenario_noise(out: Path) -> None:
         model.weight.zero_()
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     engine = PrivacyEngine(
-        model, opt, max_grad_norm=2.0, noise_multiplier=1.5, expected_batch_size=3.0, seed=11
+        model,
+        opt,
+        clipping=Clipping(2.0, Hutch()),
+        noise=Gaussian(1.5),
+        expected_batch_size=3.0,
+        seed=11,
     )
     engine.step()
     save_file({"w": model.weight.detach()}, str(out / f"noise-rank{ranks.rank}.safetensors"))

@@ -19,8 +19,10 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from dprc_core.clipping import Clipping, Hutch
 from dprc_core.distributed import refuse_wrapped_model
 from dprc_core.engine import PrivacyEngine
+from dprc_core.noise import Gaussian
 from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
 from tests.dprc_core.distributed import ddp_scenarios as sc
 
@@ -94,8 +96,8 @@ def test_the_noise_is_drawn_once_with_the_single_process_law(tmp_path):
     engine = PrivacyEngine(
         model,
         torch.optim.SGD(model.parameters(), lr=1.0),
-        max_grad_norm=2.0,
-        noise_multiplier=1.5,
+        clipping=Clipping(2.0, Hutch()),
+        noise=Gaussian(1.5),
         expected_batch_size=3.0,
         seed=11,
     )
@@ -108,7 +110,7 @@ def test_nu_dpftrl_on_two_ranks_is_the_single_process_run(tmp_path):
     take the single process's noisy steps."""
     torchrun("dpftrl", tmp_path)
     model, data = sc.build_case()
-    engine = sc.make_engine(model, "exact", sigma=0.8, mechanism=sc.NuDPFTRL(nu=0.3))
+    engine = sc.make_engine(model, "exact", sigma=0.8, nu=0.3)
     batches = [b.tolist() for b in FixedOrderSampler(sc.N_EXAMPLES, 4, steps=5, seed=2)]
     sc.run_steps(engine, data, batches, micro=None)
     for rank in (0, 1):
@@ -148,8 +150,8 @@ def test_a_model_wrapped_in_ddp_is_refused(tmp_path):
             PrivacyEngine(
                 wrapped,
                 torch.optim.SGD(wrapped.parameters(), lr=0.1),
-                max_grad_norm=1.0,
-                noise_multiplier=1.0,
+                clipping=Clipping(1.0, Hutch()),
+                noise=Gaussian(1.0),
                 expected_batch_size=2.0,
             )
     finally:

@@ -11,14 +11,30 @@ import torch
 from torch import nn
 
 import dprc_core
-from dprc_core import SampleMixingError, UnsupportedModuleError
+from dprc_core import (
+    Auto,
+    Clipping,
+    Exact,
+    Gaussian,
+    Hutch,
+    HutchPP,
+    NuDPFTRL,
+    SampleMixingError,
+    UnsupportedModuleError,
+)
 from dprc_core.accounting import noise_multiplier
+from dprc_core.clipping import norm_from_method
 
 
-def _engine(model, **kw):
+def _engine(model, clipping=None, noise=None, **kw):
+    """An engine with exact clipping at C = 1 and σ = 0 unless ``clipping`` / ``noise`` say
+    otherwise."""
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
     args = dict(
-        max_grad_norm=1.0, noise_multiplier=0.0, expected_batch_size=1, norm_method="exact", seed=0
+        clipping=Clipping(1.0, Exact()) if clipping is None else clipping,
+        noise=Gaussian(0.0) if noise is None else noise,
+        expected_batch_size=1,
+        seed=0,
     )
     args.update(kw)
     with warnings.catch_warnings():
@@ -52,7 +68,7 @@ class PlainSubclass(nn.Linear):
 def test_subclass_overriding_forward_is_refused_naming_module_and_class():
     net = nn.Sequential(Scaled(8, 8)).double()
     with pytest.raises(UnsupportedModuleError, match=r"'0' of type Scaled .*overrides forward"):
-        _engine(net, clipping_mode="two_pass")
+        _engine(net, clipping=Clipping(1.0, Exact(), clipped_sum="two_pass"))
     with pytest.raises(UnsupportedModuleError, match="Scaled"):
         dprc_core.per_sample_grad_norms(
             net,
@@ -68,7 +84,7 @@ def test_subclass_without_own_forward_uses_the_base_math():
     x = torch.randn(4, 5, 8, dtype=torch.float64)
     want = _reference_clipped_update(net, loss, x, 0.5, 4.0)
     before = [p.detach().clone() for p in net.parameters()]
-    _engine(net, max_grad_norm=0.5, expected_batch_size=4).step(loss, x)
+    _engine(net, clipping=Clipping(0.5, Exact()), expected_batch_size=4).step(loss, x)
     for p0, p, w in zip(before, net.parameters(), want):
         torch.testing.assert_close(p0 - p.detach(), w, rtol=1e-10, atol=1e-12)
 
@@ -130,9 +146,9 @@ def test_a_nan_sample_is_dropped_and_the_update_stays_finite(mode, where):
     keep = torch.tensor([i for i in range(4) if i != where])
     want = _reference_clipped_update(net, _mse, x[keep], 0.7, 4.0)
     before = [p.detach().clone() for p in net.parameters()]
-    stats = _engine(net, max_grad_norm=0.7, expected_batch_size=4, clipping_mode=mode).step(
-        _mse, bad
-    )
+    stats = _engine(
+        net, clipping=Clipping(0.7, Exact(), clipped_sum=mode), expected_batch_size=4
+    ).step(_mse, bad)
     assert stats.dropped == 1 and stats.batch_size == 4
     assert math.isfinite(stats.mean_loss)
     for p0, p, w in zip(before, net.parameters(), want):
@@ -145,7 +161,7 @@ def test_an_inf_norm_sample_contributes_nothing_and_noise_still_applies():
     net = Net().double()
     x = torch.randn(3, 6, dtype=torch.float64)
     x[1] = 1e200  # finite input, overflowing gradient
-    stats = _engine(net, noise_multiplier=1.0, expected_batch_size=3).step(_mse, x)
+    stats = _engine(net, noise=Gaussian(1.0), expected_batch_size=3).step(_mse, x)
     assert stats.dropped >= 1
     assert all(torch.isfinite(p).all() for p in net.parameters())
 
@@ -206,12 +222,13 @@ def test_sequence_first_layout_with_t_equal_to_b_is_refused(t):
         _engine(SeqFirst().double()).step(_seq_loss, x)
 
 
-@pytest.mark.parametrize("method", ["exact", "hutch", "hutchpp"])
-def test_batch_statistics_are_refused_and_the_check_can_be_turned_off(method):
+@pytest.mark.parametrize("norm", [Exact(), Hutch(2), HutchPP(2)], ids=["exact", "hutch", "hutchpp"])
+def test_batch_statistics_are_refused_and_the_check_can_be_turned_off(norm):
     x = torch.randn(5, 3, 4, dtype=torch.float64)
     with pytest.raises(SampleMixingError, match="not independent"):
-        _engine(BatchCentering().double(), norm_method=method, k=2).step(_seq_loss, x)
-    _engine(BatchCentering().double(), check_independence=False).step(_seq_loss, x)
+        _engine(BatchCentering().double(), clipping=Clipping(1.0, norm)).step(_seq_loss, x)
+    unchecked = Clipping(1.0, Exact(), check_independence=False)
+    _engine(BatchCentering().double(), clipping=unchecked).step(_seq_loss, x)
 
 
 def test_the_check_uses_its_own_projections_not_the_training_ones():
@@ -223,10 +240,10 @@ def test_the_check_uses_its_own_projections_not_the_training_ones():
     b = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
     b.load_state_dict(a.state_dict())
     loss = lambda m, t: m(t).pow(2).sum((1, 2))  # noqa: E731
-    sa = _engine(a, norm_method="hutch", k=3, noise_multiplier=1.0, seed=9).step(loss, x)
-    sb = _engine(
-        b, norm_method="hutch", k=3, noise_multiplier=1.0, seed=9, check_independence=False
-    ).step(loss, x)
+    checked = Clipping(1.0, Hutch(3))
+    unchecked = Clipping(1.0, Hutch(3), check_independence=False)
+    sa = _engine(a, clipping=checked, noise=Gaussian(1.0), seed=9).step(loss, x)
+    sb = _engine(b, clipping=unchecked, noise=Gaussian(1.0), seed=9).step(loss, x)
     torch.testing.assert_close(sa.per_sample_norms, sb.per_sample_norms, rtol=0, atol=0)
     for pa, pb in zip(a.parameters(), b.parameters()):
         torch.testing.assert_close(pa, pb, rtol=0, atol=0)
@@ -252,21 +269,21 @@ def test_independence_check_passes_with_dropout_and_leaves_no_grad():
 # ------------------------------------------------------------------ 4. validation
 @pytest.mark.parametrize(
     "kwargs, match",
-    [
-        (dict(norm_method="hutch", k=1), "k=1|>= 2"),
-        (dict(norm_method="hutchpp", k=1), ">= 2"),
-        (dict(norm_method="auto", k=1, max_seq_len=4), ">= 2"),
-        (dict(expected_batch_size=math.inf), "expected_batch_size"),
-        (dict(expected_batch_size=True), "expected_batch_size"),
-        (dict(max_grad_norm=True), "max_grad_norm"),
-        (dict(noise_multiplier=True), "noise_multiplier"),
-        (dict(norm_method="auto"), "max_seq_len"),
-        (dict(norm_method="auto", max_seq_len=0), "max_seq_len"),
+    [  # built inside pytest.raises: the objects refuse bad values where they are written
+        (lambda: dict(clipping=Clipping(1.0, Hutch(1))), "k=1|>= 2"),
+        (lambda: dict(clipping=Clipping(1.0, HutchPP(1))), ">= 2"),
+        (lambda: dict(clipping=Clipping(1.0, Auto(4, k=1))), ">= 2"),
+        (lambda: dict(expected_batch_size=math.inf), "expected_batch_size"),
+        (lambda: dict(expected_batch_size=True), "expected_batch_size"),
+        (lambda: dict(clipping=Clipping(True, Exact())), "max_grad_norm"),
+        (lambda: dict(noise=Gaussian(True)), "noise_multiplier"),
+        (lambda: dict(clipping=Clipping(1.0, Auto(None))), "max_seq_len"),
+        (lambda: dict(clipping=Clipping(1.0, Auto(0))), "max_seq_len"),
     ],
 )
 def test_bad_engine_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        _engine(Net().double(), **kwargs)
+        _engine(Net().double(), **kwargs())
 
 
 def test_k1_is_fine_for_exact_norms_and_noise_zero_warns():
@@ -276,11 +293,9 @@ def test_k1_is_fine_for_exact_norms_and_noise_zero_warns():
         dprc_core.PrivacyEngine(
             net,
             opt,
-            max_grad_norm=1.0,
-            noise_multiplier=0.0,
+            clipping=Clipping(1.0, norm_from_method("exact", k=1)),
+            noise=Gaussian(0.0),
             expected_batch_size=2,
-            norm_method="exact",
-            k=1,
         )
 
 
@@ -312,18 +327,19 @@ class Wide(nn.Module):
 
 def test_auto_with_every_layer_exact_is_accounted_exact():
     """Short sequences, small layers: exact everywhere, so no randomized-clipping envelope."""
-    engine = _engine(Net().double(), norm_method="auto", k=32, max_seq_len=3)
-    assert set(engine.norm_plan.values()) == {"exact"}
-    assert engine.accounting_clipping == "exact" and not engine.randomized
+    engine = _engine(Net().double(), clipping=Clipping(1.0, Auto(3, k=32)))
+    assert set(engine.layer_methods.values()) == {"exact"}
+    assert engine.accounting_envelope == "exact" and not engine.randomized
 
 
 def test_auto_plan_is_fixed_whatever_the_batch_length():
     """Planned for T = 64: the 512×32 layer is sketched (min(2T², p·d) > k(T + p + d)) and stays
     sketched for a batch of T = 2, where a per-batch choice would have picked exact."""
     model = Wide().double()
-    engine = _engine(model, norm_method="auto", k=4, max_seq_len=64, expected_batch_size=3)
-    assert engine.norm_plan["big.weight"] == "hutch" and engine.norm_plan["small.weight"] == "exact"
-    assert engine.accounting_clipping == "hutch"
+    engine = _engine(model, clipping=Clipping(1.0, Auto(64, k=4)), expected_batch_size=3)
+    methods = engine.layer_methods
+    assert methods["big.weight"] == "hutch" and methods["small.weight"] == "exact"
+    assert engine.accounting_envelope == "hutch"
     for t in (2, 64):
         stats = engine.step(lambda m, b: m(b).pow(2).sum((1, 2)), torch.randn(3, t, 32).double())
         assert stats.methods["big.weight"] == "hutch"
@@ -369,27 +385,32 @@ def test_the_documented_handler_registration_gives_true_norms():
 
 
 # ------------------------------------------------------------ correlated noise (nu-DP-FTRL)
-@pytest.mark.parametrize("method", ["hutch", "hutchpp", "auto"])
-def test_nu_dpftrl_refuses_randomized_clipping(method):
+@pytest.mark.parametrize(
+    "norm", [Hutch(4), HutchPP(4), Auto(4, k=4)], ids=["hutch", "hutchpp", "auto"]
+)
+def test_nu_dpftrl_refuses_randomized_clipping(norm):
     with pytest.raises(ValueError, match="correlated noise"):
-        _engine(
-            Net().double(),
-            noise_mechanism="nu_dpftrl",
-            nu=0.1,
-            norm_method=method,
-            k=4,
-            max_seq_len=4,
-            noise_multiplier=1.0,
-        )
+        _engine(Net().double(), clipping=Clipping(1.0, norm), noise=NuDPFTRL(1.0, nu=0.1))
 
 
 def test_noise_mechanism_arguments_are_validated():
-    with pytest.raises(ValueError, match="needs nu"):
-        _engine(Net().double(), noise_mechanism="nu_dpftrl", noise_multiplier=1.0)
-    with pytest.raises(ValueError, match="apply to noise_mechanism"):
-        _engine(Net().double(), nu=0.1, noise_multiplier=1.0)
-    with pytest.raises(ValueError, match="noise_mechanism"):
-        _engine(Net().double(), noise_mechanism="laplace", noise_multiplier=1.0)
+    """About the deprecated keyword form: its noise_mechanism= / nu= are still checked."""
+
+    def keyword_engine(**kw):
+        model = Net().double()
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        args = dict(max_grad_norm=1.0, expected_batch_size=1, norm_method="exact", seed=0)
+        return dprc_core.PrivacyEngine(model, opt, **args, **kw)
+
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="needs nu"):
+        keyword_engine(noise_mechanism="nu_dpftrl", noise_multiplier=1.0)
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.raises(ValueError, match="apply to noise_mechanism"),
+    ):
+        keyword_engine(nu=0.1, noise_multiplier=1.0)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="noise_mechanism"):
+        keyword_engine(noise_mechanism="laplace", noise_multiplier=1.0)
 
 
 def test_nu_dpftrl_noise_only_steps_are_correlated_like_its_toeplitz_matrix():
@@ -400,9 +421,7 @@ def test_nu_dpftrl_noise_only_steps_are_correlated_like_its_toeplitz_matrix():
     from dprc_core.accounting.dpftrl import nu_dpftrl_coefficients
 
     lin = nn.Linear(400, 300, dtype=torch.float64)
-    engine = _engine(
-        lin, noise_mechanism="nu_dpftrl", nu=0.2, noise_multiplier=1.0, expected_batch_size=1
-    )
+    engine = _engine(lin, noise=NuDPFTRL(1.0, nu=0.2), expected_batch_size=1)
     empty = torch.zeros(0, 400, dtype=torch.float64)
     loss = lambda m, b: m(b).sum(-1)  # noqa: E731
     ups = []

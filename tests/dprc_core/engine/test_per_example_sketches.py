@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 import dprc_core
+from dprc_core import Auto, Clipping, Gaussian, Hutch, HutchPP
+from dprc_core.clipping import norm_from_method
 from dprc_core.hooks import PerSampleHooks
 from dprc_core.noise import SecureStream
 from dprc_core.sketches import per_example_source
@@ -114,16 +116,18 @@ def test_each_example_has_its_own_projection():
     assert per[0] != per[1]
 
 
-def _engine(model, **kw):
+PER_EXAMPLE_HUTCH = Hutch(4, sketch="per_example")
+
+
+def _engine(model, clipping=None, noise=None, **kw):
+    """C = 0.5, Hutchinson with k = 4 per-example projections and σ = 0 unless ``clipping`` /
+    ``noise`` say otherwise."""
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     args = dict(
-        max_grad_norm=0.5,
-        noise_multiplier=0.0,
+        clipping=Clipping(0.5, PER_EXAMPLE_HUTCH) if clipping is None else clipping,
+        noise=Gaussian(0.0) if noise is None else noise,
         expected_batch_size=8,
         seed=11,
-        norm_method="hutch",
-        k=4,
-        sketch="per_example",
     )
     args.update(kw)
     with warnings.catch_warnings():  # σ = 0 warns that nothing is private: intended here
@@ -135,16 +139,17 @@ def _select(batch, idx):
     return {k: v[idx] for k, v in batch.items()}
 
 
-@pytest.mark.parametrize("method", ["hutch", "hutchpp"])
-def test_micro_batches_in_any_order_give_the_same_step(method):
+@pytest.mark.parametrize("norm", [Hutch, HutchPP], ids=["hutch", "hutchpp"])
+def test_micro_batches_in_any_order_give_the_same_step(norm):
     batch = make_batch(8, seed=1)
     ids = torch.arange(40, 48)
+    clipping = Clipping(0.5, norm(4, sketch="per_example"))
     whole_model = make_model()
-    whole = _engine(whole_model, norm_method=method)
+    whole = _engine(whole_model, clipping=clipping)
     stats_whole = whole.step(loss_fn, batch, example_ids=ids)
 
     split_model = make_model()
-    split = _engine(split_model, norm_method=method)
+    split = _engine(split_model, clipping=clipping)
     order = [torch.tensor([5, 2, 7]), torch.tensor([0, 6]), torch.tensor([3, 1, 4])]
     for part in order:
         split.accumulate(loss_fn, _select(batch, part), example_ids=ids[part])
@@ -177,16 +182,16 @@ def test_secure_mode_projections_come_from_the_stream_and_resume():
     batch = make_batch(4, seed=3)
     ids = torch.arange(4)
     root = SecureStream()
-    first = _engine(make_model(), secure_rng=True, secure_stream=root, noise_multiplier=1.0)
+    first = _engine(make_model(), noise=Gaussian(1.0, secure=True), secure_stream=root)
     assert first.accounting_sketch == "per_example"
     state = first.state_dict()
     a = first.step(loss_fn, batch, example_ids=ids).per_sample_norms
-    seeded = _engine(make_model(), noise_multiplier=1.0)
+    seeded = _engine(make_model(), noise=Gaussian(1.0))
     assert not torch.equal(a, seeded.step(loss_fn, batch, example_ids=ids).per_sample_norms)
-    other = _engine(make_model(), secure_rng=True, noise_multiplier=1.0)  # a fresh OS key
+    other = _engine(make_model(), noise=Gaussian(1.0, secure=True))  # a fresh OS key
     assert not torch.equal(a, other.step(loss_fn, batch, example_ids=ids).per_sample_norms)
     other.load_state_dict(state)  # the first engine's key and step 0 ...
-    resumed = _engine(make_model(), secure_rng=True, noise_multiplier=1.0)
+    resumed = _engine(make_model(), noise=Gaussian(1.0, secure=True))
     resumed.load_state_dict(state)
     assert torch.equal(a, resumed.step(loss_fn, batch, example_ids=ids).per_sample_norms)
     with pytest.raises(ValueError, match="state"):  # a secure state in a seeded engine
@@ -196,10 +201,13 @@ def test_secure_mode_projections_come_from_the_stream_and_resume():
 
 
 def test_bad_input_is_refused():
-    with pytest.raises(ValueError, match="randomized norm method"):
-        _engine(make_model(), norm_method="exact")
+    with pytest.raises(ValueError, match="randomized norm method"):  # as a job spec names it
+        _engine(
+            make_model(),
+            clipping=Clipping(0.5, norm_from_method("exact", k=4, sketch="per_example")),
+        )
     with pytest.raises(ValueError, match="sketch must be one of"):
-        _engine(make_model(), sketch="per-example")
+        _engine(make_model(), clipping=Clipping(0.5, Hutch(4, sketch="per-example")))
     engine = _engine(make_model())
     batch = make_batch(3)
     with pytest.raises(ValueError, match="3 samples"):
@@ -223,10 +231,10 @@ def test_without_ids_positions_key_the_projections():
     b.accumulate(loss_fn, _select(batch, torch.arange(2, 4)))
     assert torch.equal(na, b.step().per_sample_norms)  # positions 0..3 either way
     assert a.accounting_sketch == "per_example"
-    shared = _engine(make_model(), sketch="shared")
+    shared = _engine(make_model(), clipping=Clipping(0.5, Hutch(4, sketch="shared")))
     assert shared.accounting_sketch == "shared"
-    exact_auto = _engine(make_model(), norm_method="auto", max_seq_len=T, k=512)
-    assert exact_auto.accounting_clipping == "exact"
+    exact_auto = _engine(make_model(), clipping=Clipping(0.5, Auto(T, k=512, sketch="per_example")))
+    assert exact_auto.accounting_envelope == "exact"
     assert exact_auto.accounting_sketch == "shared"  # nothing sketched: nothing per example
     for e in (a, b, shared, exact_auto):
         e.detach()
@@ -243,9 +251,10 @@ def test_a_dropped_sample_leaves_the_others_projections_alone(mode):
     batch = {**make_batch(4, seed=5), "w": torch.tensor([1.0, 1.0, float("nan"), 1.0]).double()}
     ids = torch.tensor([7, 3, 9, 1])
     keep = torch.tensor([0, 1, 3])
-    clean = _engine(make_model(), clipping_mode=mode)
+    clipping = Clipping(0.5, PER_EXAMPLE_HUTCH, clipped_sum=mode)
+    clean = _engine(make_model(), clipping=clipping)
     want = clean.step(weighted_loss, _select(batch, keep), example_ids=ids[keep])
-    engine = _engine(make_model(), clipping_mode=mode)
+    engine = _engine(make_model(), clipping=clipping)
     stats = engine.step(weighted_loss, batch, example_ids=ids)
     assert stats.dropped == 1
     norms = stats.per_sample_norms

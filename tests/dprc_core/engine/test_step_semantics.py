@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import dprc_core
-from dprc_core import UnsupportedModuleError
+from dprc_core import Clipping, Exact, Gaussian, Hutch, Sketched, UnsupportedModuleError
 
 
 class TinyNet(nn.Module):
@@ -37,9 +37,16 @@ def data(b=8, seed=0, dtype=torch.float64):
     return torch.randn(b, 6, generator=g, dtype=dtype), torch.randn(b, 3, generator=g, dtype=dtype)
 
 
-def make_engine(model, **kw):
+def make_engine(model, clipping=None, noise=None, **kw):
+    """Hutchinson clipping (k = 32) at C = 1 and σ = 1 unless ``clipping`` / ``noise`` say
+    otherwise."""
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    args = dict(max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=8, seed=0)
+    args = dict(
+        clipping=Clipping(1.0, Hutch()) if clipping is None else clipping,
+        noise=Gaussian(1.0) if noise is None else noise,
+        expected_batch_size=8,
+        seed=0,
+    )
     args.update(kw)
     return dprc_core.PrivacyEngine(model, opt, **args), opt
 
@@ -52,7 +59,7 @@ def test_empty_logical_batch_is_a_noise_only_step():
     before = [p.detach().clone() for p in model.parameters()]
     sigma, clip, b = 1.7, 0.5, 4.0
     engine, _ = make_engine(
-        model, noise_multiplier=sigma, max_grad_norm=clip, expected_batch_size=b
+        model, clipping=Clipping(clip, Hutch()), noise=Gaussian(sigma), expected_batch_size=b
     )
     empty = (torch.zeros(0, 400, dtype=torch.float64), torch.zeros(0, 300, dtype=torch.float64))
     stats = engine.step(lambda m, batch: (m(batch[0]) - batch[1]).pow(2).sum(-1), empty)
@@ -72,8 +79,8 @@ def test_noise_is_added_once_per_logical_batch():
     x, y = data(9)
     m1, m2 = TinyNet().double(), TinyNet().double()
     m2.load_state_dict(m1.state_dict())
-    e1, _ = make_engine(m1, norm_method="exact", noise_multiplier=2.0, seed=7)
-    e2, _ = make_engine(m2, norm_method="exact", noise_multiplier=2.0, seed=7)
+    e1, _ = make_engine(m1, clipping=Clipping(1.0, Exact()), noise=Gaussian(2.0), seed=7)
+    e2, _ = make_engine(m2, clipping=Clipping(1.0, Exact()), noise=Gaussian(2.0), seed=7)
     e1.step(mse_per_sample, (x, y))
     for s in (slice(0, 4), slice(4, 4), slice(4, 9)):
         e2.accumulate(mse_per_sample, (x[s], y[s]))
@@ -98,8 +105,8 @@ def test_two_pass_and_bookkeeping_agree_with_hutch_and_same_seed():
     x, y = data()
     m1, m2 = TinyNet().double(), TinyNet().double()
     m2.load_state_dict(m1.state_dict())
-    e1, _ = make_engine(m1, norm_method="hutch", k=3, clipping_mode="two_pass", seed=3)
-    e2, _ = make_engine(m2, norm_method="hutch", k=3, clipping_mode="bookkeeping", seed=3)
+    e1, _ = make_engine(m1, clipping=Clipping(1.0, Hutch(3), clipped_sum="two_pass"), seed=3)
+    e2, _ = make_engine(m2, clipping=Clipping(1.0, Hutch(3), clipped_sum="bookkeeping"), seed=3)
     s1, s2 = e1.step(mse_per_sample, (x, y)), e2.step(mse_per_sample, (x, y))
     torch.testing.assert_close(s1.per_sample_norms, s2.per_sample_norms)
     for p1, p2 in zip(m1.parameters(), m2.parameters()):
@@ -151,20 +158,20 @@ def test_reduced_loss_is_rejected():
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [
-        (dict(noise_multiplier=-0.1), "noise_multiplier"),
-        (dict(noise_multiplier=float("nan")), "noise_multiplier"),
-        (dict(max_grad_norm=0.0), "max_grad_norm"),
-        (dict(expected_batch_size=0), "expected_batch_size"),
-        (dict(k=0), "k"),
-        (dict(k=2.5), "k"),
-        (dict(norm_method="magic"), "norm method"),
-        (dict(clipping_mode="lazy"), "clipping_mode"),
+    [  # built inside pytest.raises: the objects refuse bad values where they are written
+        (lambda: dict(noise=Gaussian(-0.1)), "noise_multiplier"),
+        (lambda: dict(noise=Gaussian(float("nan"))), "noise_multiplier"),
+        (lambda: dict(clipping=Clipping(0.0, Hutch())), "max_grad_norm"),
+        (lambda: dict(expected_batch_size=0), "expected_batch_size"),
+        (lambda: dict(clipping=Clipping(1.0, Hutch(0))), "k"),
+        (lambda: dict(clipping=Clipping(1.0, Hutch(2.5))), "k"),
+        (lambda: dict(clipping=Clipping(1.0, Sketched("magic"))), "norm method"),
+        (lambda: dict(clipping=Clipping(1.0, Hutch(), clipped_sum="lazy")), "clipped_sum"),
     ],
 )
 def test_bad_engine_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        make_engine(TinyNet().double(), **kwargs)
+        make_engine(TinyNet().double(), **kwargs())
 
 
 def test_bad_norm_arguments():
@@ -181,7 +188,7 @@ def test_optimizer_with_foreign_parameter_is_rejected():
     opt = torch.optim.SGD([*m.parameters(), stray], lr=0.1)
     with pytest.raises(ValueError, match="not be privatized"):
         dprc_core.PrivacyEngine(
-            m, opt, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=4
+            m, opt, clipping=Clipping(1.0, Hutch()), noise=Gaussian(1.0), expected_batch_size=4
         )
 
 
@@ -230,7 +237,7 @@ def test_functional_use_of_a_parameter_is_refused():
     loss = lambda m, x: m(x).logsumexp(-1).sum(-1)  # noqa: E731
     with pytest.raises(UnsupportedModuleError, match=r"'emb.weight' is used 2 time"):
         dprc_core.per_sample_grad_norms(m, loss, ids)
-    e, _ = make_engine(m, clipping_mode="two_pass")
+    e, _ = make_engine(m, clipping=Clipping(1.0, Hutch(), clipped_sum="two_pass"))
     with pytest.raises(UnsupportedModuleError, match="functional use"):
         e.step(loss, ids)
 
@@ -243,11 +250,9 @@ def test_hutch_projections_are_fresh_every_step():
     e = dprc_core.PrivacyEngine(
         m,
         opt,
-        max_grad_norm=1.0,
-        noise_multiplier=0.0,
+        clipping=Clipping(1.0, Hutch(2)),
+        noise=Gaussian(0.0),
         expected_batch_size=8,
-        norm_method="hutch",
-        k=2,
         seed=5,
     )
     a = e.step(mse_per_sample, (x, y)).per_sample_norms

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import dprc_core
+from dprc_core import Clipping, Exact, Gaussian
 
 
 def _loss(model, x):
@@ -20,10 +21,9 @@ def _engine(model, lr=0.1, sigma=1.0):
     engine = dprc_core.PrivacyEngine(
         model,
         opt,
-        max_grad_norm=1.0,
-        noise_multiplier=sigma,
+        clipping=Clipping(1.0, Exact()),
+        noise=Gaussian(sigma),
         expected_batch_size=4.0,
-        norm_method="exact",
         seed=0,
     )
     return engine, opt

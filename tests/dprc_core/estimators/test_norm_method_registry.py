@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import dprc_core
+from dprc_core import Clipping, Gaussian, Sketched
 from dprc_core.estimators import hutch_sq_norms
 from dprc_core.norm_methods import NORM_METHODS, envelope_for
 
@@ -33,11 +34,9 @@ def test_a_registered_method_runs_and_is_accounted_with_its_envelope(hutch64):
     engine = dprc_core.PrivacyEngine(
         model,
         opt,
-        max_grad_norm=1.0,
-        noise_multiplier=1.0,
+        clipping=Clipping(1.0, Sketched("hutch64", k=4)),
+        noise=Gaussian(1.0),
         expected_batch_size=4,
-        norm_method="hutch64",
-        k=4,
         seed=0,
     )
     stats = engine.step(lambda m, x: m(x).pow(2).sum(1), torch.randn(4, 4))
@@ -47,18 +46,16 @@ def test_a_registered_method_runs_and_is_accounted_with_its_envelope(hutch64):
         "2.weight": "hutch64",
         "2.bias": "exact",
     }
-    assert engine.accounting_clipping == "hutch" and engine.randomized
+    assert engine.accounting_envelope == "hutch" and engine.randomized
     # 2 parameters × (3 passes of the independence check + 1 training pass), all with k = 4
     assert hutch64 == [4] * 8
     with pytest.raises(ValueError, match="k.*>= 2"):
         dprc_core.PrivacyEngine(
             model,
             opt,
-            max_grad_norm=1.0,
-            noise_multiplier=1.0,
+            clipping=Clipping(1.0, Sketched("hutch64", k=1)),
+            noise=Gaussian(1.0),
             expected_batch_size=4,
-            norm_method="hutch64",
-            k=1,
         )
 
 

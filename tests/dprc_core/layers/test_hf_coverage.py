@@ -20,6 +20,7 @@ import torch
 import transformers
 
 import dprc_core
+from dprc_core import Clipping, Exact, Gaussian
 from tests.conftest import grad_norms, torch_func_per_sample_grads, trainable_named
 from tests.hf_zoo import ARCHS, with_lora
 
@@ -156,11 +157,9 @@ def test_engine_exact_or_refused_at_construction(name, mode, tmp_path):
                 engine = dprc_core.PrivacyEngine(
                     model,
                     opt,
-                    max_grad_norm=clip,
-                    noise_multiplier=0.0,
+                    clipping=Clipping(clip, Exact(), clipped_sum="bookkeeping"),
+                    noise=Gaussian(0.0),
                     expected_batch_size=4.0,
-                    norm_method="exact",
-                    clipping_mode="bookkeeping",
                 )
         except REFUSALS as exc:
             message = str(exc)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import dprc_core
-from dprc_core import UnsupportedModuleError
+from dprc_core import Clipping, Exact, Gaussian, Hutch, UnsupportedModuleError
 from dprc_core.layers import scaled_embedding
 from dprc_core.losses import causal_lm_per_sample_loss
 from tests.conftest import grad_norms, torch_func_per_sample_grads, trainable_named
@@ -174,10 +174,9 @@ def test_sigma0_step_equals_reference_clipped_update(hf_case):
         engine = dprc_core.PrivacyEngine(
             model,
             opt,
-            max_grad_norm=clip,
-            noise_multiplier=0.0,
+            clipping=Clipping(clip, Exact()),
+            noise=Gaussian(0.0),
             expected_batch_size=3.0,
-            norm_method="exact",
         )
     engine.step(loss_fn, batch)
     factors = (clip / norms).clamp(max=1.0)
@@ -205,10 +204,9 @@ def test_flattened_layout_is_refused_without_the_independence_check(tmp_path):
         dprc_core.PrivacyEngine(
             model,
             opt_,
-            max_grad_norm=1.0,
-            noise_multiplier=1.0,
+            clipping=Clipping(1.0, Hutch(), check_independence=False),
+            noise=Gaussian(1.0),
             expected_batch_size=3,
-            check_independence=False,
         ).step(loss_fn, batch)
 
 

@@ -11,20 +11,22 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import dprc_core
-from dprc_core import SampleMixingError, UnsupportedModuleError
+from dprc_core import Clipping, Exact, Gaussian, SampleMixingError, UnsupportedModuleError
 
 
 def _seq_loss(model, x):
     return model(x).pow(2).sum((1, 2))
 
 
-def _engine(model, **kw):
+def _engine(model, clipped_sum="bookkeeping"):
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
-    args = dict(
-        max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=4.0, norm_method="exact"
+    return dprc_core.PrivacyEngine(
+        model,
+        opt,
+        clipping=Clipping(1.0, Exact(), clipped_sum=clipped_sum),
+        noise=Gaussian(1.0),
+        expected_batch_size=4.0,
     )
-    args.update(kw)
-    return dprc_core.PrivacyEngine(model, opt, **args)
 
 
 def _autograd_norms(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -180,7 +182,7 @@ def test_an_unused_call_does_not_hide_a_functional_use(mode):
     with pytest.raises(UnsupportedModuleError, match="lin.weight.*functional"):
         dprc_core.per_sample_grad_norms(model, _seq_loss, x)
     with pytest.raises(UnsupportedModuleError, match="lin.weight.*functional"):
-        _engine(model, clipping_mode=mode).step(_seq_loss, x)
+        _engine(model, clipped_sum=mode).step(_seq_loss, x)
 
 
 class Checkpointed(nn.Module):

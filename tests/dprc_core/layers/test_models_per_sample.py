@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import dprc_core
+from dprc_core import Auto, Clipping, Exact, Gaussian, Hutch
 from dprc_core.losses import causal_lm_per_sample_loss, sequence_classification_per_sample_loss
 from tests.conftest import grad_norms, torch_func_per_sample_grads, trainable_named
 
@@ -79,8 +80,8 @@ def _reference_update(per_sample, norms, clip_norm, expected_batch_size):
     }
 
 
-@pytest.mark.parametrize("clipping_mode", ["two_pass", "bookkeeping"])
-def test_sigma0_step_equals_reference_clipped_update(case, clipping_mode):
+@pytest.mark.parametrize("clipped_sum", ["two_pass", "bookkeeping"])
+def test_sigma0_step_equals_reference_clipped_update(case, clipped_sum):
     """σ = 0, exact norms: the update equals Σ_i min(1, C/‖g_i‖) g_i / B from torch.func,
     also when the logical batch arrives in micro-batches, one of them empty."""
     name, model, loss_fn, batch = case
@@ -96,11 +97,9 @@ def test_sigma0_step_equals_reference_clipped_update(case, clipping_mode):
     engine = dprc_core.PrivacyEngine(
         model,
         opt,
-        max_grad_norm=clip_norm,
-        noise_multiplier=0.0,
+        clipping=Clipping(clip_norm, Exact(), clipped_sum=clipped_sum),
+        noise=Gaussian(0.0),
         expected_batch_size=expected_b,
-        norm_method="exact",
-        clipping_mode=clipping_mode,
     )
     take = lambda s: {k: v[s] for k, v in batch.items()}  # noqa: E731
     engine.accumulate(loss_fn, take(slice(0, 1)))
@@ -140,17 +139,14 @@ def test_auto_reports_a_method_per_layer(tiny_gpt2):
     engine = dprc_core.PrivacyEngine(
         tiny_gpt2,
         opt,
-        max_grad_norm=1.0,
-        noise_multiplier=0.0,
+        clipping=Clipping(1.0, Auto(batch["input_ids"].shape[1], k=4)),
+        noise=Gaussian(0.0),
         expected_batch_size=4,
-        norm_method="auto",
-        k=4,
         seed=0,
-        max_seq_len=batch["input_ids"].shape[1],
     )
     stats = engine.step(causal_lm_per_sample_loss, batch)
     assert set(stats.methods) == set(params)
-    assert engine.accounting_clipping == "hutch"
+    assert engine.accounting_envelope == "hutch"
     assert set(stats.methods.values()) <= {"exact", "fgc", "ghost", "hutch"}
     for n, p in params.items():
         if p.dim() == 1:
@@ -195,14 +191,18 @@ def test_gradient_checkpointing_is_refused_at_construction(tiny_llama):
     opt = torch.optim.SGD(tiny_llama.parameters(), lr=0.1)
     with pytest.raises(dprc_core.UnsupportedModuleError, match="gradient checkpointing"):
         dprc_core.PrivacyEngine(
-            tiny_llama, opt, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=4
+            tiny_llama,
+            opt,
+            clipping=Clipping(1.0, Hutch()),
+            noise=Gaussian(1.0),
+            expected_batch_size=4,
         )
 
 
 def test_gradient_checkpointing_switched_on_later_is_refused_at_the_step(tiny_llama):
     opt = torch.optim.SGD(tiny_llama.parameters(), lr=0.1)
     engine = dprc_core.PrivacyEngine(
-        tiny_llama, opt, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=4
+        tiny_llama, opt, clipping=Clipping(1.0, Hutch()), noise=Gaussian(1.0), expected_batch_size=4
     )
     tiny_llama.gradient_checkpointing_enable()
     tiny_llama.train()

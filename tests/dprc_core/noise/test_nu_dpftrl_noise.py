@@ -153,39 +153,33 @@ def test_zero_std_dtypes_and_validation():
 
 
 def test_the_mechanism_object_and_the_deprecated_spelling_add_the_same_noise():
-    """``noise_mechanism=NuDPFTRL(nu, bands)`` is the spelling; ``"nu_dpftrl", nu=, bands=``
-    still works, warns, and draws exactly the same noise for the same seed."""
+    """``noise=NuDPFTRL(σ, nu, bands)`` is the spelling; the deprecated keyword form's
+    ``noise_mechanism="nu_dpftrl", nu=, bands=`` still works, warns, and draws exactly the same
+    noise for the same seed."""
     from torch import nn
 
     import dprc_core
+    from dprc_core import Clipping, Exact
     from dprc_core.noise import NuDPFTRL
 
-    def updates(**kw):
+    def updates(**engine_kw):
         lin = nn.Linear(5, 4, dtype=torch.float64)
         with torch.no_grad():
             lin.weight.zero_()
             lin.bias.zero_()
         opt = torch.optim.SGD(lin.parameters(), lr=1.0)
-        engine = dprc_core.PrivacyEngine(
-            lin,
-            opt,
-            max_grad_norm=1.0,
-            noise_multiplier=1.0,
-            expected_batch_size=1,
-            norm_method="exact",
-            seed=3,
-            **kw,
-        )
+        engine = dprc_core.PrivacyEngine(lin, opt, expected_batch_size=1, seed=3, **engine_kw)
         empty = torch.zeros(0, 5, dtype=torch.float64)
         for _ in range(3):
             engine.step(lambda m, b: m(b).sum(-1), empty)
         return lin.weight.detach().clone(), engine.noise_mechanism
 
-    new, name = updates(noise_mechanism=NuDPFTRL(nu=0.3, bands=2))
+    keywords = dict(max_grad_norm=1.0, noise_multiplier=1.0, norm_method="exact")
+    new, name = updates(clipping=Clipping(1.0, Exact()), noise=NuDPFTRL(1.0, nu=0.3, bands=2))
     with pytest.warns(DeprecationWarning, match="NuDPFTRL"):
-        old, _ = updates(noise_mechanism="nu_dpftrl", nu=0.3, bands=2)
+        old, _ = updates(**keywords, noise_mechanism="nu_dpftrl", nu=0.3, bands=2)
     assert name == "nu_dpftrl"
     torch.testing.assert_close(new, old, rtol=0, atol=0)
     assert new.abs().sum() > 0
-    with pytest.raises(ValueError, match="inside NuDPFTRL"):
-        updates(noise_mechanism=NuDPFTRL(nu=0.3), nu=0.3)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="inside NuDPFTRL"):
+        updates(**keywords, noise_mechanism=NuDPFTRL(nu=0.3), nu=0.3)

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 import dprc_core.training.runner as runner
-from dprc_core import PrivacyEngine
+from dprc_core import Clipping, Exact, Gaussian, Hutch, HutchPP, PrivacyEngine
+from dprc_core.clipping import NormChoice
 from dprc_core.training.runner import run_job
 from tests.dprc_core.training.test_runner import spec, tiny_dir, train_file  # noqa: F401 (fixtures)
 
@@ -27,20 +28,16 @@ def _per_sample_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(model(x), y, reduction="none")
 
 
-def _one_engine_run(clipping_mode: str, norm_method: str, sketch: str) -> weakref.ref:
+def _one_engine_run(clipped_sum: str, norm: NormChoice) -> weakref.ref:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     engine = PrivacyEngine(
         model,
         opt,
-        noise_multiplier=1.0,
-        max_grad_norm=1.0,
+        clipping=Clipping(1.0, norm, clipped_sum=clipped_sum),
+        noise=Gaussian(1.0),
         expected_batch_size=4,
-        norm_method=norm_method,
-        k=4,
-        clipping_mode=clipping_mode,
-        sketch=sketch,
         seed=1,
     )
     batch = torch.cat([torch.randn(4, 6), torch.randint(0, 3, (4, 1)).float()], dim=1)
@@ -52,17 +49,24 @@ def _one_engine_run(clipping_mode: str, norm_method: str, sketch: str) -> weakre
 
 
 @pytest.mark.parametrize(
-    ("clipping_mode", "norm_method", "sketch"),
+    ("clipped_sum", "norm"),
     [
-        ("bookkeeping", "exact", "shared"),
-        ("two_pass", "exact", "shared"),
-        ("bookkeeping", "hutch", "shared"),
-        ("two_pass", "hutchpp", "per_example"),
-        ("bookkeeping", "hutch", "per_example"),
+        ("bookkeeping", Exact()),
+        ("two_pass", Exact()),
+        ("bookkeeping", Hutch(4, sketch="shared")),
+        ("two_pass", HutchPP(4, sketch="per_example")),
+        ("bookkeeping", Hutch(4, sketch="per_example")),
+    ],
+    ids=[
+        "bookkeeping-exact-shared",
+        "two_pass-exact-shared",
+        "bookkeeping-hutch-shared",
+        "two_pass-hutchpp-per_example",
+        "bookkeeping-hutch-per_example",
     ],
 )
-def test_a_closed_engine_frees_its_model(clipping_mode, norm_method, sketch):
-    ref = _one_engine_run(clipping_mode, norm_method, sketch)
+def test_a_closed_engine_frees_its_model(clipped_sum, norm):
+    ref = _one_engine_run(clipped_sum, norm)
     gc.collect()
     assert ref() is None, "the model of a closed engine is still reachable"
 
