@@ -120,7 +120,8 @@ def test_api_service(compose):
     assert api["build"]["dockerfile"] == "docker/Dockerfile.api"
     assert any(str(p).split(":")[-1] == "8000" for p in api["ports"])
     assert _depends_on(api) == {"redis": "service_healthy", "postgres": "service_healthy"}
-    assert "/healthz" in _healthcheck_text(api)
+    # readiness: the database answers at the migration head and the broker answers (/readyz)
+    assert "/readyz" in _healthcheck_text(api)
     assert "8000" in _healthcheck_text(api)
 
 
