@@ -36,14 +36,14 @@ from service.store import Store
 from service.tables import AuditEntry, AuditHead
 
 if TYPE_CHECKING:
-    from service.keys import Caller
+    from service.caller import Caller
 
 GENESIS = "0" * 64
 SHELL_ROLE = "shell"
 
 
 class Actor(Protocol):
-    """Who acts: a :class:`service.keys.Caller` (a key), or the server's shell
+    """Who acts: a :class:`service.caller.Caller` (a key), or the server's shell
     (:func:`shell`: no key, role ``"shell"``)."""
 
     @property

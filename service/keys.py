@@ -12,13 +12,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from sqlalchemy import Engine, and_, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service import audit
+from service.caller import Caller
 from service.clock import now
 from service.db import is_sqlite, locked_session
 from service.errors import Conflict, InvalidInput, NotFound, Unauthenticated
@@ -33,21 +34,6 @@ MAX_NAME = 128
 
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who makes a request: the key's tenant, the key and its role (:mod:`service.roles`), and
-    the request's id (``X-Request-ID``) that the audit log records."""
-
-    tenant_id: int
-    tenant_name: str
-    key_id: str
-    role: str
-    request_id: str | None = None
-
-    def with_request(self, request_id: str | None) -> Caller:
-        return replace(self, request_id=request_id)
 
 
 @dataclass(frozen=True)
