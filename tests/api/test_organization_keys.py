@@ -58,6 +58,7 @@ def test_admin_creates_lists_and_revokes_keys(server):
             "key_id": trainer["id"],
             "tenant": me["tenant"],
             "role": "trainer",
+            "storage": me["storage"],  # the tenant's (GET /v1/me shows its storage use)
         }
     with server.http(viewer["key"]) as h:
         assert h.get("/v1/me").json()["role"] == "viewer"
