@@ -23,6 +23,7 @@ from api.errors import error_body, install_handlers
 from api.files.router import router as files_router
 from api.jobs.router import router as jobs_router
 from api.keys.router import router as keys_router
+from api.metrics import install_metrics
 from api.models.router import router as models_router
 from api.organization.router import router as organization_router
 from service.dispatch import Dispatcher, NoDispatcher
@@ -93,6 +94,7 @@ def create_app(
         max_upload_bytes=settings.max_upload_bytes,
         max_request_bytes=settings.max_request_bytes,
     )
+    install_metrics(app, settings)  # requests counted outside the body limit: refusals too
     # outside it: every response (a refusal included) carries its X-Request-ID, and every log
     # line written while the request is served (uvicorn's access line too) its request id
     app.add_middleware(RequestContext)

@@ -40,6 +40,7 @@ from dprc_core.accounting.history import epsilon_for_history
 from dprc_core.training.plan import check_delta_for_size, default_delta
 from service.errors import Conflict, InvalidInput
 from service.job_status import ACTIVE, JobStatus
+from service.metrics import BUDGET_REFUSALS
 from service.tables import BudgetGroup, File, Job
 
 
@@ -273,6 +274,7 @@ def reserve(
         return
     _before, current = totals(group_events(session, group), group.delta)
     session.rollback()
+    BUDGET_REFUSALS.inc()
     remaining = max(0.0, group.epsilon_budget - current)
     raise Conflict(
         f"privacy budget of data set {group.id} exceeded (it covers every upload that shares "

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -38,6 +39,7 @@ from dprc_core.norm_methods import get_norm_method
 from dprc_core.training.plan import PrivacyPlan, default_delta, plan_privacy, planned_steps
 from service.budget import check_delta_for
 from service.errors import InvalidInput
+from service.metrics import CALIBRATION_SECONDS
 
 MAX_STEPS = 200_000
 DEFAULT_EPOCHS = 3
@@ -217,9 +219,13 @@ def _calibrated(
     sketch: str = SHARED_SKETCH,
 ) -> PrivacyPlan:
     try:
+        started = time.perf_counter()
+        cached = library_plan.cache_info().hits
         plan = library_plan(
             n, batch, n_epochs, clipping, k, target_epsilon, delta, mechanism, nu, bands, sketch
         )
+        if library_plan.cache_info().hits == cached:  # a calibration ran (not a cached plan)
+            CALIBRATION_SECONDS.observe(time.perf_counter() - started)
     except (ValueError, RuntimeError) as exc:
         raise InvalidInput(
             f"cannot calibrate the noise: {exc}", param=param, code="calibration_failed"

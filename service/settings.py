@@ -132,6 +132,12 @@ class Settings(BaseSettings):
         description="root log level of `dprc serve` and "
         "of the Celery workers: debug | info | warning | error",
     )
+    metrics_token: str | None = Field(
+        default=None,
+        min_length=16,
+        description="the bearer token GET /metrics needs (Prometheus exposition); unset: "
+        "/metrics is 404",
+    )
     log_format: Literal["text", "json"] = Field(
         default="text",
         description="text, or json: one JSON object a line with time, level, logger, message "
