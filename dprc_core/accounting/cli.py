@@ -99,7 +99,7 @@ def _epsilon_command(args: argparse.Namespace) -> int:
         result, headline = dpftrl_cli.epsilon(args)
         _report(result, args.json, headline, "epsilon")
         return 0
-    dpftrl_cli.refuse_ftrl_options(args)
+    cli_args.refuse_ftrl_options(args)
     q, steps, extra = cli_args.job(args)
     event = SubsampledGaussianEvent(
         args.noise_multiplier, q, steps, args.envelope, args.k, args.rank, args.sketch
@@ -122,7 +122,7 @@ def _sigma_command(args: argparse.Namespace) -> int:
         result, headline = dpftrl_cli.sigma(args)
         _report(result, args.json, headline, "noise_multiplier")
         return 0
-    dpftrl_cli.refuse_ftrl_options(args)
+    cli_args.refuse_ftrl_options(args)
     q, steps, extra = cli_args.job(args)
     sigma = noise_multiplier(
         args.epsilon,

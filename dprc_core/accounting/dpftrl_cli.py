@@ -1,7 +1,8 @@
 """``--mechanism nu_dpftrl`` for ``dprc accountant epsilon`` and ``dprc accountant sigma``.
 
-:func:`add_arguments` adds the options to both sub-commands; :func:`epsilon` and :func:`sigma`
-compute a ν-DP-FTRL job's result and headline, which :mod:`dprc_core.accounting.cli` prints.
+The options are registered by :mod:`dprc_core.accounting.cli_args`; :func:`epsilon` and
+:func:`sigma` compute a ν-DP-FTRL job's result and headline, which
+:mod:`dprc_core.accounting.cli` prints.
 
 A ν-DP-FTRL job is given by ``--dataset-size N --batch-size B --epochs E`` (fixed-order
 batches, :class:`~dprc_core.training.sampling.FixedOrderSampler`: steps = E·⌈N/B⌉, at most E
@@ -22,47 +23,7 @@ from dprc_core.accounting.dpftrl import (
     dpftrl_noise_multiplier,
     dpftrl_sensitivity_details,
 )
-from dprc_core.mechanism_names import GAUSSIAN, NOISE_MECHANISMS, NU_DPFTRL, canonical_mechanism
-
-MECHANISMS = NOISE_MECHANISMS
-_FTRL_ONLY = ("nu", "bands", "participations", "min_separation")
-
-
-def _mechanism(value: str) -> str:
-    """The one name; the spellings of earlier versions (dp-sgd, nu_dpftrl, nu_dpftrl) are
-    accepted too (deprecated)."""
-    try:
-        return canonical_mechanism(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"choose from {', '.join(MECHANISMS)}") from None
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--mechanism`` and the ν-DP-FTRL options."""
-    group = parser.add_argument_group("mechanism")
-    group.add_argument(
-        "--mechanism",
-        type=_mechanism,
-        default=GAUSSIAN,
-        help="gaussian (default; DP-SGD, Poisson sampling) or nu_dpftrl (correlated noise, "
-        "fixed-order "
-        "batches, no amplification)",
-    )
-    group.add_argument("--nu", type=float, help="nu_dpftrl: damping nu in [0, 1]")
-    group.add_argument("--bands", type=int, help="nu_dpftrl: number of bands (default: none)")
-    group.add_argument(
-        "--participations", type=int, help="nu_dpftrl with --steps: max participations"
-    )
-    group.add_argument(
-        "--min-separation", type=int, help="nu_dpftrl with --steps: min steps between them"
-    )
-
-
-def refuse_ftrl_options(args: argparse.Namespace) -> None:
-    """A DP-SGD job given ν-DP-FTRL options is an error, not something to ignore."""
-    given = [f"--{f.replace('_', '-')}" for f in _FTRL_ONLY if getattr(args, f) is not None]
-    if given:
-        raise ValueError(f"{', '.join(given)}: only for --mechanism nu_dpftrl")
+from dprc_core.mechanism_names import NU_DPFTRL
 
 
 def _job(args: argparse.Namespace) -> dict[str, Any]:
