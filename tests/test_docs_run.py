@@ -38,17 +38,16 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from tests.serve_process import dprc_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = ROOT / ".venv" / "bin"
@@ -147,12 +146,6 @@ def _chain(block: Block) -> list[Block]:
 # ------------------------------------------------------------------ environment and setup
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _base_env(workdir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DPRC_")}
     env.pop("PYTHONPATH", None)
@@ -226,36 +219,8 @@ def _docs_server(tmp: Path, worker: bool) -> Iterator[DocsServer]:
     env = _base_env(tmp)
     env["DPRC_DATA_DIR"] = str(tmp / "data")
     env["DPRC_EMBEDDED_WORKER"] = "true" if worker else "false"
-    port = _free_port()
-    log_path = tmp / "server.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [str(BIN / "dprc"), "serve", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            cwd=tmp,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/healthz", timeout=5).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"dprc serve did not start:\n{log_path.read_text()}")
-                time.sleep(0.3)
+    with dprc_serve([str(BIN / "dprc")], env, tmp / "server.log", cwd=tmp) as url:
         yield DocsServer(url, tmp / "data", env)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import time
 
 import httpx
 
-from tests.api.conftest import _free_port
+from tests.serve_process import dprc_serve
 from tests.worker.conftest import learnable_lines
 
 DPRC = [sys.executable, "-m", "dprc.cli"]
@@ -36,27 +36,9 @@ def test_a_whole_run_logs_json_lines_with_context_and_no_secrets(tmp_path):
         capture_output=True,
         text=True,
     ).stdout.strip()
-    port = _free_port()
     log_path = tmp_path / "server.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [*DPRC, "serve", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
     data = learnable_lines(24)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                httpx.get(f"{url}/healthz", timeout=5)
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None, log_path.read_text()
-                assert time.monotonic() < deadline
-                time.sleep(0.3)
+    with dprc_serve(DPRC, env, log_path) as url:
         auth = {"Authorization": f"Bearer {key}"}
         with httpx.Client(base_url=url, headers=auth, timeout=120) as http:
             up = http.post(
@@ -90,9 +72,6 @@ def test_a_whole_run_logs_json_lines_with_context_and_no_secrets(tmp_path):
             cookie = browser.cookies.get("dprc_session")
             assert cookie
             assert browser.get("/jobs").status_code == 200
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
 
     text = log_path.read_text()
     lines = [json.loads(line) for line in text.splitlines() if line.strip()]  # all JSON

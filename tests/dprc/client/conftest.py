@@ -7,15 +7,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.api.conftest import _free_port
+from tests.serve_process import dprc_serve
 
 DPRC = [sys.executable, "-m", "dprc.cli"]
 
@@ -68,32 +66,10 @@ def served(tmp_path_factory) -> Iterator[Served]:
             capture_output=True,
             text=True,
         ).stdout.strip()
-    port = _free_port()
-    log = open(tmp / "server.log", "w")
-    proc = subprocess.Popen(
-        [*DPRC, "serve", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                httpx.get(f"{url}/healthz", timeout=5)
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None, (tmp / "server.log").read_text()
-                assert time.monotonic() < deadline, "dprc serve did not start"
-                time.sleep(0.3)
+    with dprc_serve(DPRC, env, tmp / "server.log") as url:
         client_env = {k: v for k, v in env.items() if k != "DPRC_DATA_DIR"}
         client_env["DPRC_CLIENT_CONFIG"] = str(tmp / "client.toml")
         yield Served(url, client_env, keys)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        log.close()
 
 
 def write_lines(path: Path, lines: list[dict]) -> Path:
