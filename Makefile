@@ -83,6 +83,7 @@ bench: bench-install
 	$(PY) benchmarks/sketch_sigma.py
 	$(PY) benchmarks/sketch_memory.py
 	$(PY) benchmarks/repeated_jobs.py
+	$(PY) benchmarks/client_startup.py
 	$(PY) benchmarks/secure_noise.py
 	$(PY) benchmarks/three_ways.py
 	$(PY) benchmarks/report.py

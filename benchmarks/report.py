@@ -37,6 +37,7 @@ SECTIONS = [
     ("secure_noise", "benchmarks/secure_noise.py"),
     ("three_ways", "benchmarks/three_ways.py"),
     ("distributed", "benchmarks/distributed.py"),
+    ("client_startup", "benchmarks/client_startup.py"),
     ("distributed_cuda", "benchmarks/distributed.py --device cuda"),
 ]
 
