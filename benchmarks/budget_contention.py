@@ -15,6 +15,7 @@ postgresql]``; results go to docs/benchmarks/budget.md.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -33,7 +34,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dprc.app import build_app  # noqa: E402
-from dprc_core.accounting import PrivacyEvent, epsilon_for_events  # noqa: E402
+from dprc_core.accounting import (  # noqa: E402
+    PrivacyEvent,
+    SubsampledGaussianEvent,
+    epsilon_for_events,
+)
 from service import job_runs  # noqa: E402
 from service.settings import Settings  # noqa: E402
 from tests.api.conftest import exact_job_body, exact_job_event  # noqa: E402
@@ -43,8 +48,10 @@ BUDGET = 8.0
 PG_ADMIN = os.environ.get("DPRC_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
-def _lines(n: int) -> bytes:
-    return "".join(json.dumps({"text": f"t{i}", "label": i % 2}) + "\n" for i in range(n)).encode()
+def _lines(n: int, prefix: str = "t") -> bytes:
+    return "".join(
+        json.dumps({"text": f"{prefix}{i}", "label": i % 2}) + "\n" for i in range(n)
+    ).encode()
 
 
 def _serve(settings: Settings):
@@ -73,11 +80,39 @@ def _pg_database(name: str) -> str:
     return PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + "/" + name
 
 
-def run(db: str, older: int) -> dict:
+def _body(file_id: str, epsilon: float, method: str) -> dict:
+    """A create body: the one-epoch MiniLM job of the budget tests, with exact norms or
+    randomized (hutch, k = 32, the per-example sketch that randomized clipping defaults to)."""
+    body = exact_job_body(file_id, epsilon)
+    if method != "exact":
+        body["privacy"]["clipping"] = {"method": method, "k": 32}
+    return body
+
+
+def _event(job: dict) -> PrivacyEvent:
+    """The privacy event a created job was charged, from its privacy object."""
+    p = job["privacy"]
+    a = p["accountant"]
+    return SubsampledGaussianEvent(
+        p["noise_multiplier"],
+        p["sample_rate"],
+        p["steps"],
+        a["clipping"],
+        a["k"],
+        None,
+        a["sketch"],
+    )
+
+
+def run(db: str, older: int, method: str = "exact") -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="dprc-bench-"))
     url = _pg_database(f"dprc_bench_{older}") if db == "postgresql" else None
     settings = Settings(
-        data_dir=tmp, database_url=url, embedded_worker=False, max_active_jobs_per_tenant=1000
+        data_dir=tmp,
+        database_url=url,
+        embedded_worker=False,
+        max_active_jobs_per_tenant=1000,
+        require_budget=False,
     )  # type: ignore[call-arg]
     server, thread, base, store = _serve(settings)
     try:
@@ -90,7 +125,9 @@ def run(db: str, older: int) -> dict:
             # warm-up, as on a server that has run before: the model's files and checks are
             # loaded once, on a file without a budget
             warm = http.post(
-                "/v1/files", files={"file": ("w.jsonl", _lines(400))}, data={"purpose": "fine-tune"}
+                "/v1/files",
+                files={"file": ("w.jsonl", _lines(400, "w"))},
+                data={"purpose": "fine-tune"},
             ).json()
             http.post(
                 "/v1/fine_tuning/jobs", json=exact_job_body(warm["id"], 1.0)
@@ -121,7 +158,7 @@ def run(db: str, older: int) -> dict:
             start = time.perf_counter()
             try:
                 with httpx.Client(base_url=base, headers=headers, timeout=60) as c:
-                    r = c.post("/v1/fine_tuning/jobs", json=exact_job_body(f["id"], 2.0 + 0.05 * i))
+                    r = c.post("/v1/fine_tuning/jobs", json=_body(f["id"], 2.0 + 0.05 * i, method))
                 return (
                     time.perf_counter() - start,
                     r.status_code,
@@ -135,7 +172,7 @@ def run(db: str, older: int) -> dict:
         lat = sorted(r[0] for r in results)
         codes = [r[1] for r in results]
         accepted = [r[2] for r in results if r[2] is not None]
-        composed = epsilon_for_events(history + [exact_job_event(j) for j in accepted], delta)
+        composed = epsilon_for_events(history + [_event(j) for j in accepted], delta)
         with httpx.Client(base_url=base, headers=headers, timeout=60) as http:
             committed = http.get(f"/v1/files/{f['id']}").json()["budget"]["committed"]
         return {
@@ -165,16 +202,17 @@ def main() -> int:
     ap.add_argument("--older", type=int, nargs="+", default=[0, 20, 100])
     ap.add_argument("--db", nargs="+", default=["sqlite", "postgresql"])
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "budget.md"))
-    ap.add_argument("--one", nargs=2, metavar=("DB", "OLDER"), help=argparse.SUPPRESS)
+    ap.add_argument("--method", nargs="+", default=["exact", "hutch"])
+    ap.add_argument("--one", nargs=3, metavar=("DB", "OLDER", "METHOD"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:  # one configuration, in a process of its own (no cache carried over)
-        print(json.dumps(run(args.one[0], int(args.one[1]))), flush=True)
+        print(json.dumps(run(args.one[0], int(args.one[1]), args.one[2])), flush=True)
         return 0
     rows = []
-    for db in args.db:
-        for older in args.older:
+    for db, older, method in itertools.product(args.db, args.older, args.method):
+        if True:
             out = subprocess.run(
-                [sys.executable, __file__, "--one", db, str(older)],
+                [sys.executable, __file__, "--one", db, str(older), method],
                 check=True,
                 capture_output=True,
                 text=True,

@@ -2,12 +2,25 @@
 
 :func:`calibrate` searches σ for any family of events given as ``make_event(σ)``;
 :func:`noise_multiplier` is the calibration of a Poisson-subsampled Gaussian job.
+
+Calibrations of one Poisson-subsampled Gaussian family (same sample rate, steps, envelope,
+k, rank, sketch, δ and accounting settings) share their evaluations: ε(σ) is a pure function
+of those, so every (σ, ε) a calibration computed is kept in the family's :class:`EpsilonCurve`
+(at most ``CURVE_POINTS`` points, ``CURVES`` families, least recently used dropped) and a later
+calibration for another target starts from the tightest bracket the curve already holds.
+Thirty creates asking thirty different targets of one plan then cost about two fresh
+compositions each instead of six to nine. Nothing is interpolated into the answer: the σ
+returned is still one whose ε was composed and does not exceed the target, and σ/(1+rel_tol)
+was composed and exceeds it.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Callable
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 
 from dprc_core.accounting.accountant import DEFAULT_SETTINGS, AccountingSettings, account
 from dprc_core.accounting.events import (
@@ -51,14 +64,89 @@ def _check_sigma_max(sigma_max: object) -> float:
     return float(sigma_max)
 
 
+CURVES = 64
+CURVE_POINTS = 512
+
+
+class EpsilonCurve:
+    """The (σ, ε) pairs composed so far for one event family, sorted by σ; thread-safe.
+
+    ε(σ) is non-increasing in σ; a point that breaks this (it would mean the accountant's
+    discretization is not monotone there) makes :meth:`bracket` ignore the curve rather than
+    trust either side."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sigmas: list[float] = []
+        self._eps: list[float] = []
+
+    def get(self, sigma: float) -> float | None:
+        with self._lock:
+            i = bisect.bisect_left(self._sigmas, sigma)
+            if i < len(self._sigmas) and self._sigmas[i] == sigma:
+                return self._eps[i]
+        return None
+
+    def add(self, sigma: float, eps: float) -> None:
+        with self._lock:
+            i = bisect.bisect_left(self._sigmas, sigma)
+            if i < len(self._sigmas) and self._sigmas[i] == sigma:
+                return
+            if len(self._sigmas) >= CURVE_POINTS:
+                return  # full: later calibrations still work, from their own points
+            self._sigmas.insert(i, sigma)
+            self._eps.insert(i, eps)
+
+    def bracket(self, target: float) -> tuple[float, float] | None:
+        """(lo, hi): the largest composed σ with ε > target and the smallest with ε ≤ target,
+        when both exist and lo < hi; else None."""
+        with self._lock:
+            lo = hi = None
+            for sigma, eps in zip(self._sigmas, self._eps, strict=True):
+                if eps > target:
+                    lo = sigma
+                elif hi is None:
+                    hi = sigma
+        if lo is None or hi is None or not lo < hi:
+            return None
+        return lo, hi
+
+    def __len__(self) -> int:
+        return len(self._sigmas)
+
+
+_CURVES: OrderedDict[Hashable, EpsilonCurve] = OrderedDict()
+_CURVES_LOCK = threading.Lock()
+
+
+def epsilon_curve(family: Hashable) -> EpsilonCurve:
+    """The shared curve of one event family (created on first use; LRU of ``CURVES``)."""
+    with _CURVES_LOCK:
+        curve = _CURVES.get(family)
+        if curve is None:
+            curve = _CURVES[family] = EpsilonCurve()
+            while len(_CURVES) > CURVES:
+                _CURVES.popitem(last=False)
+        else:
+            _CURVES.move_to_end(family)
+        return curve
+
+
 def _log_eps(value: float) -> float | None:
     return math.log(value) if 0 < value < math.inf else None
 
 
 def _calibrate(
-    eps_of: Callable[[float], float], target: float, rel_tol: float, sigma_max: float
+    eps_of: Callable[[float], float],
+    target: float,
+    rel_tol: float,
+    sigma_max: float,
+    curve: EpsilonCurve | None = None,
 ) -> float:
     """Bracket then shrink [lo, hi] with ε(lo) > target ≥ ε(hi) until hi/lo ≤ 1 + rel_tol.
+
+    With a ``curve`` (the family's composed points), every composition is read from and
+    added to it, and the bracket starts as the tightest one the curve holds.
 
     ε(σ) is close to a power law, so proposals come from the secant of log ε against log σ,
     kept strictly inside the bracket; once the bracket is narrow the proposal is nudged past
@@ -70,7 +158,10 @@ def _calibrate(
 
     def f(sigma: float) -> float:
         if sigma not in cache:
-            cache[sigma] = eps_of(sigma)
+            known = curve.get(sigma) if curve is not None else None
+            cache[sigma] = eps_of(sigma) if known is None else known
+            if curve is not None and known is None:
+                curve.add(sigma, cache[sigma])
         return cache[sigma]
 
     log_t = math.log(target)
@@ -78,7 +169,10 @@ def _calibrate(
     hi: float | None = None
     sigma, slope = 1.0, -2.0
     prev: tuple[float, float] | None = None
-    for _ in range(60):
+    known_bracket = curve.bracket(target) if curve is not None else None
+    if known_bracket is not None:
+        lo, hi = known_bracket
+    for _ in range(0 if known_bracket is not None else 60):
         e = f(sigma)
         le = _log_eps(e)
         if prev is not None and le is not None and sigma != prev[0]:
@@ -148,13 +242,16 @@ def calibrate(
     rel_tol: float = 0.005,
     sigma_max: float = SIGMA_MAX,
     settings: AccountingSettings = DEFAULT_SETTINGS,
+    family: Hashable | None = None,
 ) -> float:
     """Smallest σ (within a relative ``rel_tol``) whose event ``make_event(σ)`` has ε at
     ``target_delta`` at most ``target_epsilon`` (ε by :func:`account`).
 
     ``make_event(1.0)`` is built once before the search, so an invalid event family is refused
     before any ε is computed. Raises ``ValueError`` if even ``sigma_max`` does not reach the
-    target.
+    target. ``family``: a key naming everything ``make_event`` depends on besides σ; when
+    given, compositions are shared with every calibration of the same family, δ and settings
+    (:func:`epsilon_curve`). Give it only when that is true.
     """
     target = check_epsilon(target_epsilon)
     delta = check_delta(target_delta)
@@ -165,7 +262,8 @@ def calibrate(
     def eps_of(sigma: float) -> float:
         return account([make_event(sigma)], delta, settings).epsilon
 
-    return _calibrate(eps_of, target, rel_tol, sigma_max)
+    curve = epsilon_curve((family, delta, settings)) if family is not None else None
+    return _calibrate(eps_of, target, rel_tol, sigma_max, curve)
 
 
 @renamed_keyword("clipping", "envelope")
@@ -206,4 +304,31 @@ def noise_multiplier(
         rel_tol=rel_tol,
         sigma_max=sigma_max,
         settings=settings,
+        family=_gaussian_family(sample_rate, steps, envelope, k, rank, sketch),
     )
+
+
+def _gaussian_family(
+    sample_rate: float, steps: int, envelope: str, k: int | None, rank: int | None, sketch: str
+) -> Hashable:
+    return (SubsampledGaussianEvent, sample_rate, steps, envelope, k, rank, sketch)
+
+
+def gaussian_epsilon(
+    event: SubsampledGaussianEvent,
+    delta: float,
+    settings: AccountingSettings = DEFAULT_SETTINGS,
+) -> float:
+    """ε of one Poisson-subsampled Gaussian event at ``delta`` (as :func:`account`), read
+    from its family's curve when a calibration already composed it (the planned ε of a
+    calibrated plan costs no second composition)."""
+    family = _gaussian_family(
+        event.sample_rate, event.steps, event.envelope, event.k, event.rank, event.sketch
+    )
+    curve = epsilon_curve((family, check_delta(delta), settings))
+    known = curve.get(event.noise_multiplier)
+    if known is not None:
+        return known
+    eps = account([event], delta, settings).epsilon
+    curve.add(event.noise_multiplier, eps)
+    return eps

@@ -17,7 +17,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dprc_core.accounting import PrivacyEvent, epsilon_for_events, noise_multiplier
+from dprc_core.accounting import PrivacyEvent, SubsampledGaussianEvent, noise_multiplier
+from dprc_core.accounting.calibration import gaussian_epsilon
 from dprc_core.accounting.dpftrl import dpftrl_epsilon, dpftrl_noise_multiplier
 from dprc_core.accounting.events import (
     SHARED_SKETCH,
@@ -164,8 +165,8 @@ def plan_privacy(
     else:
         sigma = float(noise_multiplier_value)
         target = None
-    event = PrivacyEvent(sigma, q, steps, clipping, k_acc, sketch=sketch)
-    planned = epsilon_for_events([event], delta)
+    event = SubsampledGaussianEvent(sigma, q, steps, clipping, k_acc, sketch=sketch)
+    planned = gaussian_epsilon(event, delta)  # the calibration's own composition of σ
     return PrivacyPlan(
         n,
         float(batch_size),
