@@ -9,6 +9,10 @@
   state, never served. A job's resume state is removed when the job ends — the released
   checkpoints stay, as the job's result files — and its whole run folder is removed when its
   training file is deleted (:func:`remove_run_folders`).
+* **Tokenized data** (``tokens/<tenant>/``: the stores of dprc_core/training/token_store.py,
+  one per file content and tokenizer) is derived from a tenant's training files: a tenant's
+  stores are its own folder, and deleting a file removes the stores built from its content
+  (:func:`remove_token_stores`); a file of the same content left behind rebuilds its store.
 * **The engine's seed** is not the job's ``seed`` (which the API returns): the worker derives
   it as HMAC-SHA256(the data folder's run secret, job seed) (:func:`engine_seed`), so whoever
   reads the job object cannot regenerate what the seed still drives (the sketches'
@@ -87,3 +91,19 @@ def remove_resume_state(data_dir: Path, job_id: str) -> None:
 def remove_run_folders(data_dir: Path, job_ids: Iterable[str]) -> None:
     for job_id in job_ids:
         shutil.rmtree(run_folder(data_dir, job_id), ignore_errors=True)
+
+
+def token_store_dir(data_dir: Path, tenant_id: int) -> Path:
+    """The tenant's tokenized stores (token_store.py), reused by its jobs on the same data."""
+    return data_dir / "tokens" / str(tenant_id)
+
+
+def remove_token_stores(data_dir: Path, tenant_id: int, file_path: Path) -> None:
+    """Every store of the tenant built from a file of ``file_path``'s content (whatever the
+    tokenizer); call it before the file's content is removed."""
+    root = token_store_dir(data_dir, tenant_id)
+    if not root.is_dir() or not file_path.exists():
+        return
+    from dprc_core.training.token_store import file_sha256, remove_stores_of
+
+    remove_stores_of(root, file_sha256(file_path))

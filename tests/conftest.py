@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import tempfile
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,9 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# the tokenized stores of `dprc train` and the library's jobs (token_store.py): one folder for
+# this test session (and the processes it starts), never the user's ~/.cache
+os.environ.setdefault("DPRC_TOKEN_STORE", tempfile.mkdtemp(prefix="dprc-tokens-"))
 
 from transformers.utils import logging as hf_logging  # noqa: E402
 

@@ -34,7 +34,13 @@ from dprc_core.noise import Gaussian, noise_from_dict
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.data import DataError
 from dprc_core.training.models import LoraSpec, ModelLoadError
-from dprc_core.training.runner import JobSpec, Progress, mechanism_fields, run_job
+from dprc_core.training.runner import (
+    JobSpec,
+    Progress,
+    mechanism_fields,
+    prepare_data_stores,
+    run_job,
+)
 from dprc_core.training.validation import ValidationDataError
 from service import builtin_models as builtin
 from service import fine_tuned_models, lifecycle
@@ -43,7 +49,7 @@ from service.errors import NotFound
 from service.lifecycle import WorkerOutcome
 from service.logging_setup import log_context
 from service.model_registry import Model, registry
-from service.private_data import engine_seed, run_folder
+from service.private_data import engine_seed, run_folder, token_store_dir
 from service.store import Store
 from worker.ranks import RankFailure, RanksDied, run_on_ranks
 
@@ -107,6 +113,7 @@ def build_spec(store: Store, req: runs.JobRequest) -> JobSpec:
         seed=engine_seed(settings.data_dir, req.seed),  # not the API-visible seed
         max_physical_batch_size=settings.max_physical_batch_size,
         device=settings.device,
+        token_store=str(token_store_dir(settings.data_dir, req.tenant_id)),
     )
 
 
@@ -290,10 +297,15 @@ def _run_attempt(
     on_progress = _progress_recorder(store, job_id)
     should_stop = _stop_check(store, job_id, beat, stop)
     result: Any
+
+    def on_data(message: str) -> None:
+        runs.record_event(store, job_id, message)
+
     if req.devices > 1:
+        prepare_data_stores(spec, on_data)  # once, before the ranks open it
         result = run_on_ranks(spec, req.devices, on_progress, should_stop)
     else:
-        result = run_job(spec, on_progress=on_progress, should_stop=should_stop)
+        result = run_job(spec, on_progress=on_progress, should_stop=should_stop, on_data=on_data)
     if result.steps != req.steps_total:
         raise JobFailure(
             "plan_mismatch",

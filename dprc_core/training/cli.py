@@ -141,7 +141,11 @@ def _train_here(args: argparse.Namespace, spec: Any) -> int:
         bar.set_postfix(post)
         bar.update(1)
 
-    result = run_job(spec, on_progress=progress, resume=not args.no_resume)
+    def data_progress(message: str) -> None:
+        if main and not args.quiet:
+            print(message, file=sys.stderr, flush=True)
+
+    result = run_job(spec, on_progress=progress, resume=not args.no_resume, on_data=data_progress)
     if bar is not None:
         bar.close()
     if not main:

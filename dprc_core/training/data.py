@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -216,6 +216,17 @@ def load_jsonl(path: str | Path, task: str) -> Examples:
 def label_names(labels: Sequence[Any]) -> list[str]:
     """Sorted distinct labels as strings: the class index is the position in this list."""
     return sorted({str(x) for x in labels}, key=lambda s: (len(s), s))
+
+
+class Batches(Protocol):
+    """Tokenized examples that padded batches are sliced from: :class:`TokenizedData` (in
+    memory) or :class:`dprc_core.training.token_store.TokenStore` (memory-mapped)."""
+
+    pad_id: int
+
+    def __len__(self) -> int: ...
+
+    def batch(self, index: torch.Tensor | Sequence[int]) -> dict[str, torch.Tensor]: ...
 
 
 @dataclass

@@ -55,7 +55,8 @@ from dprc_core.norm_methods import get_norm_method, method_names
 from dprc_core.seeding import derive_seed, fresh_seed
 from dprc_core.sketches import SHARED_SKETCH, check_sketch_mode
 from dprc_core.training import checkpoint as ckpt_io
-from dprc_core.training.data import TASKS, TokenizedData, label_names, load_jsonl, tokenize
+from dprc_core.training import token_store
+from dprc_core.training.data import TASKS, Batches
 from dprc_core.training.models import (
     LoraSpec,
     check_max_seq_len,
@@ -67,6 +68,7 @@ from dprc_core.training.plan import PrivacyPlan, plan_privacy
 from dprc_core.training.results import ResultsFile
 from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
 from dprc_core.training.secure_sampling import SecurePoissonSampler
+from dprc_core.training.token_store import TokenStore
 from dprc_core.training.validation import prepare_validation, validation_loss
 
 Sampler = PoissonSampler | FixedOrderSampler | SecurePoissonSampler
@@ -111,6 +113,9 @@ class JobSpec:
     secure_rng: bool = False
     epsilon_every: int = 10  # compute ε spent for progress every this many steps
     classes: list[str] | None = None  # classification: class names (default: from the file)
+    # where the tokenized data is kept and reused (token_store.py); None: $DPRC_TOKEN_STORE or
+    # ~/.cache/dprc/tokens
+    token_store: str | None = None
     # train only the parameters whose names contain one of these strings (e.g. ["classifier"]
     # for a DP linear probe); None: every parameter (or the LoRA adapters when lora is set)
     train_only: list[str] | None = None
@@ -285,14 +290,28 @@ def _ledger(prior: list[PrivacyEvent], current: PrivacyEvent | None) -> PrivacyL
     return PrivacyLedger(events)
 
 
-def prepare_data(spec: JobSpec, tokenizer: Any) -> tuple[TokenizedData, list[str] | None]:
-    examples = load_jsonl(spec.train_file, spec.task)
-    classes = None
-    if spec.task == "classification":
-        classes = list(spec.classes) if spec.classes else label_names(examples.labels)
-        if len(classes) < 2:
-            raise ValueError(f"classification needs at least 2 classes, found {classes}")
-    return tokenize(examples, tokenizer, spec.max_seq_len, classes), classes
+def prepare_data(
+    spec: JobSpec, tokenizer: Any, report: Callable[[str], None] | None = None
+) -> tuple[TokenStore, list[str] | None]:
+    """The training file's tokenized store (built once, reused by later jobs on the same
+    content and settings: :mod:`dprc_core.training.token_store`) and its classes."""
+    store = token_store.open_or_build(
+        spec.train_file,
+        tokenizer,
+        spec.max_seq_len,
+        spec.task,
+        spec.classes or None,
+        token_store_root(spec),
+        report,
+    )
+    classes = store.classes if spec.task == "classification" else None
+    if classes is not None and len(classes) < 2:
+        raise ValueError(f"classification needs at least 2 classes, found {classes}")
+    return store, classes
+
+
+def token_store_root(spec: JobSpec) -> Path:
+    return Path(spec.token_store) if spec.token_store else token_store.default_root()
 
 
 @dataclass(frozen=True)
@@ -300,20 +319,32 @@ class JobData:
     """The job's tokenized data: the training set, its classes, the validation set."""
 
     tokenizer: Any
-    train: TokenizedData
+    train: Batches
     classes: list[str] | None  # classification: the class names, in label order
-    validation: TokenizedData | None  # scored at checkpoints (validation.py)
+    validation: Batches | None  # scored at checkpoints (validation.py)
 
 
-def load_job_data(spec: JobSpec) -> JobData:
-    """The tokenizer, the tokenized training file and the validation file of ``spec``."""
+def load_job_data(spec: JobSpec, report: Callable[[str], None] | None = None) -> JobData:
+    """The tokenizer, the tokenized training file and the validation file of ``spec``;
+    ``report`` receives the data's progress lines (tokenizing, or reusing the store)."""
     check_max_seq_len(spec.model, spec.max_seq_len)  # the API's check at create, again
     tokenizer = load_tokenizer(spec.model)
-    train, classes = prepare_data(spec, tokenizer)
+    train, classes = prepare_data(spec, tokenizer, report)
     validation = prepare_validation(
-        spec.validation_file, spec.task, tokenizer, spec.max_seq_len, classes
+        spec.validation_file,
+        spec.task,
+        tokenizer,
+        spec.max_seq_len,
+        classes,
+        token_store_root(spec),
     )
     return JobData(tokenizer, train, classes, validation)
+
+
+def prepare_data_stores(spec: JobSpec, report: Callable[[str], None] | None = None) -> None:
+    """Build (or verify) the job's tokenized stores before its ranks start, so that they open
+    a finished store instead of taking turns to build it."""
+    load_job_data(spec, report)
 
 
 def run_job(
@@ -321,14 +352,16 @@ def run_job(
     on_progress: Callable[[Progress], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     resume: bool = True,
+    on_data: Callable[[str], None] | None = None,
 ) -> JobResult:
     """Run (or resume) a job; returns when it finishes or ``should_stop()`` turns true.
 
     Phases: start the run (data, model, plan, engine and sampler, restored from the last
     checkpoint when resuming: :func:`start_run`); train the remaining steps; finish (the final
-    checkpoint and the result)."""
+    checkpoint and the result). ``on_data`` receives the data's progress lines (tokenizing
+    into the store, or reusing it)."""
     started = time.perf_counter()
-    run = start_run(spec, resume)
+    run = start_run(spec, resume, on_data)
     recording = _results_recording(run, on_progress)
     try:
         status = run.train(recording, should_stop)
@@ -337,14 +370,16 @@ def run_job(
     return run.finish(status, started)
 
 
-def start_run(spec: JobSpec, resume: bool = True) -> TrainingRun:
+def start_run(
+    spec: JobSpec, resume: bool = True, on_data: Callable[[str], None] | None = None
+) -> TrainingRun:
     """The job's run, ready for its next step: data, model and plan; the engine, optimizer and
     sampler, with their state as the last checkpoint of ``output_dir`` holds it when resuming."""
     ranks = current_ranks()
     out = Path(spec.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     device = _rank_device(_device(spec.device), ranks)
-    data = load_job_data(spec)
+    data = load_job_data(spec, on_data)
     latest = ckpt_io.latest_checkpoint(out) if resume else None
     resumed = ckpt_io.read_resume(latest) if latest is not None else None
     model = _load_model(spec, data.classes, latest, data.train, device)
@@ -469,7 +504,7 @@ def _load_model(
     spec: JobSpec,
     classes: list[str] | None,
     latest: Path | None,
-    data: TokenizedData,
+    data: Batches,
     device: torch.device,
 ) -> torch.nn.Module:
     """The model to train: from the last checkpoint when resuming (LoRA: the base model and
@@ -763,7 +798,7 @@ class TrainingRun:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: TokenizedData, task: str, batch_size: int = 32) -> float:
+def evaluate(model: torch.nn.Module, data: Batches, task: str, batch_size: int = 32) -> float:
     """Held-out accuracy (classification) or mean per-example loss (causal LM)."""
     model.eval()
     device = next(model.parameters()).device

@@ -12,12 +12,14 @@ validation file itself.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from dprc_core.losses import causal_lm_per_sample_loss, sequence_classification_per_sample_loss
-from dprc_core.training.data import DataError, TokenizedData, load_jsonl, tokenize
+from dprc_core.training import token_store
+from dprc_core.training.data import Batches, DataError, load_jsonl, tokenize
 
 
 class ValidationDataError(DataError):
@@ -25,14 +27,26 @@ class ValidationDataError(DataError):
 
 
 def prepare_validation(
-    path: str | None, task: str, tokenizer: Any, max_seq_len: int, classes: list[str] | None
-) -> TokenizedData | None:
+    path: str | None,
+    task: str,
+    tokenizer: Any,
+    max_seq_len: int,
+    classes: list[str] | None,
+    store_root: Path | None = None,
+) -> Batches | None:
     """The validation file tokenized as the training data is (same ``max_seq_len``; for
-    classification the training file's classes: a label outside them is an error)."""
+    classification the training file's classes: a label outside them is an error), into a
+    store under ``store_root`` (token_store.py) or, without one, in memory."""
     if path is None:
         return None
+    data: Batches
     try:
-        data = tokenize(load_jsonl(path, task), tokenizer, max_seq_len, classes)
+        if store_root is not None:
+            data = token_store.open_or_build(
+                path, tokenizer, max_seq_len, task, classes, store_root
+            )
+        else:
+            data = tokenize(load_jsonl(path, task), tokenizer, max_seq_len, classes)
     except DataError as exc:
         raise ValidationDataError(f"validation file: {exc}") from exc
     if len(data) == 0:
@@ -41,9 +55,7 @@ def prepare_validation(
 
 
 @torch.no_grad()
-def validation_loss(
-    model: torch.nn.Module, data: TokenizedData, task: str, batch_size: int
-) -> float:
+def validation_loss(model: torch.nn.Module, data: Batches, task: str, batch_size: int) -> float:
     """Mean per-example loss of ``model`` on the whole of ``data`` (eval mode; the model's
     train/eval mode is restored afterwards)."""
     loss_fn = (

@@ -1,0 +1,415 @@
+"""A tokenized data set on disk: a flat token array and offsets, memory-mapped, built once per
+(file content, tokenizer, ``max_seq_len``, task, classes) and reused by every later job.
+
+Layout of one store, ``<root>/<key>/``:
+
+* ``tokens.u32`` — every example's token ids, end to end (``uint32``);
+* ``offsets.i64`` — N + 1 offsets into ``tokens`` (example i is ``tokens[off[i]:off[i+1]]``);
+* ``labels.i32`` — the class index of each example (classification only);
+* ``meta.json`` — N, the token count, the pad id, the classes, the key's parts and the
+  SHA-256 of each array file.
+
+**Building** reads the JSONL file line by line (:func:`dprc_core.training.data.read_examples`)
+and tokenizes ``BUILD_BATCH`` examples at a time with the same truncation windows as
+:func:`dprc_core.training.data.truncated_ids`, appending to files in a private temporary
+folder; only a complete, fsynced folder is renamed to ``<key>`` (atomic on one file system),
+so a build killed at any point leaves nothing a later job would open (its temporary folder is
+removed by the next build of that key). Builds of one key take turns through an ``flock`` on
+``<key>.lock``: a second process waiting for it finds the finished store and reuses it.
+Memory while building: one batch of texts and ids, and for classification the distinct labels.
+
+**Opening** checks every array file's SHA-256 against ``meta.json``; a store that fails (a
+truncated or altered file) is moved aside and rebuilt, never used. Batches are sliced from
+the memory maps: the resident memory of a job's data is at most the pages it touched
+(≤ 4 bytes a token, 8 an example, 4 a label), never a Python list per example.
+
+**The key** is the SHA-256 of: the file's content (SHA-256, streamed), the tokenizer's
+fingerprint (its full serialized definition for a fast tokenizer, else its vocabulary and
+special tokens, plus its class, truncation side and the pad id used), ``max_seq_len``, the
+task, the classes when given, and ``STORE_VERSION``. Anything that could change one token id
+changes the key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dprc_core.training.data import DataError, label_names, read_examples, truncated_ids
+
+STORE_VERSION = 1
+BUILD_BATCH = 1024
+MAX_CLASSES = 100_000
+_CHUNK = 1 << 20
+BUILDS_LOG = "builds.log"
+
+Report = Callable[[str], None]
+
+
+def default_root() -> Path:
+    """Where ``dprc train`` keeps its stores: ``$DPRC_TOKEN_STORE``, else
+    ``~/.cache/dprc/tokens``."""
+    env = os.environ.get("DPRC_TOKEN_STORE")
+    return Path(env) if env else Path.home() / ".cache" / "dprc" / "tokens"
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def pad_id_of(tokenizer: Any) -> int:
+    pad = tokenizer.pad_token_id
+    if pad is None:
+        pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+    return int(pad)
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """SHA-256 of everything that decides the tokenizer's ids (see the module docstring)."""
+    h = hashlib.sha256()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        # its definition, less the truncation and padding a call left set on it (each call
+        # sets its own: they are not part of what the tokenizer is)
+        definition = json.loads(backend.to_str())
+        definition.pop("truncation", None)
+        definition.pop("padding", None)
+        h.update(json.dumps(definition, sort_keys=True).encode())
+    else:  # a slow tokenizer: its vocabulary and special tokens
+        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+        h.update(json.dumps(getattr(tokenizer, "special_tokens_map", {}), sort_keys=True).encode())
+    h.update(type(tokenizer).__name__.encode())
+    h.update(str(getattr(tokenizer, "truncation_side", "right")).encode())
+    h.update(str(pad_id_of(tokenizer)).encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class StoreKey:
+    file_sha256: str
+    tokenizer: str
+    max_seq_len: int
+    task: str
+    classes: tuple[str, ...] | None
+
+    def digest(self) -> str:
+        parts = {
+            "version": STORE_VERSION,
+            "file": self.file_sha256,
+            "tokenizer": self.tokenizer,
+            "max_seq_len": self.max_seq_len,
+            "task": self.task,
+            "classes": list(self.classes) if self.classes is not None else None,
+        }
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:40]
+
+
+class TokenStore:
+    """A built store, memory-mapped: ``len()`` and ``batch(index)`` as
+    :class:`dprc_core.training.data.TokenizedData`."""
+
+    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
+        self.path = path
+        self.meta = meta
+        self.n = int(meta["n_examples"])
+        self.pad_id = int(meta["pad_id"])
+        self.classes: list[str] | None = meta["classes"]
+        self._offsets = _map(path / "offsets.i64", np.int64, self.n + 1)
+        self._tokens = _map(path / "tokens.u32", np.uint32, int(meta["n_tokens"]))
+        classification = meta["task"] == "classification"
+        self._labels = _map(path / "labels.i32", np.int32, self.n) if classification else None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def ids(self, i: int) -> list[int]:
+        lo, hi = int(self._offsets[i]), int(self._offsets[i + 1])
+        return self._tokens[lo:hi].astype(np.int64).tolist()
+
+    @property
+    def labels(self) -> list[int] | None:
+        return None if self._labels is None else self._labels.astype(np.int64).tolist()
+
+    def batch(self, index: torch.Tensor | Sequence[int]) -> dict[str, torch.Tensor]:
+        """A right-padded batch of the given examples (attention_mask marks real tokens)."""
+        idx = np.asarray([int(i) for i in index], dtype=np.int64)
+        starts, ends = self._offsets[idx], self._offsets[idx + 1]
+        lengths = ends - starts
+        width = int(lengths.max()) if idx.size else 1
+        ids = torch.full((idx.size, max(width, 1)), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((idx.size, max(width, 1)), dtype=torch.long)
+        for row in range(idx.size):
+            n = int(lengths[row])
+            seq = self._tokens[int(starts[row]) : int(ends[row])].astype(np.int64)
+            ids[row, :n] = torch.from_numpy(seq)
+            mask[row, :n] = 1
+        out = {"input_ids": ids, "attention_mask": mask}
+        if self._labels is not None:
+            out["labels"] = torch.from_numpy(self._labels[idx].astype(np.int64))
+        return out
+
+
+def _map(path: Path, dtype: Any, count: int) -> np.ndarray:
+    if count == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+
+
+def builds(root: Path, key: StoreKey) -> int:
+    """How many times the store of ``key`` was built under ``root`` (its builds log)."""
+    log = root / BUILDS_LOG
+    if not log.exists():
+        return 0
+    digest = key.digest()
+    return sum(1 for line in log.read_text().splitlines() if line.split(" ")[0] == digest)
+
+
+def open_or_build(
+    path: str | Path,
+    tokenizer: Any,
+    max_seq_len: int,
+    task: str,
+    classes: Sequence[str] | None,
+    root: str | Path,
+    report: Report | None = None,
+) -> TokenStore:
+    """The store of ``path`` for this tokenizer and settings under ``root``: opened and
+    verified if it exists, else built (see the module docstring). ``report`` receives
+    progress lines ("tokenized 340,000 of 1,000,000 examples")."""
+    if not isinstance(max_seq_len, int) or max_seq_len < 2:
+        raise ValueError(f"max_seq_len must be an integer >= 2, got {max_seq_len!r}")
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    key = StoreKey(
+        file_sha256(path),
+        tokenizer_fingerprint(tokenizer),
+        max_seq_len,
+        task,
+        tuple(classes) if classes is not None else None,
+    )
+    final = root / key.digest()
+    store = _open_verified(final, report)
+    if store is not None:
+        return store
+    with _build_turn(root / f"{key.digest()}.lock"):
+        store = _open_verified(final, report)  # built by whoever held the turn before
+        if store is not None:
+            return store
+        _remove_stale(root, key.digest())
+        with open(root / BUILDS_LOG, "a") as log:
+            log.write(f"{key.digest()} {int(time.time())}\n")
+        tmp = root / f"{key.digest()}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            _build(Path(path), tokenizer, key, tmp, report)
+            os.rename(tmp, final)
+            _fsync_dir(root)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    store = _open_verified(final, None)
+    if store is None:  # pragma: no cover - a store just built and renamed fails its checksum
+        raise RuntimeError(f"the tokenized store {final} failed its checksum right after build")
+    return store
+
+
+@contextlib.contextmanager
+def _build_turn(lock_path: Path) -> Iterator[None]:
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _remove_stale(root: Path, digest: str) -> None:
+    """Temporary folders of earlier builds of this key (killed ones: we hold the turn)."""
+    for p in root.glob(f"{digest}.tmp-*"):
+        shutil.rmtree(p, ignore_errors=True)
+    for p in root.glob(f"{digest}.bad-*"):
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _open_verified(final: Path, report: Report | None) -> TokenStore | None:
+    meta_path = final / "meta.json"
+    if not final.exists():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+        ok = (
+            all(file_sha256(final / name) == digest for name, digest in meta["sha256"].items())
+            and meta.get("version") == STORE_VERSION
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        bad = final.with_name(f"{final.name}.bad-{uuid.uuid4().hex[:8]}")
+        with contextlib.suppress(OSError):
+            os.rename(final, bad)
+        if report is not None:
+            report("The tokenized data on disk failed its checksum; tokenizing again")
+        return None
+    if report is not None:
+        report(f"Reusing the tokenized data ({meta['n_examples']:,} examples)")
+    return TokenStore(final, meta)
+
+
+def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report | None) -> None:
+    tmp.mkdir()
+    total = _count_lines(path)
+    need = 2 if key.task == "causal_lm" else 1
+    classification = key.task == "classification"
+    index: dict[str, int] = (
+        {c: j for j, c in enumerate(key.classes)} if key.classes is not None else {}
+    )
+    n = n_tokens = 0
+    last_report = time.monotonic()
+    with (
+        open(tmp / "tokens.u32", "wb") as tokens_f,
+        open(tmp / "offsets.i64", "wb") as offsets_f,
+        open(tmp / "labels.i32", "wb") as labels_f,
+        open(path, "rb") as source,
+    ):
+        offsets_f.write(np.zeros(1, dtype=np.int64).tobytes())
+        texts: list[str] = []
+        labels: list[Any] = []
+
+        def flush() -> None:
+            nonlocal n, n_tokens
+            ids = truncated_ids(tokenizer, texts, key.max_seq_len)
+            lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+            short = np.nonzero(lengths < need)[0]
+            if short.size:
+                i = int(short[0])
+                raise DataError(
+                    f"example {n + i + 1} tokenizes to {int(lengths[i])} token(s); a {key.task} "
+                    f"example needs at least {need}"
+                )
+            flat = np.concatenate([np.asarray(x, dtype=np.uint32) for x in ids])
+            tokens_f.write(flat.tobytes())
+            offsets_f.write((n_tokens + np.cumsum(lengths)).astype(np.int64).tobytes())
+            if classification:
+                labels_f.write(np.asarray(_label_ids(labels, index, key), np.int32).tobytes())
+            n += len(ids)
+            n_tokens += int(lengths.sum())
+            texts.clear()
+            labels.clear()
+
+        for ex in read_examples(source, key.task):
+            texts.append(ex.text)
+            labels.append(ex.label)
+            if len(texts) >= BUILD_BATCH:
+                flush()
+                if report is not None and time.monotonic() - last_report >= 1.0:
+                    report(f"Tokenized {n:,} of {total:,} examples")
+                    last_report = time.monotonic()
+        if texts:
+            flush()
+        for f in (tokens_f, offsets_f, labels_f):
+            f.flush()
+            os.fsync(f.fileno())
+    if n == 0:
+        raise DataError("the file holds no examples")
+    classes = list(key.classes) if key.classes is not None else None
+    if classification and key.classes is None:
+        classes = label_names(list(index))
+        _relabel(tmp / "labels.i32", n, [classes.index(c) for c in index])
+    if not classification:
+        (tmp / "labels.i32").unlink()
+    names = ["tokens.u32", "offsets.i64"] + (["labels.i32"] if classification else [])
+    meta = {
+        "version": STORE_VERSION,
+        "n_examples": n,
+        "n_tokens": n_tokens,
+        "pad_id": pad_id_of(tokenizer),
+        "task": key.task,
+        "max_seq_len": key.max_seq_len,
+        "classes": classes,
+        "file_sha256": key.file_sha256,
+        "tokenizer": key.tokenizer,
+        "sha256": {name: file_sha256(tmp / name) for name in names},
+    }
+    with open(tmp / "meta.json", "w") as meta_f:
+        json.dump(meta, meta_f, indent=1)
+        meta_f.flush()
+        os.fsync(meta_f.fileno())
+    if report is not None:
+        report(f"Tokenized {n:,} of {n:,} examples ({n_tokens:,} tokens)")
+
+
+def _label_ids(labels: list[Any], index: dict[str, int], key: StoreKey) -> list[int]:
+    """Class indices: of the given classes, or provisional ones in order of appearance."""
+    out = []
+    for label in labels:
+        name = str(label)
+        j = index.get(name)
+        if j is None:
+            if key.classes is not None:
+                raise DataError(f"label {name!r} is not one of the classes {list(key.classes)}")
+            if len(index) >= MAX_CLASSES:
+                raise DataError(f"more than {MAX_CLASSES} distinct labels")
+            j = index[name] = len(index)
+        out.append(j)
+    return out
+
+
+def _relabel(path: Path, n: int, mapping: list[int]) -> None:
+    """Provisional label ids (order of appearance) to their sorted class positions."""
+    table = np.asarray(mapping, dtype=np.int32)
+    labels = np.memmap(path, dtype=np.int32, mode="r+", shape=(n,))
+    for start in range(0, n, _CHUNK):
+        labels[start : start + _CHUNK] = table[labels[start : start + _CHUNK]]
+    labels.flush()
+    del labels
+
+
+def _count_lines(path: Path) -> int:
+    """Non-blank lines (the examples a valid file holds), for progress reports."""
+    count = 0
+    with open(path, "rb") as f:
+        for line in f:
+            if line.strip():
+                count += 1
+    return count
+
+
+def remove_stores_of(root: Path, content_sha256: str) -> int:
+    """Remove every store under ``root`` built from a file of this content (the file was
+    deleted: what was derived from it goes too); returns how many."""
+    removed = 0
+    if not root.is_dir():
+        return 0
+    for meta_path in root.glob("*/meta.json"):
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if meta.get("file_sha256") == content_sha256:
+            shutil.rmtree(meta_path.parent, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
