@@ -173,9 +173,15 @@ def test_api_and_worker_use_same_store_and_broker(compose):
     assert api_env["DPRC_BROKER_URL"].startswith("redis://redis:6379")
 
 
-def test_only_the_api_publishes_a_port(compose):
+def test_only_the_api_publishes_a_port_beyond_localhost(compose):
+    """The API is the service's one public port; the monitoring profile's Prometheus and
+    Grafana publish theirs on 127.0.0.1 only; the database and the broker publish none."""
     published = {name for name, svc in compose["services"].items() if svc.get("ports")}
-    assert published == {"api"}
+    assert published == {"api", "prometheus", "grafana"}
+    for name in ("prometheus", "grafana"):
+        service = _service(compose, name)
+        assert service["profiles"] == ["monitoring"]
+        assert all(str(p).startswith("127.0.0.1:") for p in service["ports"]), name
 
 
 def test_worker_dockerfile_base_image_arg():

@@ -104,3 +104,44 @@ def test_metrics_need_the_token(served, tmp_path):
     for off in _serve(_settings(tmp_path, None)):  # no token configured: no metrics
         with off.http(None) as http:
             assert http.get("/metrics").status_code == 404
+
+
+def test_the_grafana_dashboard_and_prometheus_read_what_the_api_serves(served):
+    """Every series the provisioned dashboard (docker/grafana/dprc.json) queries is one the
+    API's /metrics exposes (after a scrape that saw a request and a job), and Prometheus
+    (docker/prometheus.yml) scrapes that path on the compose API service with the token that
+    compose hands it as a secret."""
+    import json
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    with served.http(None) as http:
+        text = http.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
+    exposed = {
+        s.name for family in text_string_to_metric_families(text) for s in family.samples
+    } | {family.name for family in text_string_to_metric_families(text)}
+    dashboard = json.loads((root / "docker" / "grafana" / "dprc.json").read_text())
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\bdprc_[a-z_]+", target["expr"])
+    }
+    assert len(queried) >= 10
+    # histogram and counter series appear once observed; their families are always declared
+    families = {re.sub(r"_(bucket|total|count|sum)$", "", n) for n in queried}
+    missing = {n for n in families if n not in exposed and f"{n}_total" not in exposed}
+    assert not missing, missing
+    prometheus = yaml.safe_load((root / "docker" / "prometheus.yml").read_text())
+    (scrape,) = prometheus["scrape_configs"]
+    assert scrape["metrics_path"] == "/metrics"
+    assert scrape["static_configs"][0]["targets"] == ["api:8000"]
+    compose = yaml.safe_load((root / "docker-compose.yml").read_text())
+    secret = scrape["authorization"]["credentials_file"]
+    assert secret == "/run/secrets/dprc_metrics_token"
+    assert "dprc_metrics_token" in compose["services"]["prometheus"]["secrets"]
+    assert compose["secrets"]["dprc_metrics_token"] == {"environment": "DPRC_METRICS_TOKEN"}
+    assert "DPRC_METRICS_TOKEN" in compose["x-dprc-env"]
