@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from dprc_core.auditing.bounds import AuditResult, audit_scores
+from dprc_core.training.sampling import poisson_indices
 
 
 class AuditedEngine(Protocol):
@@ -163,7 +164,7 @@ def run_gradient_canary_audit(
     updates = np.zeros((steps, canaries))
     prev = model.weight.detach()[0, real_dim:].clone()
     for t in range(steps):
-        chosen = torch.nonzero(torch.rand(n, generator=sampler) < sample_rate).flatten()
+        chosen = poisson_indices(n, sample_rate, sampler)  # the trainer's own coins
         for part in chosen.split(micro_batch_size):
             engine.accumulate(linear_loss, data[part])
         engine.step()

@@ -5,17 +5,44 @@ Poisson sampling: every logical batch includes each of the N examples independen
 probability q, so the batch size is Binomial(N, q) — possibly 0, which is still a (noise-only)
 step. Divide by the *expected* batch size q·N, never by the realised one. Fixed-order batches:
 see :class:`FixedOrderSampler`.
+
+The coins are float64 uniforms (multiples of 2⁻⁵³, as torch draws them on the CPU) compared
+with ⌊q·2⁵³⌋/2⁵³, so each example's inclusion probability is ⌊q·2⁵³⌋/2⁵³ ≤ q: never above the
+rate the accountant is given (float32 coins, 24 bits, would include an example with probability
+⌈q·2²⁴⌉/2²⁴ — up to 2⁻²⁴ above q, 1% of q at N = 10⁷ and B = 64). They are drawn
+``DRAW_CHUNK`` at a time, so a step's memory does not grow with N beyond its indices.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections.abc import Iterator
+from fractions import Fraction
 
 import torch
 
 from dprc_core.distributed import Ranks, broadcast_int, check_same_on_all_ranks, shard_indices
+
+DRAW_CHUNK = 1 << 20
+
+
+def inclusion_threshold(q: float) -> float:
+    """⌊q·2⁵³⌋/2⁵³ (exact): a float64 uniform below it has probability ≤ q."""
+    return math.floor(Fraction(q) * (1 << 53)) / (1 << 53)
+
+
+def poisson_indices(n: int, q: float, generator: torch.Generator) -> torch.Tensor:
+    """The indices in [0, n) whose coin came up: each with probability ⌊q·2⁵³⌋/2⁵³ ≤ q."""
+    threshold = inclusion_threshold(q)
+    if q >= 1.0:
+        return torch.arange(n)
+    parts = []
+    for start in range(0, n, DRAW_CHUNK):
+        coins = torch.rand(min(DRAW_CHUNK, n - start), generator=generator, dtype=torch.float64)
+        parts.append(torch.nonzero(coins < threshold).flatten() + start)
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
 
 
 def _shared_seed(seed: int | None, ranks: Ranks) -> int:
@@ -68,8 +95,8 @@ class PoissonSampler:
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         for _ in range(self.steps):
-            draws = torch.rand(self.num_examples, generator=self.generator)
-            yield shard_indices(torch.nonzero(draws < self.sample_rate).flatten(), self.ranks)
+            batch = poisson_indices(self.num_examples, self.sample_rate, self.generator)
+            yield shard_indices(batch, self.ranks)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The generator's state (safetensors-able): iterating after :meth:`load_state_dict`

@@ -60,3 +60,34 @@ def test_demo_runs_and_stays_within_budget(tmp_path):
     assert changed, "training must have updated the weights"
     assert not list(tmp_path.rglob("*.bin")) and not list(tmp_path.rglob("*.pt"))
     json.dumps(summary)
+
+
+def test_inclusion_probability_never_exceeds_the_accounted_rate():
+    """Each coin is a float64 uniform k·2⁻⁵³ compared with ⌊q·2⁵³⌋/2⁵³: the inclusion
+    probability, counted exactly over the 2⁵³ coin values, is ⌊q·2⁵³⌋/2⁵³ ≤ q — where float32
+    coins (k·2⁻²⁴) would give ⌈q·2²⁴⌉/2²⁴ > q."""
+    import math
+    from fractions import Fraction
+
+    from dprc_core.training.sampling import inclusion_threshold
+
+    for q in (64 / 10**7, 1 / 3, 0.05, 1e-9, 2.0**-20, 0.999999):
+        t = inclusion_threshold(q)
+        coins_below = math.ceil(Fraction(t) * 2**53)  # k with k·2⁻⁵³ < t
+        assert Fraction(coins_below, 2**53) <= Fraction(q)
+        assert Fraction(q) - Fraction(coins_below, 2**53) < Fraction(1, 2**53)
+        float32_rate = Fraction(math.ceil(Fraction(q) * 2**24), 2**24)
+        if Fraction(q) * 2**24 != int(Fraction(q) * 2**24):
+            assert float32_rate > Fraction(q)  # what the float32 coins would have run
+
+
+def test_poisson_indices_are_bounded_in_memory_and_rate(monkeypatch):
+    from dprc_core.training import sampling
+
+    monkeypatch.setattr(sampling, "DRAW_CHUNK", 1000)  # many chunks
+    g = torch.Generator().manual_seed(0)
+    counts = [len(sampling.poisson_indices(25_000, 0.01, g)) for _ in range(200)]
+    mean = sum(counts) / len(counts)
+    assert abs(mean - 250) < 4 * (250 * 0.99 / 200) ** 0.5
+    idx = sampling.poisson_indices(25_000, 0.5, g)
+    assert idx.min() >= 0 and idx.max() < 25_000 and torch.all(idx[1:] > idx[:-1])
