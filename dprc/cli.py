@@ -1,9 +1,9 @@
 """The ``dprc`` console script: the library's commands (``dprc_core.cli``) plus the service's
-``serve`` and ``keys`` and the client's ``login``, ``files``, ``jobs`` and ``audit``
-(``dprc.client``),
-with ``dprc accountant … --server`` answered by a server through the client. It lives here, in
-the composition root, so that ``dprc_core`` never imports the service or the client and
-``api`` never imports ``worker``.
+``serve``, ``keys`` and ``admin`` (backup, restore, check, acknowledge) and the client's
+``login``, ``files``, ``jobs`` and ``audit`` (``dprc.client``), with ``dprc accountant …
+--server`` answered by a server through the client. It lives here, in the composition root, so
+that ``dprc_core`` never imports the service or the client and ``api`` never imports
+``worker``.
 
 The client's commands are parsed without importing the library (whose engine imports torch):
 ``dprc files list`` starts in under a second. ``dprc accountant …`` is parsed first with
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 
 def add_subparsers(sub: Any) -> None:
-    """Register ``serve`` and ``keys`` on the ``dprc`` command's sub-parsers."""
+    """Register ``serve``, ``keys`` and ``admin`` on the ``dprc`` command's sub-parsers."""
     from service.roles import DEFAULT_ROLE, Role
 
     serve = sub.add_parser("serve", help="run the API server (uvicorn)")
@@ -60,6 +60,41 @@ def add_subparsers(sub: Any) -> None:
     lst = ksub.add_parser("list", help="list keys (id, tenant, role, prefix, created, state, name)")
     lst.add_argument("--json", action="store_true", help="one JSON object per line")
     lst.set_defaults(func=_keys_list)
+    _add_admin(sub)
+
+
+def _add_admin(sub: Any) -> None:
+    admin = sub.add_parser(
+        "admin", help="the privacy record: backup, restore, check, acknowledge (server's host)"
+    )
+    asub = admin.add_subparsers(dest="admin_command", required=True)
+    backup = asub.add_parser(
+        "backup", help="write the database, the job ledgers and a manifest into a new folder"
+    )
+    backup.add_argument("dir", help="a new (or empty) folder")
+    backup.set_defaults(func=_admin_backup)
+    restore = asub.add_parser(
+        "restore",
+        help="restore a backup (the server stopped); data sets with jobs after it are frozen",
+    )
+    restore.add_argument("dir", help="a folder written by `dprc admin backup`")
+    restore.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    restore.add_argument(
+        "--freeze-all",
+        action="store_true",
+        help="freeze every data set, whatever the data volume shows (e.g. it was lost)",
+    )
+    restore.set_defaults(func=_admin_restore)
+    check = asub.add_parser(
+        "check",
+        help="every job's ledger agrees with the database, no data set beyond its budget "
+        "(exit 1 and one line per problem otherwise)",
+    )
+    check.set_defaults(func=_admin_check)
+    ack = asub.add_parser("acknowledge", help="lift a data set's freeze (audited)")
+    ack.add_argument("group_id", help="the data set's budget group (budget_group of its files)")
+    ack.add_argument("--reason", required=True, help="why (1 to 1000 characters; audited)")
+    ack.set_defaults(func=_admin_acknowledge)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,6 +197,83 @@ def _keys_list(args: argparse.Namespace) -> int:
             state = "revoked" if info.revoked_at is not None else "active"
             cells = [info.id, info.tenant, info.role, f"{info.prefix}...", str(info.created_at)]
             print("\t".join([*cells, state, info.name or "-"]))
+    return 0
+
+
+def _admin_backup(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from service.backup import backup
+
+    store = _store()
+    try:
+        m = backup(store, Path(args.dir))
+    finally:
+        store.engine.dispose()
+    ledgers = sum(1 for f in m.files if f.startswith("ledgers/") and f.endswith(".json"))
+    keys = sum(1 for f in m.files if f.startswith("secrets/"))
+    print(
+        f"backup of {m.created_at_utc} in {args.dir}: {m.database_kind} database at migration "
+        f"{m.alembic_revision} ({len(m.jobs)} jobs, {len(m.groups)} data sets), {ledgers} job "
+        f"ledgers, {keys} tenant keys; manifest.json holds their SHA-256"
+    )
+    return 0
+
+
+def _admin_restore(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from service.private_data import restrict_new_files
+    from service.restore import manifest_summary, report_lines, restore
+    from service.settings import Settings
+
+    settings = Settings()
+    folder = Path(args.dir)
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise ValueError("a restore replaces the database: pass --yes to confirm")
+        try:
+            summary = manifest_summary(folder)
+        except (OSError, ValueError):
+            summary = str(folder)
+        answer = input(f"replace the database with the {summary}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("not restored", file=sys.stderr)
+            return 1
+    restrict_new_files(settings.data_dir)
+    for line in report_lines(restore(settings, folder, freeze_all=args.freeze_all)):
+        print(line)
+    return 0
+
+
+def _admin_check(args: argparse.Namespace) -> int:
+    from service.consistency import check, report_lines
+
+    store = _store()
+    try:
+        report = check(store)
+    finally:
+        store.engine.dispose()
+    out, notes = report_lines(report)
+    for line in notes:
+        print(line, file=sys.stderr)
+    for line in out:
+        print(line)
+    return 0 if report.ok else 1
+
+
+def _admin_acknowledge(args: argparse.Namespace) -> int:
+    from service.errors import DomainError
+    from service.freezes import acknowledge_on_shell
+
+    store = _store()
+    try:
+        state = acknowledge_on_shell(store, args.group_id, args.reason)
+    except DomainError as exc:
+        raise ValueError(exc.message) from None
+    finally:
+        store.engine.dispose()
+    print(f"acknowledged: data set {state.id} takes new jobs again", file=sys.stderr)
     return 0
 
 

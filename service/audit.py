@@ -1,8 +1,8 @@
 """The audit log: one append-only entry per act of a key (key create/revoke, sign-in/out,
-upload, delete, budget set/change, job create/cancel/pause/resume, downloads), chained per
-tenant by SHA-256 so that a changed, removed or inserted entry is found by recomputing the
-chain (:func:`entry_hash`; ``dprc audit verify`` does it on the client, from the API's
-listing).
+upload, delete, budget set/change/freeze/acknowledge, job create/cancel/pause/resume,
+downloads), chained per tenant by SHA-256 so that a changed, removed or inserted entry is
+found by recomputing the chain (:func:`entry_hash`; ``dprc audit verify`` does it on the
+client, from the API's listing).
 
 An entry is written in the transaction of the act it records, as that transaction's last
 statement: the chain's head row (``audit_heads``) is locked last, after every row lock the act
@@ -14,7 +14,7 @@ The hash of an entry is SHA-256 over the UTF-8 bytes of the JSON array
 with sorted keys, no spaces (``separators=(",", ":")``) and ``ensure_ascii=True``; ``detail``
 is the JSON object itself (parsed from its stored text). The first entry's ``prev_hash`` is 64
 zeros. ``key_id`` is null and ``role`` is ``"shell"`` for an act on the server's shell
-(``dprc keys create|revoke``), which no key makes.
+(``dprc keys create|revoke``, ``dprc admin restore|acknowledge``), which no key makes.
 """
 
 from __future__ import annotations
@@ -84,6 +84,8 @@ class Act:
     FILE_DOWNLOAD = "file.download"
     BUDGET_SET = "budget.set"
     BUDGET_CHANGE = "budget.change"
+    BUDGET_FREEZE = "budget.freeze"  # a restore froze a data set (service/freezes.py)
+    BUDGET_ACKNOWLEDGE = "budget.acknowledge"  # an admin lifted that freeze
     JOB_CREATE = "job.create"
     JOB_CANCEL = "job.cancel"
     JOB_PAUSE = "job.pause"

@@ -18,8 +18,9 @@ or its end recomposes O(log n) cached blocks instead of the whole history.
 
 Every budget rule is here: the events a job commits, the totals of a file, the settlement a
 job's end triggers, the optimistic snapshot job creation composes outside the locks, the
-reservation (or refusal) of a new job, a budget's values and its change, the numbers a data
-set shows and its history, and a plan's preview against the budget.
+reservation (or refusal) of a new job — a frozen group (after a restore) refuses every one —,
+a budget's values and its change, the numbers a data set shows and its history, and a plan's
+preview against the budget.
 """
 
 from __future__ import annotations
@@ -256,6 +257,24 @@ def changed_events(session: Session, group: BudgetGroup, known: Snapshot) -> Gro
     return None
 
 
+def refuse_if_frozen(session: Session, group: BudgetGroup) -> None:
+    """Refuse a new job on a frozen group (409 ``budget_group_frozen``, the transaction rolled
+    back): a restore froze it because jobs ran on it after the backup, so what it spent is
+    unknown (:mod:`service.freezes`). Call under the group's lock."""
+    if group.frozen_reason is None:
+        return
+    session.rollback()
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(group.frozen_at or 0))
+    raise Conflict(
+        f"data set {group.id} is frozen since {since}: {group.frozen_reason} No new job may "
+        f"train on it until an admin acknowledges it (`dprc admin acknowledge {group.id} "
+        f"--reason TEXT` on the server, or POST /v1/organization/budget_groups/{group.id}/"
+        "acknowledge with a reason)",
+        param="training_file",
+        code="budget_group_frozen",
+    )
+
+
 def reserve(
     session: Session,
     group: BudgetGroup,
@@ -265,8 +284,10 @@ def reserve(
     target_delta: float,
 ) -> None:
     """Refuse the job whose planned event is ``privacy_event`` (planned ε ``planned_epsilon`` at
-    its δ ``target_delta``) if the composed ε of the group's events with it exceeds the group's
-    budget (never a sum of ε's); else store the new totals. Call under the group's lock."""
+    its δ ``target_delta``) if its group is frozen (:func:`refuse_if_frozen`) or if the composed
+    ε of the group's events with it exceeds the group's budget (never a sum of ε's); else store
+    the new totals. Call under the group's lock."""
+    refuse_if_frozen(session, group)
     if group.epsilon_budget is None or group.delta is None:
         return
     spent, committed = settle(session, group, extra=privacy_event, known=known)

@@ -23,6 +23,7 @@ from service.file_storage import storage_dir, store_result_file
 from service.fine_tuned_models import fine_tuned_name, root_base_name
 from service.ids import new_id
 from service.job_events import add_event
+from service.ledger_files import write_job_ledger
 from service.lifecycle import Actor, JobStatus
 from service.store import Store
 from service.tables import Checkpoint, File, JobEvent, Tenant
@@ -113,8 +114,12 @@ def start_job(
 ) -> bool:
     """Take the lease on a queued job (or one whose lease expired) and mark it running.
     Returns False if another live worker holds it, the job needs more than ``devices``, or
-    the job is not runnable."""
-    return lifecycle.claim(store, job_id, owner, lease_seconds, devices)
+    the job is not runnable. A started job's ledger file is written (:mod:`service.ledger_files`)
+    before its first step."""
+    claimed = lifecycle.claim(store, job_id, owner, lease_seconds, devices)
+    if claimed:
+        write_job_ledger(store, job_id)
+    return claimed
 
 
 def record_event(store: Store, job_id: str, message: str) -> None:
@@ -207,7 +212,8 @@ def record_accounting(store: Store, job_id: str, envelope: str, sketch: str) -> 
             },
         )
         session.commit()
-        return True
+    write_job_ledger(store, job_id)
+    return True
 
 
 def record_progress(
@@ -234,6 +240,7 @@ def record_progress(
             data={"step": steps_done, "epsilon_spent": epsilon_spent, **metrics},
         )
         session.commit()
+    write_job_ledger(store, job_id)
 
 
 def record_checkpoint(
@@ -337,6 +344,7 @@ def end_job(
         lease_owner=None,
         **named,
     )
+    write_job_ledger(store, job_id)
 
 
 def _fine_tuned_name(store: Store, job_id: str) -> str:

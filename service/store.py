@@ -25,9 +25,12 @@ class Store:
 
 
 def open_store(settings: Settings) -> Store:
+    from service.ledger_files import ensure_dir
+
     engine = make_engine(settings)
     upgrade(engine)
     settings.files_dir.mkdir(parents=True, exist_ok=True)
+    ensure_dir(settings.data_dir)  # the job ledgers' folder, and since when they are kept
     return Store(settings=settings, engine=engine, sessions=make_sessionmaker(engine))
 
 

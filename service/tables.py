@@ -76,6 +76,10 @@ class BudgetGroup(Base):
     # cached composition results, recomputed under the group's lock whenever events change
     epsilon_spent: Mapped[float] = mapped_column(Float, default=0.0)
     epsilon_committed: Mapped[float] = mapped_column(Float, default=0.0)
+    # frozen (no new job) until an admin acknowledges it: set by a restore when jobs ran on
+    # the group after the backup (service/restore.py, service/freezes.py)
+    frozen_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    frozen_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class ExampleHash(Base):
@@ -165,6 +169,52 @@ class File(Base):
     deleted: Mapped[bool] = mapped_column(Boolean, default=False)
     deleted_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     created_by: Mapped[str | None] = mapped_column(String(40), nullable=True)
+
+
+class Upload(Base):
+    """A file uploaded in parts (the OpenAI Uploads API, :mod:`service.uploads`): created with
+    its announced ``bytes`` (reserved against the tenant's storage quota while pending), its
+    parts on disk under ``files/<tenant>/uploads/<id>/``, completed into a ``File``."""
+
+    __tablename__ = "uploads"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"))
+    filename: Mapped[str] = mapped_column(String(255))
+    purpose: Mapped[str] = mapped_column(String(32))
+    mime_type: Mapped[str] = mapped_column(String(255))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[int] = mapped_column(BigInteger)
+    # pending | completed | cancelled | expired
+    status: Mapped[str] = mapped_column(String(16))
+    # set while a completion assembles and validates the parts (no part, cancel or other
+    # completion meanwhile); back to None when it fails
+    completing_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # the budget asked for at creation (the upload's extra fields), applied at completion
+    epsilon_budget: Mapped[float | None] = mapped_column(Float, nullable=True)
+    delta: Mapped[float | None] = mapped_column(Float, nullable=True)
+    unbudgeted: Mapped[bool] = mapped_column(Boolean, default=False)
+    file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"), nullable=True)
+    created_by: Mapped[str | None] = mapped_column(String(40), nullable=True)
+
+    __table_args__ = (
+        Index("ix_uploads_tenant_status", "tenant_id", "status"),
+        Index("ix_uploads_status_expires", "status", "expires_at"),
+    )
+
+
+class UploadPart(Base):
+    """One part of an upload: its bytes are the file ``<id>`` in the upload's folder."""
+
+    __tablename__ = "upload_parts"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True)
+    upload_id: Mapped[str] = mapped_column(ForeignKey("uploads.id"), index=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    bytes: Mapped[int] = mapped_column(BigInteger)
 
 
 class Job(Base):

@@ -1,6 +1,7 @@
-"""``/v1/organization``: a tenant's API keys (create, list, revoke) and its audit log, for its
-admins. The rules (who may, the last admin key) are the domain's (:mod:`service.keys`,
-:mod:`service.audit`)."""
+"""``/v1/organization``: a tenant's API keys (create, list, revoke), its audit log and the
+acknowledgement of a frozen budget group, for its admins. The rules (who may, the last admin
+key, what a freeze is) are the domain's (:mod:`service.keys`, :mod:`service.audit`,
+:mod:`service.freezes`)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from api.organization.schemas import (
     ApiKeyDeleted,
     ApiKeyList,
     AuditLogList,
+    BudgetGroupAcknowledge,
+    BudgetGroupObject,
 )
-from service import audit, keys
+from service import audit, freezes, keys
 from service.errors import InvalidInput
 
 router = APIRouter(prefix="/v1/organization", tags=["organization"])
@@ -91,3 +94,23 @@ def list_audit_logs(
         first_id=data[0].id if data else None,
         last_id=data[-1].id if data else None,
     )
+
+
+@router.post("/budget_groups/{group_id}/acknowledge", response_model=BudgetGroupObject)
+def acknowledge_budget_group(
+    group_id: str,
+    request: Request,
+    caller: CallerDep,
+    body: Annotated[BudgetGroupAcknowledge | None, Body()] = None,
+) -> BudgetGroupObject:
+    """Lift the freeze a restore put on a data set (admins only, with a reason; audited)."""
+    body = body or BudgetGroupAcknowledge()
+    unknown = sorted(body.model_extra or {})
+    if unknown:
+        raise InvalidInput(
+            f"unknown field {unknown[0][:64]!r} (known: reason)",
+            param=unknown[0][:64],
+            code="unknown_field",
+        )
+    state = freezes.acknowledge(get_store(request), caller, group_id, body.reason)
+    return views.budget_group(state)

@@ -1,5 +1,5 @@
-"""Schemas of the organization domain: API keys (OpenAI's ``organization.*`` naming) and the
-audit log's entries."""
+"""Schemas of the organization domain: API keys (OpenAI's ``organization.*`` naming), the
+audit log's entries and the acknowledgement of a frozen budget group."""
 
 from __future__ import annotations
 
@@ -72,3 +72,24 @@ class AuditLogList(BaseModel):
     has_more: bool
     first_id: str | None = None
     last_id: str | None = None
+
+
+class BudgetGroupAcknowledge(BaseModel):
+    """``POST /v1/organization/budget_groups/{id}/acknowledge``: an unknown field is a 400
+    naming it (checked by the router)."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
+
+    reason: str | None = Field(default=None, description="why, 1 to 1000 characters (audited)")
+
+
+class BudgetGroupObject(BaseModel):
+    """A data set's budget group and its freeze (docs/operations.md, "Backups")."""
+
+    object: Literal["organization.budget_group"] = "organization.budget_group"
+    id: str
+    epsilon_budget: float | None
+    delta: float | None
+    frozen: bool
+    frozen_reason: str | None = Field(description="why no new job may train on it")
+    frozen_at: int | None

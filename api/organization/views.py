@@ -3,8 +3,14 @@ schemas."""
 
 from __future__ import annotations
 
-from api.organization.schemas import ApiKeyCreated, ApiKeyObject, AuditLogObject
+from api.organization.schemas import (
+    ApiKeyCreated,
+    ApiKeyObject,
+    AuditLogObject,
+    BudgetGroupObject,
+)
 from service.audit import Entry
+from service.freezes import GroupState
 from service.keys import KeyInfo
 
 
@@ -37,4 +43,15 @@ def audit_log(entry: Entry) -> AuditLogObject:
         detail=entry.detail,
         prev_hash=entry.prev_hash,
         hash=entry.hash,
+    )
+
+
+def budget_group(state: GroupState) -> BudgetGroupObject:
+    return BudgetGroupObject(
+        id=state.id,
+        epsilon_budget=state.epsilon_budget,
+        delta=state.delta,
+        frozen=state.frozen_reason is not None,
+        frozen_reason=state.frozen_reason,
+        frozen_at=state.frozen_at,
     )

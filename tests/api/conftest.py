@@ -3,12 +3,14 @@ uvicorn serving the app on a free 127.0.0.1 port in a thread, tenants with keys.
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +48,24 @@ def pg_url() -> Iterator[str]:
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
         )
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+
+
+@contextmanager
+def fresh_pg_database(prefix: str = "dprc_fresh") -> Iterator[str]:
+    """A PostgreSQL database of its own (for a test that replaces a whole database, as a
+    restore does), dropped at the end; its URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    with _pg_admin_conn() as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}"
+    finally:
+        with _pg_admin_conn() as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (name,),
+            )
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
 
 
 @dataclass
@@ -104,6 +124,23 @@ def _serve(settings: Settings, **options: object) -> Iterator[Server]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def serving(settings: Settings) -> AbstractContextManager[Server]:
+    """:func:`_serve` as a context manager: a server that a test stops and starts again (on
+    the same data folder and database)."""
+    return contextmanager(_serve)(settings)
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    """``dprc ARGV`` in this process: (exit status, stdout, stderr). Not with ``capsys``,
+    whose stream a uvicorn server started in the test would keep writing to."""
+    from dprc.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        status = main(list(argv))
+    return status, out.getvalue(), err.getvalue()
 
 
 def _settings(tmp: Path, database_url: str | None, **kw: object) -> Settings:
