@@ -178,6 +178,7 @@ def run(db: str, older: int, method: str = "exact") -> dict:
         return {
             "db": db,
             "older": older,
+            "method": method,
             "setup_s": setup,
             "p50": statistics.median(lat),
             "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
@@ -221,13 +222,15 @@ def main() -> int:
             print(row, flush=True)
             rows.append(row)
     head = (
-        "| database | older jobs | p50 create (s) | p99 create (s) | accepted | refused (budget) "
+        "| database | older jobs | norm method | p50 create (s) | p99 create (s) | accepted "
+        "| refused (budget) "
         "| other 4xx | 5xx | time-outs (60 s) | file's committed ε (budget 8) "
         "| full composition of its events |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
     )
     body = "".join(
-        f"| {r['db']} | {r['older']} | {r['p50']:.2f} | {r['p99']:.2f} | {r['accepted']} | "
+        f"| {r['db']} | {r['older']} | {r['method']} | {r['p50']:.2f} | {r['p99']:.2f} | "
+        f"{r['accepted']} | "
         f"{r['refused_budget']} | {r['other_4xx']} | {r['5xx']} | {r['timeouts']} | "
         f"{r['committed']:.3f}{'' if r['within_budget'] else ' OVER'} | {r['composed']:.3f} |\n"
         for r in rows
