@@ -4,6 +4,9 @@ process that composes the app (``dprc serve``, see :mod:`dprc.app`)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import re
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,6 +29,8 @@ from api.keys.router import router as keys_router
 from api.metrics import install_metrics
 from api.models.router import router as models_router
 from api.organization.router import router as organization_router
+from api.uploads.router import router as uploads_router
+from service import uploads
 from service.dispatch import Dispatcher, NoDispatcher
 from service.ids import new_id
 from service.logging_setup import log_context
@@ -34,10 +39,26 @@ from service.store import Store, open_store, ping, readiness
 
 DispatcherFactory = Callable[[Store], Dispatcher]
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+log = logging.getLogger(__name__)
 
 
 def _no_dispatcher(_store: Store) -> Dispatcher:
     return NoDispatcher()
+
+
+UPLOAD_SWEEP_SECONDS = 60
+
+
+async def _sweep_uploads(store: Store) -> None:
+    """Expire the uploads past their expiry and delete their parts, every minute (or every
+    ``DPRC_UPLOAD_EXPIRY_SECONDS`` when shorter) while the API runs."""
+    interval = min(UPLOAD_SWEEP_SECONDS, store.settings.upload_expiry_seconds)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await asyncio.to_thread(uploads.sweep_expired, store)
+        except Exception:  # noqa: BLE001 - logged; the next round tries again
+            log.exception("the sweep of expired uploads failed")
 
 
 def create_app(
@@ -51,7 +72,11 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.store = open_store(settings)
         app.state.dispatcher = dispatcher(app.state.store)
+        sweeper = asyncio.create_task(_sweep_uploads(app.state.store))
         yield
+        sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper
         app.state.dispatcher.stop()
         app.state.store.engine.dispose()
 
@@ -93,6 +118,7 @@ def create_app(
         BodyLimit,
         max_upload_bytes=settings.max_upload_bytes,
         max_request_bytes=settings.max_request_bytes,
+        max_part_bytes=settings.max_upload_part_bytes,
     )
     install_metrics(app, settings)  # requests counted outside the body limit: refusals too
     # outside it: every response (a refusal included) carries its X-Request-ID, and every log
@@ -101,6 +127,7 @@ def create_app(
 
     for router in (
         files_router,
+        uploads_router,
         jobs_router,
         models_router,
         accountant_router,

@@ -21,6 +21,7 @@ SECTIONS = [
     ("norm_layer", "benchmarks/norm_layer.py"),
     ("step", "benchmarks/step.py"),
     ("step_cuda", "benchmarks/step.py --device cuda"),
+    ("first_step", "benchmarks/first_step.py"),
     ("accountant", "benchmarks/accountant.py"),
     ("sketch_sigma", "benchmarks/sketch_sigma.py"),
     ("sketch_memory", "benchmarks/sketch_memory.py"),

@@ -111,7 +111,12 @@ DPRC_CONFIGS = tuple(
     for mode in ("two_pass", "bookkeeping")
 )
 ALL_CONFIGS = (BASELINE, *DPRC_CONFIGS, OPACUS)
-METHODS_USED: dict[str, dict[str, str]] = {}  # config -> parameter -> norm method of last step
+METHODS_USED: dict[str, dict[str, str]] = {}
+FIRST_STEP_NOTE = (
+    "The first step of an engine also runs the per-sample independence check: its peak "
+    "against a steady step's, with and without the check, at T = 2048 and 8192, is in "
+    "[first_step.md](first_step.md) (`benchmarks/first_step.py`)."
+)  # config -> parameter -> norm method of last step
 
 
 # ---------------------------------------------------------------------------------- model
@@ -566,6 +571,8 @@ def write_doc(
         f"and {TARGET_RSS}× its peak RSS): **{verdict_line}**",
         "",
         f"Opacus: {opacus_note} Reference: {OPACUS_REFERENCE}.",
+        "",
+        FIRST_STEP_NOTE,
         "",
     ]
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -16,15 +16,22 @@ whitespace, a different chat role): such a copy is new data to the service.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import hmac
 import io
+import operator
 import os
 import secrets
+import shutil
+import tempfile
 import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, overload
 
-from dprc_core.training.data import DataError, read_examples, summarize_jsonl
+from dprc_core.training.data import DataError, read_examples
 from service.errors import InvalidInput
 
 SECRETS_DIR = "secrets"
@@ -56,26 +63,247 @@ def tenant_secret(data_dir: Path, tenant_id: int) -> bytes:
         return value
 
 
+# The digests of a data set are kept compact: 32 raw bytes each (never a Python string each),
+# sorted and made distinct in runs of RUN_RECORDS held in memory, spilled to files when there is
+# more than one run and merged (heapq.merge, READ_RECORDS of each run at a time, at most
+# MAX_FAN_IN runs at once: more are merged in groups first) into one file of distinct sorted
+# records. Memory, whatever the data set's size: one run while hashing (a set of RUN_RECORDS
+# bytes objects, ~7 MB), MAX_FAN_IN blocks of READ_RECORDS records while merging (2 MiB).
+# Disk: 32 bytes an example, twice while the runs are merged (a 2 GB data set of 100-byte
+# lines: ~0.7 GB, ~1.3 GB at the peak), in the folder the caller names.
+DIGEST_BYTES = 32
+RUN_RECORDS = 1 << 16
+READ_RECORDS = 2048
+MAX_FAN_IN = 32
+MIN_EXAMPLES = 2  # summarize_jsonl's default: a data set needs two examples
+
+
+class Digests(Sequence[str]):
+    """Distinct keyed hashes in sorted order, read as hex strings: held as 32-byte records in
+    memory (``source`` bytes) or in a file (``source`` a path), so that millions of them cost
+    32 bytes each (in memory or on disk), not a string each. Slices read only their records."""
+
+    def __init__(self, source: bytes | Path, count: int):
+        self._source = source
+        self._count = count
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _raw(self, start: int, stop: int) -> bytes:
+        if stop <= start:
+            return b""
+        if isinstance(self._source, bytes):
+            return self._source[start * DIGEST_BYTES : stop * DIGEST_BYTES]
+        with open(self._source, "rb") as fh:
+            fh.seek(start * DIGEST_BYTES)
+            return fh.read((stop - start) * DIGEST_BYTES)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._count)
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            raw = self._raw(start, stop)
+            return [raw[i : i + DIGEST_BYTES].hex() for i in range(0, len(raw), DIGEST_BYTES)]
+        i = operator.index(index)
+        if i < 0:
+            i += self._count
+        if not 0 <= i < self._count:
+            raise IndexError("digest index out of range")
+        return self._raw(i, i + 1).hex()
+
+    def __iter__(self) -> Iterator[str]:
+        for start in range(0, self._count, READ_RECORDS):
+            yield from self[start : start + READ_RECORDS]
+
+
 @dataclass(frozen=True)
 class HashedData:
     """A validated data set: its number of examples (lines), its format and the distinct
-    keyed hashes of its examples (sorted hex)."""
+    keyed hashes of its examples (sorted hex, as :class:`Digests`)."""
 
     n_examples: int
     format: str
-    digests: list[str]
+    digests: Sequence[str]
+
+
+def _records(run: bytes | Path) -> Iterator[bytes]:
+    """The 32-byte records of a sorted run, read READ_RECORDS at a time."""
+    if isinstance(run, bytes):
+        for i in range(0, len(run), DIGEST_BYTES):
+            yield run[i : i + DIGEST_BYTES]
+        return
+    with open(run, "rb") as fh:
+        while block := fh.read(READ_RECORDS * DIGEST_BYTES):
+            for i in range(0, len(block), DIGEST_BYTES):
+                yield block[i : i + DIGEST_BYTES]
+
+
+def _distinct(runs: list[bytes | Path]) -> Iterator[bytes]:
+    """The distinct records of sorted runs, in order (a k-way merge)."""
+    last = b""
+    for record in heapq.merge(*(_records(r) for r in runs)):
+        if record != last:
+            yield record
+            last = record
+
+
+class _DigestSpool:
+    """Collects raw digests; :meth:`finish` gives them distinct and sorted. With a
+    ``spill_dir``, runs beyond the first are written to a folder made in it (removed by
+    :meth:`close`); without one they stay in memory as 32-byte records."""
+
+    def __init__(self, spill_dir: Path | None):
+        self._spill_dir = spill_dir
+        self._folder: Path | None = None
+        self._pending: set[bytes] = set()
+        self._runs: list[bytes | Path] = []
+
+    def add(self, digest: bytes) -> None:
+        self._pending.add(digest)
+        if len(self._pending) >= RUN_RECORDS:
+            self._flush()
+
+    def _flush(self) -> None:
+        run = b"".join(sorted(self._pending))
+        self._pending = set()
+        if self._spill_dir is None:
+            self._runs.append(run)
+            return
+        path = self._file(f"run-{len(self._runs)}")
+        path.write_bytes(run)
+        self._runs.append(path)
+
+    def _file(self, name: str) -> Path:
+        if self._folder is None:
+            assert self._spill_dir is not None
+            self._folder = Path(tempfile.mkdtemp(dir=self._spill_dir, prefix=".digests-"))
+        return self._folder / name
+
+    def finish(self) -> Digests:
+        if not self._runs:  # one run: in memory
+            return Digests(b"".join(sorted(self._pending)), len(self._pending))
+        if self._pending:
+            self._flush()
+        if self._spill_dir is None:
+            out = b"".join(_distinct(self._runs))
+            self._runs = []
+            return Digests(out, len(out) // DIGEST_BYTES)
+        runs = self._runs
+        passes = 0
+        while len(runs) > MAX_FAN_IN:  # merge groups first: memory is MAX_FAN_IN blocks
+            passes += 1
+            groups = [runs[i : i + MAX_FAN_IN] for i in range(0, len(runs), MAX_FAN_IN)]
+            runs = [
+                group[0] if len(group) == 1 else self._merged(group, f"merge-{passes}-{i}")
+                for i, group in enumerate(groups)
+            ]
+        path = self._merged(runs, "digests")
+        self._runs = []
+        return Digests(path, path.stat().st_size // DIGEST_BYTES)
+
+    def _merged(self, runs: list[bytes | Path], name: str) -> Path:
+        """Merge sorted runs into one file of distinct sorted records; the runs are deleted."""
+        path = self._file(name)
+        with open(path, "wb") as fh:
+            block = bytearray()
+            for record in _distinct(runs):
+                block += record
+                if len(block) >= READ_RECORDS * DIGEST_BYTES:
+                    fh.write(block)
+                    block.clear()
+            fh.write(block)
+        for run in runs:
+            if isinstance(run, Path):
+                run.unlink(missing_ok=True)
+        return path
+
+    def close(self) -> None:
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+
+
+def capped_lines(stream: IO[bytes], max_line_bytes: int | None) -> Iterator[bytes]:
+    """The lines of a binary stream (ending at a newline, as iterating the stream gives
+    them), each read with at most ``max_line_bytes`` (and its newline) in memory: a longer line is
+    :class:`DataError` naming it. ``None``: no limit."""
+    if max_line_bytes is None:
+        yield from stream
+        return
+    number = 0
+    while line := stream.readline(max_line_bytes + 1):
+        number += 1
+        if len(line) > max_line_bytes and not line.endswith(b"\n"):
+            raise DataError(
+                f"line {number}: longer than {max_line_bytes} bytes, the longest line an "
+                "upload may hold"
+            )
+        yield line
+
+
+def _hash_lines(lines: Iterable[bytes], secret: bytes, spool: _DigestSpool) -> tuple[int, str]:
+    """Validate a data set in one pass over its lines (:func:`read_examples`, and the checks of
+    :func:`summarize_jsonl`: two examples, two classes) while hashing its examples into
+    ``spool``; (number of examples, format). Memory: the current line and one digest run."""
+    n, fmt, first_label, classes = 0, None, None, 0
+    keyed = hmac.new(secret, digestmod=hashlib.sha256)
+    for ex in read_examples(lines):
+        n, fmt = n + 1, ex.format
+        if ex.label is not None and classes < 2:
+            name = str(ex.label)  # label_names compares labels as strings: 1 and "1" are one
+            if first_label is None:
+                first_label, classes = name, 1
+            elif name != first_label:
+                classes = 2
+        mac = keyed.copy()
+        mac.update(ex.text.encode("utf-8"))
+        spool.add(mac.digest())
+    if fmt is None:
+        raise DataError("the file holds no examples")
+    if n < MIN_EXAMPLES:
+        raise DataError(f"a data set needs at least {MIN_EXAMPLES} examples, this one has {n}")
+    if fmt == "classification" and classes < 2:
+        raise DataError(
+            f"a classification data set needs at least 2 classes, this one has {classes}"
+        )
+    return n, fmt
 
 
 def hash_examples(data: bytes, secret: bytes) -> HashedData:
-    """Validate a fine-tune JSONL file (the worker's own reader,
-    :func:`dprc_core.training.data.summarize_jsonl`) and hash its examples; a bad line is
-    :class:`InvalidInput` (400, ``param: file``) naming it."""
+    """Validate a fine-tune JSONL file held in memory (the worker's own reader,
+    :func:`dprc_core.training.data.read_examples`, with the checks of ``summarize_jsonl``) and
+    hash its examples; a bad line is :class:`InvalidInput` (400, ``param: file``) naming it."""
+    spool = _DigestSpool(None)
     try:
-        summary = summarize_jsonl(io.BytesIO(data))
-        digests = {
-            hmac.new(secret, ex.text.encode("utf-8"), hashlib.sha256).hexdigest()
-            for ex in read_examples(io.BytesIO(data))
-        }
+        n, fmt = _hash_lines(io.BytesIO(data), secret, spool)
     except DataError as exc:
         raise InvalidInput(str(exc), param="file", code="invalid_jsonl") from exc
-    return HashedData(summary.n_examples, summary.format, sorted(digests))
+    return HashedData(n, fmt, spool.finish())
+
+
+@contextmanager
+def hash_file(
+    path: Path, secret: bytes, spill_dir: Path, max_line_bytes: int | None = None
+) -> Iterator[HashedData]:
+    """:func:`hash_examples` of a file on disk, streamed: memory is bounded by one line (at
+    most ``max_line_bytes``; None: no limit) and one run of digests, whatever the file's size;
+    the digests beyond one run go to a folder made in ``spill_dir`` (32 bytes an example),
+    removed when the context ends. A bad line is :class:`InvalidInput` naming it."""
+    spool = _DigestSpool(spill_dir)
+    try:
+        try:
+            with open(path, "rb") as fh:
+                n, fmt = _hash_lines(capped_lines(fh, max_line_bytes), secret, spool)
+        except DataError as exc:
+            raise InvalidInput(str(exc), param="file", code="invalid_jsonl") from exc
+        yield HashedData(n, fmt, spool.finish())
+    finally:
+        spool.close()

@@ -6,11 +6,14 @@ grouping of uploads that share examples :mod:`service.budget_groups`'). Reads re
 
 from __future__ import annotations
 
+import os
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from service import audit, budget
@@ -19,17 +22,17 @@ from service.budget_groups import BudgetWish, place
 from service.clock import now
 from service.db import locked_session
 from service.errors import Conflict, InvalidInput, NotFound, TooLarge
-from service.example_hashes import hash_examples, tenant_secret
-from service.file_storage import RESULT_PURPOSE, clean_filename, storage_dir, write_atomic
+from service.example_hashes import HashedData, hash_file, tenant_secret
+from service.file_storage import RESULT_PURPOSE, clean_filename, storage_dir
 from service.ids import new_id
 from service.job_runs import validation_file_id
 from service.job_status import ACTIVE
 from service.keys import Caller
 from service.pagination import cursor_page
-from service.private_data import remove_run_folders
+from service.private_data import remove_run_folders, remove_token_stores
 from service.roles import Action, authorize
 from service.store import Store
-from service.tables import BudgetGroup, Checkpoint, File, Job, Tenant
+from service.tables import BudgetGroup, Checkpoint, File, Job, Tenant, Upload
 
 UPLOAD_PURPOSES = ("fine-tune",)
 REASON_MAX = 1000
@@ -80,6 +83,15 @@ def _read_object(session: Session, f: File) -> DataSet:
 # -- upload -----------------------------------------------------------------------------------
 
 
+def check_purpose(purpose: str) -> None:
+    if purpose not in UPLOAD_PURPOSES:
+        raise InvalidInput(
+            f"purpose must be one of {UPLOAD_PURPOSES}, got {purpose[:40]!r}",
+            param="purpose",
+            code="invalid_value",
+        )
+
+
 def create_file(
     store: Store,
     caller: Caller,
@@ -88,90 +100,171 @@ def create_file(
     purpose: str,
     wish: BudgetWish,
 ) -> DataSet:
-    """Validate and store an upload; a fine-tune data set goes to its budget group
-    (:func:`service.budget_groups.place`): a new one with the budget it names (or the tenant's
-    default), or the existing group it shares examples with."""
+    """Validate and store a one-shot upload (``POST /v1/files``): :func:`store_data_set` of
+    the data written to a temporary file of the tenant's folder."""
     authorize(caller, Action.UPLOAD)
-    if purpose not in UPLOAD_PURPOSES:
-        raise InvalidInput(
-            f"purpose must be one of {UPLOAD_PURPOSES}, got {purpose[:40]!r}",
-            param="purpose",
-            code="invalid_value",
-        )
-    hashed = hash_examples(data, tenant_secret(store.settings.data_dir, caller.tenant_id))
-    file_id = new_id("file")
-    path = write_atomic(storage_dir(store, caller.tenant_id), f"{file_id}.jsonl", data)
+    check_purpose(purpose)
+    directory = storage_dir(store, caller.tenant_id)
+    fd, name = tempfile.mkstemp(dir=directory, prefix=".upload-")
+    source = Path(name)
     try:
-        with locked_session(store.sessions) as session:
-            # lock order: tenant, then group, then the audit head
-            _check_quota(session, caller, len(data), store.settings.tenant_storage_bytes)
-            placed = place(session, caller.tenant_id, hashed, wish, store.settings)
-            group = placed.group
-            row = File(
-                id=file_id,
-                tenant_id=caller.tenant_id,
-                filename=clean_filename(filename),
-                purpose=purpose,
-                bytes=len(data),
-                created_at=now(),
-                storage_path=str(path),
-                n_examples=hashed.n_examples,
-                data_format=hashed.format,
-                group_id=group.id,
-                unbudgeted=wish.unbudgeted,
-                deleted=False,
-                created_by=caller.key_id,
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        return store_data_set(store, caller, source, filename, purpose, wish)
+    finally:
+        source.unlink(missing_ok=True)  # moved into place, or refused
+
+
+def store_data_set(
+    store: Store,
+    caller: Caller,
+    source: Path,
+    filename: str | None,
+    purpose: str,
+    wish: BudgetWish,
+    *,
+    max_line_bytes: int | None = None,
+    spill_dir: Path | None = None,
+    reserved: bool = False,
+    within: Callable[[Session, File], None] | None = None,
+    audit_detail: dict[str, Any] | None = None,
+) -> DataSet:
+    """Validate a data set on disk (``source``, in the tenant's folder; it is moved into place
+    when accepted) and store it as a file; a fine-tune data set goes to its budget group
+    (:func:`service.budget_groups.place`): a new one with the budget it names (or the tenant's
+    default), or the existing group it shares examples with.
+
+    The file is read line by line (:func:`service.example_hashes.hash_file`: lines of at most
+    ``max_line_bytes``, its digests spilled to ``spill_dir``, default the tenant's folder), so
+    memory does not grow with its size. ``reserved``: its bytes already count towards the
+    tenant's storage (a completing upload, :mod:`service.uploads`), so the quota is not checked
+    again. ``within(session, row)`` runs in the transaction that stores the file, under the
+    tenant's lock, before its audit entries (the last lock taken); ``audit_detail`` is added
+    to the detail of its ``file.upload`` entry."""
+    authorize(caller, Action.UPLOAD)
+    check_purpose(purpose)
+    directory = storage_dir(store, caller.tenant_id)
+    size = source.stat().st_size
+    secret = tenant_secret(store.settings.data_dir, caller.tenant_id)
+    with hash_file(source, secret, spill_dir or directory, max_line_bytes) as hashed:
+        file_id = new_id("file")
+        path = directory / f"{file_id}.jsonl"
+        os.replace(source, path)
+        try:
+            return _insert_data_set(
+                store,
+                caller,
+                path,
+                size,
+                filename,
+                purpose,
+                wish,
+                hashed,
+                reserved,
+                within,
+                audit_detail or {},
             )
-            session.add(row)
-            session.flush()
-            shown = _shown(row, group)  # stored totals: no live read cached here
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+
+
+def _insert_data_set(
+    store: Store,
+    caller: Caller,
+    path: Path,
+    size: int,
+    filename: str | None,
+    purpose: str,
+    wish: BudgetWish,
+    hashed: HashedData,
+    reserved: bool,
+    within: Callable[[Session, File], None] | None,
+    audit_detail: dict[str, Any],
+) -> DataSet:
+    file_id = path.stem
+    with locked_session(store.sessions) as session:
+        # lock order: tenant, then group, then the audit head
+        if reserved:
+            session.get(Tenant, caller.tenant_id, with_for_update=True)
+        else:
+            check_quota(session, caller, size, store.settings.tenant_storage_bytes)
+        placed = place(session, caller.tenant_id, hashed, wish, store.settings)
+        group = placed.group
+        row = File(
+            id=file_id,
+            tenant_id=caller.tenant_id,
+            filename=clean_filename(filename),
+            purpose=purpose,
+            bytes=size,
+            created_at=now(),
+            storage_path=str(path),
+            n_examples=hashed.n_examples,
+            data_format=hashed.format,
+            group_id=group.id,
+            unbudgeted=wish.unbudgeted,
+            deleted=False,
+            created_by=caller.key_id,
+        )
+        session.add(row)
+        session.flush()
+        if within is not None:
+            within(session, row)
+        shown = _shown(row, group)  # stored totals: no live read cached here
+        audit.record(
+            session,
+            caller,
+            Act.FILE_UPLOAD,
+            file_id,
+            {
+                "filename": row.filename,
+                "bytes": row.bytes,
+                "n_examples": row.n_examples,
+                "budget_group": group.id,
+                "joined": placed.joined,
+                **audit_detail,
+            },
+        )
+        if placed.budget_set:
             audit.record(
                 session,
                 caller,
-                Act.FILE_UPLOAD,
-                file_id,
+                Act.BUDGET_SET,
+                group.id,
                 {
-                    "filename": row.filename,
-                    "bytes": row.bytes,
-                    "n_examples": row.n_examples,
-                    "budget_group": group.id,
-                    "joined": placed.joined,
+                    "file_id": file_id,
+                    "epsilon": group.epsilon_budget,
+                    "delta": group.delta,
+                    "default": placed.defaulted,
                 },
             )
-            if placed.budget_set:
-                audit.record(
-                    session,
-                    caller,
-                    Act.BUDGET_SET,
-                    group.id,
-                    {
-                        "file_id": file_id,
-                        "epsilon": group.epsilon_budget,
-                        "delta": group.delta,
-                        "default": placed.defaulted,
-                    },
-                )
-            session.commit()
-            return DataSet(
-                row,
-                shown.group_id,
-                shown.budget,
-                joined=placed.joined,
-                defaulted=placed.defaulted,
-            )
-    except BaseException:
-        path.unlink(missing_ok=True)
-        raise
+        session.commit()
+        return DataSet(
+            row,
+            shown.group_id,
+            shown.budget,
+            joined=placed.joined,
+            defaulted=placed.defaulted,
+        )
 
 
 def storage_used(session: Session, tenant_id: int) -> int:
-    """Bytes held by the tenant's files that are not deleted (uploads and archives)."""
+    """Bytes held by the tenant's files that are not deleted (uploads and archives), and the
+    bytes reserved by its pending uploads of the Uploads API (announced at their creation;
+    an expired one no longer counts, one being completed does)."""
     used = session.scalar(
         select(func.coalesce(func.sum(File.bytes), 0)).where(
             File.tenant_id == tenant_id, File.deleted.is_(False)
         )
     )
-    return int(used or 0)
+    reserved = session.scalar(
+        select(func.coalesce(func.sum(Upload.bytes), 0)).where(
+            Upload.tenant_id == tenant_id,
+            Upload.status == "pending",
+            or_(Upload.expires_at > now(), Upload.completing_at.is_not(None)),
+        )
+    )
+    return int(used or 0) + int(reserved or 0)
 
 
 @dataclass(frozen=True)
@@ -182,14 +275,17 @@ class Storage:
 
 def storage(store: Store, caller: Caller) -> Storage:
     """The caller's tenant's storage: bytes its files hold (uploads and archives, deleted
-    files excluded) and the quota of ``DPRC_TENANT_STORAGE_BYTES``."""
+    files excluded) and its pending uploads reserve, and the quota of
+    ``DPRC_TENANT_STORAGE_BYTES``."""
     authorize(caller, Action.READ)
     with store.sessions() as session:
         used = storage_used(session, caller.tenant_id)
     return Storage(used, store.settings.tenant_storage_bytes)
 
 
-def _check_quota(session: Session, caller: Caller, size: int, quota: int) -> None:
+def check_quota(
+    session: Session, caller: Caller, size: int, quota: int, param: str = "file"
+) -> None:
     """Refuse an upload of ``size`` bytes that would take the tenant beyond ``quota``; under
     the tenant's lock (its row FOR UPDATE on PostgreSQL; the write lock on SQLite), so
     concurrent uploads are counted one after the other."""
@@ -197,10 +293,11 @@ def _check_quota(session: Session, caller: Caller, size: int, quota: int) -> Non
     used = storage_used(session, caller.tenant_id)
     if used + size > quota:
         raise TooLarge(
-            f"storage quota exceeded: this tenant's files hold {used} bytes, this upload of "
-            f"{size} bytes would bring them beyond the quota of {quota} bytes; delete files "
-            "(GET /v1/files, DELETE /v1/files/{id}) to make room",
-            param="file",
+            f"storage quota exceeded: this tenant's files and pending uploads hold {used} "
+            f"bytes, this upload of {size} bytes would bring them beyond the quota of {quota} "
+            "bytes; delete files (GET /v1/files, DELETE /v1/files/{id}) or cancel uploads "
+            "(POST /v1/uploads/{id}/cancel) to make room",
+            param=param,
             code="storage_quota_exceeded",
         )
 
@@ -315,6 +412,7 @@ def delete(store: Store, caller: Caller, file_id: str) -> str:
         jobs = list(session.scalars(select(Job.id).where(Job.training_file_id == row.id)))
         audit.record(session, caller, Act.FILE_DELETE, row.id, {"budget_group": row.group_id})
         session.commit()
+    remove_token_stores(store.settings.data_dir, caller.tenant_id, path)  # before its content
     path.unlink(missing_ok=True)
     remove_run_folders(store.settings.data_dir, jobs)  # what was derived from it
     return file_id

@@ -31,7 +31,34 @@ class Settings(BaseSettings):
         description="SQLAlchemy URL (postgresql+psycopg://...); default SQLite under data_dir",
     )
     broker_url: str | None = Field(default=None, description="redis://host:port (healthz)")
-    max_upload_bytes: int = 50 * 1024 * 1024
+    max_upload_bytes: int = Field(
+        default=50 * 1024 * 1024,
+        description="the largest one-shot upload (POST /v1/files, read in memory); larger data "
+        "sets go through the Uploads API (POST /v1/uploads, in parts)",
+    )
+    max_upload_total_bytes: int = Field(
+        default=8 * 1024**3,
+        ge=1,
+        description="the most bytes an upload of the Uploads API (POST /v1/uploads) may "
+        "announce; its parts stream to disk",
+    )
+    max_upload_part_bytes: int = Field(
+        default=64 * 1024**2,
+        ge=1,
+        description="the largest part of an upload (POST /v1/uploads/{id}/parts)",
+    )
+    upload_expiry_seconds: int = Field(
+        default=3600,
+        ge=1,
+        description="an upload not completed this long after its creation expires: its parts "
+        "are deleted and its reserved bytes no longer count towards the storage quota",
+    )
+    upload_max_line_bytes: int = Field(
+        default=8 * 1024**2,
+        ge=1,
+        description="the longest line of a data set completed through the Uploads API (its "
+        "validation holds one line at a time); a longer one is 400 invalid_jsonl",
+    )
     max_request_bytes: int = Field(
         default=1024 * 1024,
         description="largest body of any request but a file upload (JSON bodies), read before "

@@ -192,6 +192,9 @@ class Upload(Base):
     # set while a completion assembles and validates the parts (no part, cancel or other
     # completion meanwhile); back to None when it fails
     completing_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # the parts in their order, as the last completion named them (a retry of that completion
+    # waits for it, or answers its result)
+    part_ids: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     # the budget asked for at creation (the upload's extra fields), applied at completion
     epsilon_budget: Mapped[float | None] = mapped_column(Float, nullable=True)
     delta: Mapped[float | None] = mapped_column(Float, nullable=True)

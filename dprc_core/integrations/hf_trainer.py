@@ -67,6 +67,7 @@ from dprc_core.integrations.privacy_arguments import PrivacyArguments
 from dprc_core.losses import causal_lm_per_sample_loss, sequence_classification_per_sample_loss
 from dprc_core.noise import NuDPFTRL
 from dprc_core.seeding import derive_seed, fresh_seed
+from dprc_core.training.learnability import is_adaptive, warn_if_unlearnable
 from dprc_core.training.plan import PrivacyPlan, plan_privacy
 from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
 
@@ -517,6 +518,16 @@ class DPTrainer(Trainer):
         self.dp_seed = privacy_args.dp_seed if privacy_args.dp_seed is not None else fresh_seed()
         self._eps: dict[int, float] = {}
         self.plan, self.clipping = self._plan()
+        # a plan whose steps cannot carry the signal through the noise, or too few steps: one
+        # LearnabilityWarning that names the numbers (dprc_core.training.learnability)
+        lr, adaptive = self._learning_rate_and_kind()
+        warn_if_unlearnable(
+            self.plan,
+            lr,
+            adaptive=adaptive,
+            batch_setting="per_device_train_batch_size · gradient_accumulation_steps",
+            stacklevel=2,
+        )
         self.epoch_clock = _EpochClock(self.plan)
         # the logged epoch never exceeds the epochs asked for (⌈E·N/B⌉ may round past E·N/B)
         self._epoch_cap = self.args.num_train_epochs if self.args.max_steps <= 0 else None
@@ -555,6 +566,16 @@ class DPTrainer(Trainer):
         "no args: the default TrainingArguments clip globally (max_grad_norm=1.0); pass "
         "args=TrainingArguments(output_dir=..., max_grad_norm=0)"
     )
+
+    def _learning_rate_and_kind(self) -> tuple[float | None, bool]:
+        """The peak learning rate and whether the optimizer is adaptive (Adam-like): from an
+        optimizer passed in ``optimizers=``, else from ``TrainingArguments``."""
+        given = getattr(self, "optimizer", None)
+        if isinstance(given, torch.optim.Optimizer):
+            lrs = [g.get("lr") for g in given.param_groups]
+            lr = max((float(x) for x in lrs if isinstance(x, (int, float))), default=None)
+            return lr, is_adaptive(type(given).__name__)
+        return float(self.args.learning_rate), is_adaptive(str(self.args.optim))
 
     @property
     def dp_model(self) -> torch.nn.Module:

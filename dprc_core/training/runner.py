@@ -57,6 +57,7 @@ from dprc_core.sketches import SHARED_SKETCH, check_sketch_mode
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training import token_store
 from dprc_core.training.data import TASKS, Batches
+from dprc_core.training.learnability import warn_if_unlearnable
 from dprc_core.training.models import (
     LoraSpec,
     check_max_seq_len,
@@ -386,6 +387,10 @@ def start_run(
     spec = _spec_as_checkpointed(spec, resumed)
     plan, clipping = _plan(spec, model, len(data.train))
     _check_same_plan(plan, resumed, latest)
+    if ranks.is_main and resumed is None:  # a plan unlikely to learn (learnability.py): say so
+        warn_if_unlearnable(
+            plan, spec.learning_rate, adaptive=spec.optimizer == "adam", batch_setting="batch_size"
+        )
     seed, root = _shared_randomness(spec, ranks)
     engine, opt = _build_engine(spec, model, plan, seed, root)
     assert engine.accounting_envelope == clipping

@@ -1,0 +1,1 @@
+"""Files uploaded in parts (the OpenAI Uploads API)."""

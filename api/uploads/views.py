@@ -1,0 +1,35 @@
+"""The uploads domain's objects (:mod:`service.uploads`) as the API's schemas."""
+
+from __future__ import annotations
+
+from typing import Literal, cast
+
+from api.files.views import file_object
+from api.uploads.schemas import UploadObject, UploadPartObject
+from service.uploads import Part, UploadState
+
+Status = Literal["pending", "completed", "cancelled", "expired"]
+
+
+def upload_object(state: UploadState) -> UploadObject:
+    u = state.row
+    return UploadObject(
+        id=u.id,
+        bytes=u.bytes,
+        created_at=u.created_at,
+        expires_at=u.expires_at,
+        filename=u.filename,
+        purpose=u.purpose,
+        status=cast(Status, u.status),
+        file=file_object(state.file) if state.file is not None else None,
+        mime_type=u.mime_type,
+        epsilon_budget=u.epsilon_budget,
+        delta=u.delta,
+        unbudgeted=u.unbudgeted,
+    )
+
+
+def part_object(part: Part) -> UploadPartObject:
+    return UploadPartObject(
+        id=part.id, created_at=part.created_at, upload_id=part.upload_id, bytes=part.bytes
+    )
