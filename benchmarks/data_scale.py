@@ -112,13 +112,13 @@ def one_job(path: str, store: str, out: str) -> dict:
     marks: dict[str, float] = {}
     start = time.perf_counter()
 
-    def on_data(message: str) -> None:
+    def on_event(message: str) -> None:
         if message.startswith("Tokenized") and "of" in message:
             marks["built"] = time.perf_counter() - start
         if message.startswith("Reusing"):
             marks["opened"] = time.perf_counter() - start
 
-    result = run_job(spec, on_data=on_data, resume=False)
+    result = run_job(spec, on_event=on_event, resume=False)
     total = time.perf_counter() - start
     return {
         "steps": result.steps,

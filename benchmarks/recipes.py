@@ -13,11 +13,15 @@ default δ = 1/N^1.1 rounded down, seed 0, and reports held-out quality, ε spen
   review texts (no labels), 64 characters: held-out loss per token before training, after DP
   training, and after the same training without DP.
 
-Writes docs/benchmarks/recipes.md (command, cores, date, the tables). CPU:
+Writes every row's figures, date and command to docs/benchmarks/recipes.json (a row not run
+keeps its last figures) and the tables to docs/benchmarks/recipes.md. CPU; the wall times
+measured on 2 cores shared with other work:
 
-    python benchmarks/recipes.py            # every row, ~20 min on 2 cores
-    python benchmarks/recipes.py --quick    # probe, defaults, LoRA and the causal LM
+    python benchmarks/recipes.py            # every row: about 80 min (batch 8 and full
+                                            # fine-tuning dominate)
+    python benchmarks/recipes.py --quick    # the probe rows and the causal LM: about 10 min
     python benchmarks/recipes.py --only full-ft,lora --no-write
+    python benchmarks/recipes.py --report   # rewrite recipes.md from recipes.json
 """
 
 from __future__ import annotations
@@ -104,6 +108,11 @@ CLASSIFICATION = [
         {**LORA, **DEFAULTS, "learning_rate": LORA["learning_rate"]},
     ),
     Recipe("full-ft", "full fine-tuning (all parameters)", FULL),
+    Recipe(
+        "full-ft-7-steps",
+        "full fine-tuning, one epoch at batch 128",
+        {**FULL, "batch_size": 128, "epochs": 1},
+    ),
     Recipe("full-ft-nodp", "full fine-tuning, the full-ft recipe", FULL, private=False),
     Recipe(
         "full-ft-defaults-nodp",
@@ -323,7 +332,7 @@ def _fields(recipe: Recipe) -> str:
     parts = [
         f"lr {f['learning_rate']:g}",
         f"batch {f['batch_size']}",
-        f"{f['epochs']} epochs",
+        f"{f['epochs']} epoch{'s' if f['epochs'] != 1 else ''}",
     ]
     if recipe.private:
         parts.append(
@@ -339,27 +348,33 @@ def report(results: dict[str, Any]) -> str:
 
     classification = results.get("classification", {})
     lm = results.get("lm")
+    rows = [*classification.values(), *([lm] if lm else [])]
     runs = sorted(
-        {(r["measured"]["date"], r["measured"]["command"]) for r in classification.values()}
-        | ({(lm["measured"]["date"], lm["measured"]["command"])} if lm else set())
+        {
+            (r["measured"]["date"], r["measured"]["command"], r["measured"].get("note", ""))
+            for r in rows
+        }
     )
     machine = next(iter(classification.values()), lm or {}).get("measured", {}).get("machine", "")
     lines = [
         "# Recipes, measured",
         "",
-        "Produced by `benchmarks/recipes.py` ("
-        + "; ".join(f"`{c}` on {d}" for d, c in runs)
-        + f"), CPU: {machine}. Each row's raw figures, date and command are in "
-        "[recipes.json](recipes.json); `--only ROW` re-measures a row. Every DP row runs "
-        "`run_job` (what `dprc train job.yaml` runs) at target ε = 8, δ = 1/N^1.1 rounded "
-        "down, seed 0; Adam with a constant learning rate, C = 1. `σ/B` is the noise standard "
-        "deviation per coordinate of each averaged update in units of C; the reach lr·T·B/σ "
-        "bounds how far Adam's steps can follow the clipped gradient through that noise over "
-        "the T steps; DPTrainer and `dprc train` warn (`warns`) when it is below 1 or T < 10 "
-        "(`dprc_core.training.learnability`). The non-private rows are a plain PyTorch loop "
-        "(shuffled batches, the same model, optimizer, learning rate, batch and epochs; no "
-        "clipping, no noise). Wall time is the training alone, on 2 cores shared with other "
-        "work: compare it within a table, not with other machines.",
+        f"Produced by `benchmarks/recipes.py` on a CPU ({machine}); each row's raw figures, "
+        "date and command are in [recipes.json](recipes.json), and `--only ROW` re-measures "
+        "a row (`--report` rewrites this page from the file). The rows come from:",
+        "",
+        *(f"- `{c}` ({d})" + (f": {n}" if n else "") for d, c, n in runs),
+        "",
+        "Every DP row runs `run_job` (what `dprc train job.yaml` runs) at target ε = 8, "
+        "δ = 1/N^1.1 rounded down, seed 0; Adam with a constant learning rate, C = 1. `σ/B` is "
+        "the noise standard deviation per coordinate of each averaged update in units of C; "
+        "the reach lr·T·B/σ bounds how far Adam's steps can follow the clipped gradient "
+        "through that noise over the T steps; DPTrainer and `dprc train` warn (`warns`) when "
+        "it is below 1 or T < 10 (`dprc_core.training.learnability`, docs/training.md, "
+        '"Recipes"). The non-private rows are a plain PyTorch loop (shuffled batches, the same '
+        "model, optimizer, learning rate, batch and epochs; no clipping, no noise). Wall time "
+        "is the training alone, on 2 cores shared with other work: compare it within a table, "
+        "not with other machines.",
     ]
     if classification:
         n_test = len((DATA / "reviews_test.jsonl").read_text().splitlines())

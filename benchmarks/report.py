@@ -37,6 +37,7 @@ SECTIONS = [
     ("repeated_jobs", "benchmarks/repeated_jobs.py"),
     ("secure_noise", "benchmarks/secure_noise.py"),
     ("three_ways", "benchmarks/three_ways.py"),
+    ("recipes", "benchmarks/recipes.py"),
     ("distributed", "benchmarks/distributed.py"),
     ("client_startup", "benchmarks/client_startup.py"),
     ("distributed_cuda", "benchmarks/distributed.py --device cuda"),

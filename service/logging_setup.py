@@ -76,7 +76,8 @@ class JsonFormatter(logging.Formatter):
 
 def configure_logging(level: str, fmt: str = "text") -> None:
     """Set the root logger to ``level`` (a name such as ``info``) with one stderr handler
-    writing ``fmt`` (text | json). Calling it again changes the level and the format."""
+    writing ``fmt`` (text | json), Python warnings included. Calling it again changes the level
+    and the format."""
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r}")
@@ -91,3 +92,6 @@ def configure_logging(level: str, fmt: str = "text") -> None:
         root.addHandler(handler)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(FORMAT))
     root.setLevel(numeric)
+    # Python warnings (a LearnabilityWarning, a library's deprecation) are log records of the
+    # ``py.warnings`` logger, in the same format, instead of raw lines on stderr
+    logging.captureWarnings(True)

@@ -16,14 +16,16 @@
   line with bounded memory and stored as an ordinary file, exactly as a one-shot upload is
   (:func:`service.files.store_data_set`: budget group, audit entry ``file.upload``). A refusal
   (a bad line, an MD5 mismatch, a budget conflict) leaves the upload pending with its parts: it
-  may be completed again (in another order) or cancelled;
+  may be completed again (in another order) or cancelled. The same completion repeated (same
+  parts, same order: an HTTP client's retry after a timeout) waits for the one under way and
+  answers its file; another one meanwhile is 409 ``upload_completing``;
 * **cancel** deletes the parts; an upload not completed ``DPRC_UPLOAD_EXPIRY_SECONDS`` after its
   creation **expires**: it no longer counts towards the quota, and its parts are deleted by
   :func:`sweep_expired` (run by the API every minute, at each new upload, and by any act on
   the upload itself).
 
-Disk: while an upload completes, its parts and the assembled file are both on disk (twice its
-bytes, once after the completion), in the tenant's folder.
+Disk: while an upload completes, its parts, the assembled file and its hashes are on disk (over
+twice its bytes; once, after the completion), in the tenant's folder.
 """
 
 from __future__ import annotations

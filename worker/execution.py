@@ -298,14 +298,14 @@ def _run_attempt(
     should_stop = _stop_check(store, job_id, beat, stop)
     result: Any
 
-    def on_data(message: str) -> None:
+    def on_event(message: str) -> None:
         runs.record_event(store, job_id, message)
 
     if req.devices > 1:
-        prepare_data_stores(spec, on_data)  # once, before the ranks open it
+        prepare_data_stores(spec, on_event)  # once, before the ranks open it
         result = run_on_ranks(spec, req.devices, on_progress, should_stop)
     else:
-        result = run_job(spec, on_progress=on_progress, should_stop=should_stop, on_data=on_data)
+        result = run_job(spec, on_progress=on_progress, should_stop=should_stop, on_event=on_event)
     if result.steps != req.steps_total:
         raise JobFailure(
             "plan_mismatch",

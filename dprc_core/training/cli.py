@@ -124,6 +124,7 @@ def _train_here(args: argparse.Namespace, spec: Any) -> int:
     from tqdm import tqdm
 
     from dprc_core.distributed import current_ranks
+    from dprc_core.training.learnability import LearnabilityWarning
     from dprc_core.training.runner import run_job
 
     main = current_ranks().is_main
@@ -141,11 +142,13 @@ def _train_here(args: argparse.Namespace, spec: Any) -> int:
         bar.set_postfix(post)
         bar.update(1)
 
-    def data_progress(message: str) -> None:
-        if main and not args.quiet:
+    def event(message: str) -> None:  # the data's progress; a warning even when quiet
+        if main and (not args.quiet or message.startswith("Warning: ")):
             print(message, file=sys.stderr, flush=True)
 
-    result = run_job(spec, on_progress=progress, resume=not args.no_resume, on_data=data_progress)
+    with warnings.catch_warnings():  # printed once, as the run's event
+        warnings.simplefilter("ignore", LearnabilityWarning)
+        result = run_job(spec, on_progress=progress, resume=not args.no_resume, on_event=event)
     if bar is not None:
         bar.close()
     if not main:

@@ -353,16 +353,17 @@ def run_job(
     on_progress: Callable[[Progress], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     resume: bool = True,
-    on_data: Callable[[str], None] | None = None,
+    on_event: Callable[[str], None] | None = None,
 ) -> JobResult:
     """Run (or resume) a job; returns when it finishes or ``should_stop()`` turns true.
 
     Phases: start the run (data, model, plan, engine and sampler, restored from the last
     checkpoint when resuming: :func:`start_run`); train the remaining steps; finish (the final
-    checkpoint and the result). ``on_data`` receives the data's progress lines (tokenizing
-    into the store, or reusing it)."""
+    checkpoint and the result). ``on_event`` receives the lines for the job's event list: the
+    data's progress (tokenizing into the store, or reusing it) and, on a fresh run, the
+    :class:`~dprc_core.training.learnability.LearnabilityWarning` (also emitted as a warning)."""
     started = time.perf_counter()
-    run = start_run(spec, resume, on_data)
+    run = start_run(spec, resume, on_event)
     recording = _results_recording(run, on_progress)
     try:
         status = run.train(recording, should_stop)
@@ -372,7 +373,7 @@ def run_job(
 
 
 def start_run(
-    spec: JobSpec, resume: bool = True, on_data: Callable[[str], None] | None = None
+    spec: JobSpec, resume: bool = True, on_event: Callable[[str], None] | None = None
 ) -> TrainingRun:
     """The job's run, ready for its next step: data, model and plan; the engine, optimizer and
     sampler, with their state as the last checkpoint of ``output_dir`` holds it when resuming."""
@@ -380,7 +381,7 @@ def start_run(
     out = Path(spec.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     device = _rank_device(_device(spec.device), ranks)
-    data = load_job_data(spec, on_data)
+    data = load_job_data(spec, on_event)
     latest = ckpt_io.latest_checkpoint(out) if resume else None
     resumed = ckpt_io.read_resume(latest) if latest is not None else None
     model = _load_model(spec, data.classes, latest, data.train, device)
@@ -388,9 +389,11 @@ def start_run(
     plan, clipping = _plan(spec, model, len(data.train))
     _check_same_plan(plan, resumed, latest)
     if ranks.is_main and resumed is None:  # a plan unlikely to learn (learnability.py): say so
-        warn_if_unlearnable(
+        verdict = warn_if_unlearnable(
             plan, spec.learning_rate, adaptive=spec.optimizer == "adam", batch_setting="batch_size"
         )
+        if verdict is not None and not verdict.ok and on_event is not None:
+            on_event("Warning: " + verdict.message("batch_size"))
     seed, root = _shared_randomness(spec, ranks)
     engine, opt = _build_engine(spec, model, plan, seed, root)
     assert engine.accounting_envelope == clipping

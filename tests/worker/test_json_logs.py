@@ -1,8 +1,9 @@
 """``DPRC_LOG_FORMAT=json`` (issue 30, part 4) on a real ``dprc serve`` subprocess with its
 embedded worker: every line of the whole run's log is one JSON object with time, level,
-logger and message; a request's lines carry its ``X-Request-ID`` (echoed on the response) and,
-once authenticated, its tenant and key id; the worker's lines carry the job id; and nothing in
-the log is a key, a session cookie, a seed or a line of the training data."""
+logger and message, Python warnings included; a request's lines carry its ``X-Request-ID``
+(echoed on the response) and, once authenticated, its tenant and key id; the worker's lines
+carry the job id; and nothing in the log is a key, a session cookie, a seed or a line of the
+training data."""
 
 from __future__ import annotations
 
@@ -62,6 +63,9 @@ def test_a_whole_run_logs_json_lines_with_context_and_no_secrets(tmp_path):
                 time.sleep(0.5)
                 job = http.get(f"/v1/fine_tuning/jobs/{job['id']}").json()
             assert job["status"] == "succeeded", job
+            events = http.get(f"/v1/fine_tuning/jobs/{job['id']}/events").json()["data"]
+            # 3 steps: the plan is flagged, on the job's events as in the log
+            assert any("unlikely to learn" in e["message"] for e in events)
             ckpt = http.get(f"/v1/fine_tuning/jobs/{job['id']}/checkpoints").json()["data"][0]
             assert http.get(f"/v1/files/{ckpt['file_id']}/content").status_code == 200
             assert http.get("/v1/files/file-nope").status_code == 404
@@ -82,6 +86,8 @@ def test_a_whole_run_logs_json_lines_with_context_and_no_secrets(tmp_path):
     assert upload and any("/v1/files" in x["message"] for x in upload)  # the access line
     assert any(x.get("tenant") == "acme-logs" and x.get("key_id") for x in upload)
     assert any(x.get("job_id") == job["id"] for x in lines)  # the worker's lines
+    # a Python warning is a JSON line too (logging.captureWarnings), not a raw stderr line
+    assert any(x["logger"] == "py.warnings" and "unlikely to learn" in x["message"] for x in lines)
     # nothing secret: the key, the session cookie, the job's seed, a line of the data
     assert key not in text and cookie not in text
     assert str(job["seed"]) not in text
