@@ -208,6 +208,11 @@ def create_job(
         secure=store.settings.secure_rng,
     )
     new = _NewJob(req, plan, privacy_event, idem, mechanisms)
+    # Before the file's turn: this job's leaf of the file's history (tenths of a second for
+    # randomized clipping's hidden scale) is composed and cached here, concurrently with the
+    # other creates; in the turn, its snapshot recomposes only what changed since (the blocks
+    # that the jobs committed meanwhile touch).
+    _budget_snapshot(store, group_id, privacy_event)
     with _group_turn(group_id):
         known = _budget_snapshot(store, group_id, privacy_event)
         deadline = time.monotonic() + OPTIMISTIC_SECONDS

@@ -18,8 +18,10 @@ Pipeline for a list of events and a target δ (docs/accounting.md has the soundn
    loss drives ε, the connect-the-dots error of the composition scales as √n·h²/std², so this
    keeps it at a fixed small level (a few 0.01%); when a long loss tail drives it (tiny q), a
    grid of 2^17 points over the step's loss range is ample.
-5. Each event's PLD on that grid, ``self_compose`` over its compositions, and ``compose``
-   across events with ``dp_accounting``; ε from the composed PMFs.
+5. Each event's PLD on that grid, composed with itself over its compositions
+   (:mod:`pld_self_compose`: dp_accounting's self-composition, its truncation bounds
+   vectorised), and ``compose`` across events with ``dp_accounting``; ε from the composed
+   PMFs.
 
 When every event is exactly a Gaussian mechanism (ν-DP-FTRL runs), the composition is the
 Gaussian mechanism with μ = sqrt(Σ μ_i²) and ε is analytic. The accountant supports the event
@@ -47,6 +49,7 @@ from dprc_core.accounting.events import (
 from dprc_core.accounting.nu_dpftrl_builder import gaussian_pld
 from dprc_core.accounting.pld_builders import PreparedEvent, builder_for
 from dprc_core.accounting.pld_epsilon import epsilon_from_pld
+from dprc_core.accounting.pld_self_compose import self_compose
 from dprc_core.accounting.settings import DEFAULT_SETTINGS, AccountingSettings
 from dprc_core.accounting.subsampled_gaussian_builder import (
     SCALE_CAP_SIGMAS,
@@ -183,11 +186,11 @@ def compose_events(
     result: PrivacyLossDistribution | None = None
     for p in prepared:
         pld = p.pld(h, tail)
-        # dp_accounting's Chernoff bounds take logsumexp over PMFs with many exact zeros, which
-        # raises harmless overflow warnings inside scipy; the results are unaffected.
+        # the Chernoff bounds' exponents over PMFs with many exact zeros may overflow
+        # harmlessly; the results are unaffected
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
             if p.compositions > 1:
-                pld = pld.self_compose(p.compositions, tail_mass_truncation=truncation)
+                pld = self_compose(pld, p.compositions, truncation)
             if result is not None:
                 pld = result.compose(pld, tail_mass_truncation=truncation)
         result = pld

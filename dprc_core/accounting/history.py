@@ -55,6 +55,7 @@ from dprc_core.accounting.accountant import (
 from dprc_core.accounting.events import PrivacyEvent, check_delta
 from dprc_core.accounting.pld_builders import PreparedEvent
 from dprc_core.accounting.pld_epsilon import epsilon_from_pld
+from dprc_core.accounting.pld_self_compose import self_compose
 
 # Bytes of composed PMFs kept across calls (leaves and blocks of every history asked for).
 CACHE_BYTES = 512 << 20
@@ -155,7 +156,7 @@ def _leaf(event: PrivacyEvent | None, grid: HistoryGrid) -> PrivacyLossDistribut
     pld = p.pld(grid.h, grid.tail)
     if p.compositions > 1:
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-            pld = pld.self_compose(p.compositions, tail_mass_truncation=grid.truncation)
+            pld = self_compose(pld, p.compositions, grid.truncation)
     return pld
 
 

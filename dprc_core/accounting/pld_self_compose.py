@@ -1,0 +1,124 @@
+"""A PLD composed with itself T times: dp_accounting's computation, with its truncation bounds
+computed in one vectorised pass.
+
+``PrivacyLossDistribution.self_compose`` (dp_accounting) raises the PMF's FFT to the T-th power
+on the loss range ``[lo, hi]`` outside which the T-fold sum keeps at most the truncated mass,
+and adds that mass to +∞ (pessimistic). It sizes the range with the Chernoff bound over 40
+orders λ (``λ·n ∈ {−20, …, −1, 1, …, 20}``, n the PMF's length), each by its own
+``scipy.special.logsumexp`` call: about a quarter of a millisecond each, mostly call overhead,
+which made these bounds about half of a budget check's accountant time (docs/benchmarks/
+budget.md). Here the same 40 log-moment-generating functions are computed together with numpy
+(the log-sum-exp's shift is the largest exponent on the PMF's support, as scipy's), and the
+rest — the FFT, the infinity mass — is dp_accounting's computation unchanged.
+
+Soundness: the range is the same Chernoff bound,
+``P(S ≥ x) ≤ exp(T·log M(λ) − λ·x)`` for λ > 0 (and the mirror for λ < 0), each side at most
+half the truncated mass; the log-MGFs are rounded up by a relative 1e-12 before use, so a
+rounding difference with scipy's summation order can only widen the range (more mass kept,
+never less). The truncated mass is added to +∞ whether or not any was truncated, exactly as
+dp_accounting does. ``tests/dprc_core/accounting/test_pld_self_compose.py`` compares the result
+with dp_accounting's on random and real PMFs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from dp_accounting.pld import pld_pmf
+from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+from scipy import fft
+
+_ORDERS_TIMES_N = np.concatenate((np.arange(-20, 0), np.arange(1, 21))).astype(np.float64)
+_ROUND_UP = 1e-12  # relative widening of each log-MGF against summation-order round-off
+_CHUNK_CELLS = 1 << 22  # orders × PMF cells evaluated at once (32 MiB of doubles)
+
+
+def _log_mgfs(probs: np.ndarray, orders: np.ndarray) -> np.ndarray:
+    """log Σ_i p_i e^{λ i} for each λ in ``orders`` (−inf for a PMF without mass)."""
+    support = np.nonzero(probs > 0)[0]
+    out = np.full(orders.shape, -np.inf)
+    if support.size == 0:
+        return out
+    idx = support.astype(np.float64)
+    log_p = np.log(probs[support])
+    per_chunk = max(1, _CHUNK_CELLS // support.size)
+    for start in range(0, orders.size, per_chunk):
+        lam = orders[start : start + per_chunk]
+        expo = np.multiply.outer(lam, idx)
+        expo += log_p
+        top = expo.max(axis=1)
+        expo -= top[:, None]
+        np.exp(expo, out=expo)
+        out[start : start + per_chunk] = top + np.log(expo.sum(axis=1))
+    return out
+
+
+def self_convolve_bounds(probs: np.ndarray, times: int, truncation: float) -> tuple[int, int]:
+    """[lo, hi] (offsets in cells) outside which the ``times``-fold self-convolution of
+    ``probs`` has at most ``truncation`` mass: dp_accounting's Chernoff bound
+    (``common.compute_self_convolve_bounds``), vectorised."""
+    upper = (len(probs) - 1) * times
+    lower = 0
+    if truncation == 0:
+        return lower, upper
+    orders = _ORDERS_TIMES_N / len(probs)
+    log_mgfs = _log_mgfs(np.asarray(probs, dtype=np.float64), orders)
+    log_mgfs = log_mgfs + _ROUND_UP * np.abs(log_mgfs)
+    with np.errstate(over="ignore", invalid="ignore"):
+        bounds = (times * log_mgfs + math.log(2 / truncation)) / orders
+    for order, bound in zip(orders, bounds, strict=True):
+        if not math.isfinite(bound):
+            continue
+        if order > 0:
+            upper = min(upper, math.ceil(bound))
+        else:
+            lower = max(lower, math.floor(bound))
+    return lower, upper
+
+
+def _self_compose_dense(
+    pmf: pld_pmf.DensePLDPmf, times: int, truncation: float
+) -> pld_pmf.DensePLDPmf:
+    # pylint: disable=protected-access
+    probs = pmf._probs
+    lo, hi = self_convolve_bounds(probs, times, truncation)
+    length = hi - lo + 1
+    fast = fft.next_fast_len(max(length, len(probs)))
+    wrapped = np.real(fft.ifft(fft.fft(probs, fast) ** times))
+    out = np.array(np.roll(wrapped, -lo)[:length])
+    inf_mass = truncation - math.expm1(times * math.log1p(-pmf._infinity_mass))
+    return pld_pmf.DensePLDPmf(
+        pmf._discretization,
+        pmf._lower_loss * times + lo,
+        out,
+        inf_mass,
+        pmf._pessimistic_estimate,
+    )
+
+
+def _self_compose_pmf(pmf: pld_pmf.PLDPmf, times: int, truncation: float) -> pld_pmf.PLDPmf:
+    if isinstance(pmf, pld_pmf.DensePLDPmf):
+        return _self_compose_dense(pmf, times, truncation)
+    if isinstance(pmf, pld_pmf.SparsePLDPmf) and times > 1:
+        if pmf.size**times <= pld_pmf._MAX_PMF_SPARSE_SIZE:  # pylint: disable=protected-access
+            return pmf.self_compose(times, truncation)  # stays sparse: dp_accounting's own
+        return _self_compose_dense(pmf.to_dense_pmf(), times, truncation)
+    return pmf.self_compose(times, truncation)
+
+
+def self_compose(
+    pld: PrivacyLossDistribution, times: int, truncation: float
+) -> PrivacyLossDistribution:
+    """``pld.self_compose(times, tail_mass_truncation=truncation)``, the same result with the
+    truncation bounds computed in one pass (see the module docstring)."""
+    if times < 1:
+        raise ValueError(f"times should be >= 1, got {times}")
+    # pylint: disable=protected-access
+    remove = _self_compose_pmf(pld._pmf_remove, times, truncation)
+    if pld._symmetric:
+        return PrivacyLossDistribution(remove)
+    return PrivacyLossDistribution(remove, _self_compose_pmf(pld._pmf_add, times, truncation))
+
+
+__all__ = ["self_compose", "self_convolve_bounds"]
