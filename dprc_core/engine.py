@@ -56,6 +56,7 @@ from dprc_core.noise import (
 )
 from dprc_core.noise.mechanisms import check_noise_multiplier
 from dprc_core.norm_methods import envelope_for, get_norm_method
+from dprc_core.privacy_units import UnitGroups, group_rows
 from dprc_core.seeding import derive_seed, fresh_seed
 from dprc_core.sketches import PER_EXAMPLE_SKETCH, SHARED_SKETCH, per_example_source
 
@@ -164,6 +165,7 @@ class PrivacyEngine:
     _clipped: int
     _dropped: int
     _methods: dict[str, str]
+    _unit: str | None  # "example" | "user": the logical batch's privacy unit, once known
 
     def __init__(
         self,
@@ -443,7 +445,9 @@ class PrivacyEngine:
                 bytes(torch.as_tensor(key, dtype=torch.uint8).tolist())
             )
 
-    def accumulate(self, loss_fn: LossFn, batch: Any, example_ids: Any = None) -> None:
+    def accumulate(
+        self, loss_fn: LossFn, batch: Any, example_ids: Any = None, user_ids: Any = None
+    ) -> None:
         """Add one micro-batch's clipped per-sample gradients to the logical batch.
 
         ``example_ids`` (per-example sketches): each sample's index in the data set, distinct
@@ -451,28 +455,52 @@ class PrivacyEngine:
         the same norms however it is split into micro-batches or ranks. Without ids a sample
         is keyed by its position in the logical batch on this rank.
 
+        ``user_ids`` (user-level DP, docs/privacy_unit.md): the user each row belongs to. The
+        privacy unit is then the user: each user's gradient — the sum over its rows in this
+        micro-batch — is clipped to ``max_grad_norm`` as one sample (exact or sketched norms;
+        per-example sketches are keyed by the user id), and a user's rows must all be in one
+        micro-batch of the logical batch (a user met again is refused: it would be clipped
+        twice). ``expected_batch_size`` is then the expected number of users per step.
+
         Stages: open the logical batch; check sample independence (once); the norm pass;
         drop non-finite samples; the clipped sum; the batch's statistics."""
         self._open_batch()
         size = batch_size(batch)
         if size == 0:
             return  # an empty (Poisson) micro-batch contributes nothing
-        self._accumulate(loss_fn, batch, size, self._example_ids(example_ids, size))
+        if user_ids is None:
+            self._check_unit("example")
+            self._accumulate(loss_fn, batch, size, self._example_ids(example_ids, size))
+            return
+        if example_ids is not None:
+            raise ValueError(
+                "pass user_ids or example_ids, not both: under user-level DP a user's "
+                "projections are keyed by the user"
+            )
+        self._check_unit("user")
+        groups = self._user_groups(user_ids, size)
+        keys = list(groups.keys) if self.sketch == PER_EXAMPLE_SKETCH else None
+        self._accumulate(loss_fn, batch, size, keys, groups)
 
     def _accumulate(
-        self, loss_fn: LossFn, batch: Any, size: int | None, ids: list[int] | None
+        self,
+        loss_fn: LossFn,
+        batch: Any,
+        size: int | None,
+        ids: list[int] | None,
+        groups: UnitGroups | None = None,
     ) -> None:
         self._check_independence_once(loss_fn, batch, size)
-        losses, result = self._norm_pass(loss_fn, batch, ids)
+        losses, result = self._norm_pass(loss_fn, batch, ids, groups)
         norms = result.sq_norms.clamp(min=0).sqrt()
-        keep = self._kept_samples(norms, result)
+        keep = self._kept_samples(norms, result, groups)
         if self.clipped_sum == "two_pass" and not bool(keep.all()):
             del losses
-            self._rerun_kept(loss_fn, batch, size, norms, keep, ids)
+            self._rerun_kept(loss_fn, batch, size, norms, keep, ids, groups)
             return
         clip = torch.where(keep, (self.max_grad_norm / norms).clamp(max=1.0), 0.0)
-        self._add_clipped_sum(losses, result, clip, keep)
-        self._record(norms, result, clip, keep)
+        self._add_clipped_sum(losses, result, clip, keep, groups)
+        self._record(norms, result, clip, keep, groups)
 
     # -- the stages of accumulate
     def _open_batch(self) -> None:
@@ -485,6 +513,30 @@ class PrivacyEngine:
         if self.check_independence and not self._independence_checked and (size or 0) >= 2:
             check_sample_independence(self.hooks, loss_fn, batch, self.norm_method, self.k)
             self._independence_checked = True
+
+    def _check_unit(self, unit: str) -> None:
+        """One privacy unit per logical batch: rows with user ids, or examples without."""
+        if self._unit is not None and self._unit != unit:
+            raise ValueError(
+                "this logical batch mixes micro-batches with and without user_ids: pass "
+                "user_ids with every micro-batch of a user-level step, or with none"
+            )
+        self._unit = unit
+
+    def _user_groups(self, user_ids: Any, size: int | None) -> UnitGroups:
+        """The micro-batch's rows grouped by user; a user already met in this logical batch
+        is refused (its rows would be clipped as two samples)."""
+        groups = group_rows(user_ids)
+        if size is not None and groups.rows != size:
+            raise ValueError(f"user_ids has {groups.rows} entries for a batch of {size} rows")
+        repeated = self._ids_seen.intersection(groups.keys)
+        if repeated:
+            raise ValueError(
+                f"user(s) {sorted(repeated)[:5]} already contributed to this logical batch: a "
+                "user's rows must all be in one micro-batch (one clipping decision per user)"
+            )
+        self._ids_seen.update(groups.keys)
+        return groups
 
     def _example_ids(self, example_ids: Any, size: int | None) -> list[int] | None:
         """The micro-batch's example keys for per-example sketches (None: shared sketch)."""
@@ -512,7 +564,11 @@ class PrivacyEngine:
         return ids
 
     def _norm_pass(
-        self, loss_fn: LossFn, batch: Any, ids: list[int] | None = None
+        self,
+        loss_fn: LossFn,
+        batch: Any,
+        ids: list[int] | None = None,
+        groups: UnitGroups | None = None,
     ) -> tuple[torch.Tensor, Any]:
         two_pass = self.clipped_sum == "two_pass"
         return self.hooks.norm_pass(
@@ -523,6 +579,7 @@ class PrivacyEngine:
             generator_for=self._projections(ids),
             retain_graph=two_pass,
             keep_contributions=not two_pass,
+            groups=groups,
         )
 
     def _projections(self, ids: list[int] | None = None) -> Callable[[torch.device, str], Any]:
@@ -535,9 +592,15 @@ class PrivacyEngine:
             return _Generators(self.seed, f"projections/{self.steps}")
         return per_example_source(self.seed, self.steps, ids, self._projection_stream)
 
-    def _kept_samples(self, norms: torch.Tensor, result: Any) -> torch.Tensor:
-        """Samples whose loss, norm and (book-keeping) gradient factors are all finite."""
-        keep = torch.isfinite(norms) & torch.isfinite(result.losses).to(norms.device)
+    def _kept_samples(
+        self, norms: torch.Tensor, result: Any, groups: UnitGroups | None = None
+    ) -> torch.Tensor:
+        """Samples (units) whose losses, norm and (book-keeping) gradient factors are all
+        finite."""
+        finite_losses = torch.isfinite(result.losses)
+        if groups is not None:
+            finite_losses = groups.all_rows(finite_losses)
+        keep = torch.isfinite(norms) & finite_losses.to(norms.device)
         if self.clipped_sum != "two_pass":
             keep &= _finite_samples(result.contributions, keep)
         return keep
@@ -550,12 +613,21 @@ class PrivacyEngine:
         norms: torch.Tensor,
         keep: torch.Tensor,
         ids: list[int] | None = None,
+        groups: UnitGroups | None = None,
     ) -> None:
         """two_pass with non-finite samples: the retained graph holds their activations, and a
         backward through it would give 0 · NaN = NaN, so run the kept samples again on their
         own (a fresh forward, norm pass and clipped backward for exactly those samples)."""
         self._norms.append(norms.detach()[~keep])
         self._dropped += int((~keep).sum())
+        if groups is not None:  # the kept users' rows, grouped again, keyed by the users
+            rows = groups.rows_of(keep).cpu()
+            if rows.numel():
+                sub = groups.subset(rows)
+                sub_ids = None if ids is None else list(sub.keys)
+                batch = select_samples(batch, rows, size)
+                self._accumulate(loss_fn, batch, rows.numel(), sub_ids, sub)
+            return
         kept = torch.nonzero(keep).flatten().cpu()
         if kept.numel():
             # the same examples again, with the same keys (hence the same projections)
@@ -563,31 +635,48 @@ class PrivacyEngine:
             self._accumulate(loss_fn, select_samples(batch, kept, size), kept.numel(), kept_ids)
 
     def _add_clipped_sum(
-        self, losses: torch.Tensor, result: Any, clip: torch.Tensor, keep: torch.Tensor
+        self,
+        losses: torch.Tensor,
+        result: Any,
+        clip: torch.Tensor,
+        keep: torch.Tensor,
+        groups: UnitGroups | None = None,
     ) -> None:
         if self.clipped_sum == "two_pass":
+            if groups is not None:  # each row weighted by its user's factor
+                clip = clip[groups.unit.to(clip.device)]
             weighted = (losses * clip.to(losses.dtype).detach()).sum()
             torch.autograd.backward(weighted, inputs=self.params)
         else:
             self._bookkeeping_sum(result.contributions, clip, keep)
 
     def _record(
-        self, norms: torch.Tensor, result: Any, clip: torch.Tensor, keep: torch.Tensor
+        self,
+        norms: torch.Tensor,
+        result: Any,
+        clip: torch.Tensor,
+        keep: torch.Tensor,
+        groups: UnitGroups | None = None,
     ) -> None:
+        rows_kept = keep if groups is None else keep[groups.unit.to(keep.device)]
         self._norms.append(norms.detach())
-        self._losses.append(result.losses.detach()[keep.to(result.losses.device)])
+        self._losses.append(result.losses.detach()[rows_kept.to(result.losses.device)])
         self._clipped += int(((clip < 1) & keep).sum())
         self._dropped += int((~keep).sum())
         self._methods.update(result.methods)
 
     def step(
-        self, loss_fn: LossFn | None = None, batch: Any = None, example_ids: Any = None
+        self,
+        loss_fn: LossFn | None = None,
+        batch: Any = None,
+        example_ids: Any = None,
+        user_ids: Any = None,
     ) -> StepStats:
         """Finish the logical batch: noise once, divide by the expected batch size, step."""
         if (loss_fn is None) != (batch is None):
             raise ValueError("pass both loss_fn and batch, or neither (after accumulate())")
         if loss_fn is not None:
-            self.accumulate(loss_fn, batch, example_ids)
+            self.accumulate(loss_fn, batch, example_ids, user_ids)
         if not self._in_batch:  # an empty logical batch: still a (noise-only) step
             for p in self.params:
                 p.grad = None
@@ -714,7 +803,8 @@ class PrivacyEngine:
         self._clipped = 0
         self._dropped = 0
         self._methods = {}
-        self._ids_seen: set[int] = set()
+        self._ids_seen: set[int] = set()  # example ids, or user ids, met in this batch
+        self._unit = None
         self._positions = 0
 
     def _check_optimizer(self) -> None:

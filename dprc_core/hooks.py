@@ -29,6 +29,7 @@ from dprc_core.layers import LayerHandler, UnsupportedModuleError, handler_for, 
 from dprc_core.layers.base import Contribution, handler_for_type, overriding_class
 from dprc_core.layers.unsupported import known_unsupported
 from dprc_core.norm_methods import matrix_sq_norms
+from dprc_core.privacy_units import UnitGroups, group_contribution
 
 
 @dataclass
@@ -219,15 +220,18 @@ class PerSampleHooks:
         retain_graph: bool,
         keep_contributions: bool,
         record_layouts: bool = False,
+        groups: UnitGroups | None = None,
     ) -> tuple[torch.Tensor, NormPassResult]:
         """Run forward + norm backward. Returns (graph-attached losses, result).
 
         ``generator_for(device, parameter name)``: where a sketched parameter's projections come
         from (a generator shared by the batch, or per-example draws; dprc_core/sketches.py).
         ``record_layouts``: also return each hooked call's layout and every parameter's own
-        per-sample squared norm (for the independence check)."""
+        per-sample squared norm (for the independence check). ``groups``: the rows' privacy
+        units (user-level DP, :mod:`dprc_core.privacy_units`): norms and kept contributions
+        are then per unit, (U,), the losses still per row."""
         refuse_activation_checkpointing(self.model)
-        state = _PassState(self, method, k, generator_for, keep_contributions)
+        state = _PassState(self, method, k, generator_for, keep_contributions, groups)
         state.expected_batch = batch_size(batch)
         if record_layouts:
             state.layouts = []
@@ -347,8 +351,17 @@ class _GradHook:
 class _PassState:
     """Book-keeping for one forward/backward norm pass."""
 
-    def __init__(self, hooks: PerSampleHooks, method, k, generator_for, keep: bool):
+    def __init__(
+        self,
+        hooks: PerSampleHooks,
+        method,
+        k,
+        generator_for,
+        keep: bool,
+        groups: UnitGroups | None = None,
+    ):
         self.hooks = hooks
+        self.groups = groups
         self.method = method
         self.k = k
         self.generator_for = generator_for
@@ -394,6 +407,8 @@ class _PassState:
 
     def _finalize(self, pid: int) -> None:
         contribs = self.pending.pop(pid)
+        if self.groups is not None:  # one sample per privacy unit (the user's rows summed)
+            contribs = [group_contribution(c, self.groups) for c in contribs]
         p = self.hooks.params[pid]
         dtype = compute_dtype(p.dtype)
         # a handler gives a 1-D parameter per-sample gradient tensors, a 2-D one
@@ -420,7 +435,8 @@ class _PassState:
         for pid in list(self.pending):  # a probe's gradient that autograd never delivered
             self._finalize(pid)
         if self.total is None:  # no hooked output reached the loss: all gradients are zero
-            self.total = torch.zeros(self.batch_size or 0)
+            samples = self.groups.size if self.groups is not None else self.batch_size
+            self.total = torch.zeros(samples or 0)
         for name in self.hooks.param_names.values():
             self.methods.setdefault(name, "unused")
 
