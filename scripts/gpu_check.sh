@@ -1,28 +1,80 @@
 #!/usr/bin/env bash
-# The prepared GPU check (<= 8 minutes): run it on a GPU machine from the repository root.
-#   bash scripts/gpu_check.sh            # writes its logs and tables under ${OUT:-gpu-check}/
-# 1. the engine's tests on CUDA where they have a CUDA path, and the data-parallel tests (gloo);
-# 2. the step benchmark on one GPU (--quick: T=128), and the first step (independence check) vs
-#    steady-step peaks (torch.cuda.max_memory_allocated, benchmarks/first_step.py --quick);
-# 3. the data-parallel benchmark over NCCL on 2 GPUs where the machine has them (else 1 GPU).
-# It uses the machine's python3 (its own CUDA build of torch); the repository goes on PYTHONPATH.
+# The prepared GPU check (<= 8 minutes by its own estimate): run it from the repository root.
+#   bash scripts/gpu_check.sh             # on a GPU machine: results in ${OUT:-gpu-check}/
+#   bash scripts/gpu_check.sh --dry-run   # on a CPU: the same code paths at toy sizes
+#                                         # (the suite runs it: tests/test_gpu_check_dry_run.py)
+# 0. the plan (benchmarks/gpu_step.py --plan): what runs, each section's estimate and the total,
+#    printed before anything runs; cells over the budget are dropped there, and said so;
+# 1. step: one training step of a ~0.85B Llama (bf16; full fine-tuning and LoRA; T = 2048, 8192;
+#    B = 1, 4): non-private, dprc exact / hutch k=32 / auto, Opacus ghost; time, tokens/s, steady
+#    and first-step peaks (torch.cuda.max_memory_allocated); an OOM is a result;
+# 2. norm: the norm pass alone on the paper's 8192x2048 layer at T = 4096, hutch k=32 vs exact;
+# 3. tests: the engine's tests on CUDA where they have a CUDA path, and the data-parallel tests;
+# 4. distributed: the data-parallel benchmark over NCCL on 2 GPUs when the machine has them.
+# The dry run skips 3 and 4 (CUDA only). Every section runs under its own `timeout`. $OUT gets
+# few files (at most 8 come back from a lent device): summary.txt, run.log, gpu.md, gpu.json,
+# tests.log, distributed_cuda.md. It uses $PY (default: the machine's python3, its own CUDA
+# build of torch); the repository goes on PYTHONPATH.
 set -uo pipefail
+dry=0
+case "${1:-}" in
+    --dry-run) dry=1 ;;
+    "") ;;
+    *) echo "usage: bash scripts/gpu_check.sh [--dry-run]" >&2; exit 2 ;;
+esac
 OUT=${OUT:-gpu-check}
 mkdir -p "$OUT"
 PY=${PY:-python3}
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# Packages the device's image lacks (dprc_core's dp-accounting and cryptography with cffi and
+# pycparser; opacus for its cells) travel as wheels in .whl/ (docs/benchmarks/gpu.md).
+site="${TMPDIR:-/tmp}/gpu-check-site"
+if ((!dry)) && compgen -G ".whl/*.whl" >/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$site" .whl/*.whl && export PYTHONPATH="$PYTHONPATH:$site"
+fi
+bench=("$PY" benchmarks/gpu_step.py --out "$OUT")
+((dry)) && bench+=(--dry-run)
+: >"$OUT/summary.txt"
+: >"$OUT/run.log"
 status=0
-gpus=$($PY -c "import torch; print(torch.cuda.device_count())")
-echo "GPUs: $gpus" | tee "$OUT/summary.txt"
-timeout 180 $PY -m pytest -q -x tests/dprc_core/distributed/test_ddp.py tests/dprc_core/engine/test_step_semantics.py \
-    2>&1 | tee "$OUT/tests.log" || status=1
-timeout 150 $PY benchmarks/step.py --quick --device cuda 2>&1 | tee "$OUT/step.log" || status=1
-timeout 120 $PY benchmarks/first_step.py --quick --device cuda 2>&1 | tee "$OUT/first_step.log" \
-    || status=1
-grep -E '^(PASS|FAIL):' "$OUT/first_step.log" | sed 's/^/first step: /' | tee -a "$OUT/summary.txt"
-world=$(( gpus >= 2 ? 2 : 1 ))
-timeout 120 $PY benchmarks/distributed.py --device cuda --world "$world" 2>&1 \
-    | tee "$OUT/distributed.log" || status=1
-cp docs/benchmarks/distributed_cuda.md "$OUT/" 2>/dev/null || true
-echo "status: $status" | tee -a "$OUT/summary.txt"
+start=$SECONDS
+
+# 0. The plan, before anything runs; its last line holds the GPU count and the timeouts.
+if ! plan=$(timeout 60 "${bench[@]}" --plan 2>>"$OUT/run.log"); then
+    echo "$plan"
+    echo "the plan failed (see $OUT/run.log)" | tee -a "$OUT/summary.txt"
+    exit 1
+fi
+echo "$plan" | tee -a "$OUT/summary.txt" "$OUT/run.log"
+setting() { sed -n "s/^timeouts:.* $1=\([0-9]*\).*/\1/p" <<<"$plan"; }
+
+# Runs one section under `timeout`, its output appended to a log; records its exit status.
+section() {
+    local name=$1 limit=$2 log=$3 begun=$SECONDS rc
+    shift 3
+    echo "== $name (timeout ${limit}s) ==" | tee -a "$log"
+    timeout "$limit" "$@" 2>&1 | tee -a "$log"
+    rc=${PIPESTATUS[0]}
+    [[ $rc -eq 124 ]] && echo "$name: killed by its timeout (${limit}s)" | tee -a "$log"
+    echo "section $name: exit $rc, $((SECONDS - begun)) s" >>"$OUT/summary.txt"
+    [[ $rc -eq 0 ]] || status=1
+}
+
+section step "$(setting step)" "$OUT/run.log" "${bench[@]}" --section step
+section norm "$(setting norm)" "$OUT/run.log" "${bench[@]}" --section norm
+if ((dry)); then
+    echo "section tests, distributed: skipped (dry run: CUDA and NCCL only)" >>"$OUT/summary.txt"
+else
+    section tests "$(setting tests)" "$OUT/tests.log" "$PY" -m pytest -q -x -p no:cacheprovider \
+        tests/dprc_core/distributed/test_ddp.py tests/dprc_core/engine/test_step_semantics.py
+    gpus=$(setting gpus)
+    world=$((gpus >= 2 ? 2 : 1))
+    section distributed "$(setting distributed)" "$OUT/run.log" \
+        "$PY" benchmarks/distributed.py --device cuda --world "$world"
+    cp docs/benchmarks/distributed_cuda.md "$OUT/" 2>/dev/null || true
+fi
+grep -h '^summary: ' "$OUT/run.log" | sed 's/^summary: //' >>"$OUT/summary.txt"
+echo "wall: $((SECONDS - start)) s; status: $status" | tee -a "$OUT/summary.txt"
 exit $status
