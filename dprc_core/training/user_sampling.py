@@ -1,0 +1,158 @@
+"""Poisson sampling of users (user-level DP, docs/privacy_unit.md).
+
+Each step includes each of the U users independently with probability q — the same float64
+coins against ⌊q·2⁵³⌋/2⁵³ as example-level sampling (:func:`sampling.poisson_indices`), so a
+user's inclusion probability never exceeds the accounted q — and each included user contributes
+at most ``max_examples_per_user`` (m) of its examples, chosen uniformly at random without
+replacement, afresh at every step (all of them when it has m or fewer). The engine clips the
+user's summed gradient over those rows to C (``PrivacyEngine.accumulate(..., user_ids=)``); the
+accountant counts the step as a subsampled Gaussian with the users' rate q and N = U.
+
+A step's rows come grouped by user (each user's rows contiguous, users in increasing order of
+their position), so micro-batches can be cut between users (:func:`user_micro_batches`). With
+several ranks every rank draws the same users and the same choices from the one shared seed
+and keeps the users of its part (:func:`dprc_core.distributed.shard_indices` over user
+positions): a user's rows are never split across ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from dprc_core.distributed import Ranks, shard_indices
+from dprc_core.training.sampling import _shared_seed, poisson_indices
+
+
+@dataclass(frozen=True)
+class UserIndex:
+    """The examples of a data set grouped by user: ``order`` lists the example indices sorted
+    by user key (stable), user j owning ``order[starts[j] : starts[j] + counts[j]]``."""
+
+    order: torch.Tensor  # (N,) long
+    starts: torch.Tensor  # (U,) long
+    counts: torch.Tensor  # (U,) long
+    keys: torch.Tensor  # (U,) long: each user's key, increasing
+
+    @classmethod
+    def of(cls, user_keys: torch.Tensor) -> UserIndex:
+        """Group examples by their user's key (an integer per example)."""
+        keys = torch.as_tensor(user_keys, dtype=torch.long).reshape(-1)
+        if keys.numel() == 0:
+            raise ValueError("a user-level data set needs at least one example")
+        order = torch.argsort(keys, stable=True)
+        unique, counts = torch.unique_consecutive(keys[order], return_counts=True)
+        starts = torch.cumsum(counts, 0) - counts
+        return cls(order, starts, counts, unique)
+
+    @property
+    def num_users(self) -> int:
+        return int(self.keys.numel())
+
+    @property
+    def largest(self) -> int:
+        """The most examples any user has."""
+        return int(self.counts.max())
+
+
+def user_micro_batches(
+    rows: torch.Tensor, users: torch.Tensor, max_rows: int
+) -> Iterator[torch.Tensor]:
+    """Split one step's ``rows`` (grouped by user; ``users`` their user keys) into micro-batches
+    of at most ``max_rows`` rows, never splitting a user (a user with more rows than
+    ``max_rows`` is refused: its contribution must be clipped in one micro-batch)."""
+    if rows.numel() == 0:
+        return
+    change = torch.ones(rows.numel(), dtype=torch.bool)
+    change[1:] = users[1:] != users[:-1]
+    starts = torch.nonzero(change).flatten().tolist() + [rows.numel()]
+    begin = 0
+    for a, b in zip(starts[:-1], starts[1:], strict=True):
+        if b - a > max_rows:
+            raise ValueError(
+                f"a user contributes {b - a} rows to a step, more than the micro-batch of "
+                f"{max_rows}: raise max_physical_batch_size or lower max_examples_per_user"
+            )
+        if b - begin > max_rows:
+            yield rows[begin:a]
+            begin = a
+    yield rows[begin:]
+
+
+class UserPoissonSampler:
+    """Yields ``steps`` tensors of example indices: the rows of the users sampled at rate
+    ``sample_rate``, at most ``max_examples_per_user`` a user, grouped by user (see the module
+    docstring). The engine's ``expected_batch_size`` is ``sample_rate · num_users``."""
+
+    def __init__(
+        self,
+        users: UserIndex,
+        sample_rate: float,
+        steps: int,
+        max_examples_per_user: int,
+        seed: int | None = None,
+        ranks: Ranks | None = None,
+    ):
+        if not (0 < sample_rate <= 1):
+            raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+        if not (isinstance(steps, int) and steps >= 1):
+            raise ValueError(f"steps must be a positive integer, got {steps!r}")
+        if not (isinstance(max_examples_per_user, int) and max_examples_per_user >= 1):
+            raise ValueError(
+                f"max_examples_per_user must be a positive integer, got {max_examples_per_user!r}"
+            )
+        self.users = users
+        self.sample_rate = float(sample_rate)
+        self.steps = steps
+        self.max_examples_per_user = max_examples_per_user
+        self.ranks = ranks or Ranks()
+        self.generator = torch.Generator().manual_seed(_shared_seed(seed, self.ranks))
+
+    @property
+    def expected_batch_size(self) -> float:
+        return self.sample_rate * self.users.num_users
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for _ in range(self.steps):
+            chosen = poisson_indices(self.users.num_users, self.sample_rate, self.generator)
+            rows, owner = self._rows_of(chosen)
+            mine = shard_indices(chosen, self.ranks)
+            yield rows[torch.isin(owner, mine)]
+
+    def _rows_of(self, chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows the ``chosen`` users (positions, increasing) contribute, and each row's
+        user position: up to m rows a user, uniformly without replacement. The choice's coins
+        are drawn for every chosen user on every rank (one shared stream)."""
+        counts = self.users.counts[chosen]
+        total = int(counts.sum())
+        if total == 0:
+            empty = torch.zeros(0, dtype=torch.long)
+            return empty, empty
+        group = torch.repeat_interleave(torch.arange(chosen.numel()), counts)
+        first = torch.cumsum(counts, 0) - counts
+        within = torch.arange(total) - first[group]
+        rows = self.users.order[self.users.starts[chosen][group] + within]
+        coins = torch.rand(total, generator=self.generator, dtype=torch.float64)
+        # a random order within each user (groups stay in order): sort by group + coin
+        perm = torch.argsort(group.to(torch.float64) + coins)
+        rank_in_user = torch.arange(total) - first[group]  # group[perm] == group (sorted)
+        keep = rank_in_user < self.max_examples_per_user
+        picked = perm[keep]
+        return rows[picked], chosen[group[picked]]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The generator's state (safetensors-able). PRIVATE: it reveals the batches."""
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if set(state) != {"generator"}:
+            raise ValueError(f"not a UserPoissonSampler state: keys {sorted(state)}")
+        self.generator.set_state(state["generator"])
+
+
+__all__ = ["UserIndex", "UserPoissonSampler", "user_micro_batches"]

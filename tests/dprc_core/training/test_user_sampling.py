@@ -1,0 +1,110 @@
+"""Poisson sampling of users (issue 31): each user is included with probability q (binomial
+z-test), contributes at most m of its own rows, distinct, chosen uniformly (chi-square over a
+user's rows), grouped by user; ranks split users, never a user's rows, and their union is the
+single process's step; micro-batches never split a user; the state resumes the draws."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from scipy import stats
+
+from dprc_core.distributed import Ranks
+from dprc_core.training.user_sampling import UserIndex, UserPoissonSampler, user_micro_batches
+
+# user keys of 64 examples: user 10 has 40, user 20 has 3, users 30..50 one each
+KEYS = torch.tensor([10] * 40 + [20] * 3 + list(range(30, 51)))
+perm = torch.randperm(KEYS.numel(), generator=torch.Generator().manual_seed(0))
+KEYS = KEYS[perm]  # examples of one user scattered through the file
+
+
+def _draws(q=0.3, steps=2000, m=4, seed=1, ranks=None):
+    users = UserIndex.of(KEYS)
+    return list(UserPoissonSampler(users, q, steps, m, seed=seed, ranks=ranks)), users
+
+
+def test_each_step_holds_whole_users_of_at_most_m_distinct_own_rows():
+    draws, users = _draws()
+    assert users.num_users == 2 + 21 and users.largest == 40
+    for rows in draws[:300]:
+        owners = KEYS[rows]
+        # grouped: each user's rows are contiguous
+        changes = int((owners[1:] != owners[:-1]).sum()) + (1 if rows.numel() else 0)
+        assert changes == torch.unique(owners).numel()
+        assert rows.unique().numel() == rows.numel()
+        for user in torch.unique(owners).tolist():
+            have = int((KEYS == user).sum())
+            assert int((owners == user).sum()) == min(have, 4)
+
+
+def test_users_are_included_at_rate_q_and_rows_chosen_uniformly():
+    q, steps = 0.3, 2000
+    draws, users = _draws(q, steps)
+    included = torch.zeros(users.num_users)
+    big_rows = torch.nonzero(KEYS == 10).flatten()
+    row_counts = torch.zeros(KEYS.numel())
+    for rows in draws:
+        included[torch.searchsorted(users.keys, torch.unique(KEYS[rows]))] += 1
+        row_counts[rows] += 1
+    z = (included - steps * q) / math.sqrt(steps * q * (1 - q))
+    assert z.abs().max() < 4.5, z
+    # the 40-row user: each of its rows taken 4/40 of the times it was included, uniformly
+    times = included[torch.searchsorted(users.keys, torch.tensor([10]))].item()
+    observed = row_counts[big_rows]
+    assert observed.sum() == 4 * times
+    _, p = stats.chisquare(observed.numpy())
+    assert p > 1e-4, p
+
+
+def test_ranks_split_users_and_their_union_is_the_single_process_step():
+    single, _ = _draws(steps=50, seed=7)
+    parts = []
+    for r in (0, 1):  # rank r of 2 with the seed every rank agreed on
+        sampler = UserPoissonSampler(UserIndex.of(KEYS), 0.3, 50, 4, seed=7)
+        sampler.ranks = Ranks(rank=r, world_size=2)
+        parts.append(list(sampler))
+    for whole, a, b in zip(single, *parts, strict=True):
+        assert not set(KEYS[a].tolist()) & set(KEYS[b].tolist())  # no user on both ranks
+        assert sorted(torch.cat([a, b]).tolist()) == sorted(whole.tolist())
+
+
+def test_micro_batches_never_split_a_user():
+    draws, _ = _draws(steps=100, m=4)
+    for rows in draws:
+        pieces = list(user_micro_batches(rows, KEYS[rows], 5))
+        assert torch.equal(torch.cat(pieces) if pieces else rows, rows)
+        seen: set[int] = set()
+        for piece in pieces:
+            assert piece.numel() <= 5
+            owners = set(KEYS[piece].tolist())
+            assert not owners & seen
+            seen |= owners
+    with pytest.raises(ValueError, match="max_examples_per_user"):
+        list(user_micro_batches(torch.arange(6), torch.tensor([1] * 6), 5))
+
+
+def test_the_state_resumes_the_draws():
+    users = UserIndex.of(KEYS)
+    a = UserPoissonSampler(users, 0.3, 6, 4, seed=3)
+    it = iter(a)
+    first = [next(it) for _ in range(3)]
+    state = {k: v.clone() for k, v in a.state_dict().items()}
+    rest = list(it)
+    b = UserPoissonSampler(users, 0.3, 3, 4, seed=99)
+    b.load_state_dict(state)
+    again = list(b)
+    assert len(first) == 3
+    for x, y in zip(rest, again, strict=True):
+        assert torch.equal(x, y)
+
+
+def test_bad_input_is_refused():
+    users = UserIndex.of(KEYS)
+    with pytest.raises(ValueError, match="max_examples_per_user"):
+        UserPoissonSampler(users, 0.3, 5, 0)
+    with pytest.raises(ValueError, match="sample_rate"):
+        UserPoissonSampler(users, 0.0, 5, 2)
+    with pytest.raises(ValueError, match="at least one example"):
+        UserIndex.of(torch.zeros(0, dtype=torch.long))
