@@ -24,6 +24,12 @@ independent trials of one (ε, δ)-DP step, each a post-processing of what the s
 (With **shared** sketches the canaries of one step share a projection and their scales are
 dependent: the counts below would not be binomial, and this audit refuses that case.)
 
+User-level DP (``by_user=True``): every example is a user of its own, except the canaries,
+each a user of ``canary_lines`` identical lines, and the engine is given ``user_ids`` (each
+user's lines in one micro-batch). An engine that clips each user's summed gradient adds at most
+C to a canary coordinate, as for one line; one that clips each line adds up to
+``canary_lines``·C and is refuted.
+
 The bound. If the step is (ε, δ)-DP for adding or removing one example, every test satisfies
 ``P(reject | in) ≤ e^ε P(reject | out) + δ`` and the same with in and out swapped. For each
 threshold τ of a grid fixed in advance (multiples of the *claimed* σ) and both half-lines
@@ -36,8 +42,9 @@ grid and the two directions are a multiple test: each is made at level (1 − co
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol, cast
 
 import numpy as np
 import torch
@@ -45,6 +52,7 @@ from scipy import stats
 from torch import nn
 
 from dprc_core.auditing.gradient_canaries import EngineFactory, zero_linear_model
+from dprc_core.training.user_sampling import user_micro_batches
 
 THRESHOLDS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)  # τ / σ_claimed, fixed in advance
 
@@ -140,6 +148,8 @@ def run_step_trial_audit(
     confidence: float = 0.95,
     thresholds: Sequence[float] | None = None,
     dtype: torch.dtype = torch.float64,
+    by_user: bool = False,
+    canary_lines: int = 1,
 ) -> StepTrialAudit:
     """``repetitions`` single steps of the engine, each with side² Dirac canaries in on fresh
     coins; the trial bound of those side²·repetitions trials.
@@ -152,6 +162,8 @@ def run_step_trial_audit(
     docstring."""
     if side < 2 or repetitions < 1 or real_rows < 1 or real_examples < 0:
         raise ValueError("need side >= 2, repetitions >= 1, real_rows >= 1, real_examples >= 0")
+    if canary_lines < 1 or (canary_lines > 1 and not by_user):
+        raise ValueError("canary_lines > 1 needs by_user=True (a canary user of several lines)")
     if not noise_multiplier > 0:
         raise ValueError("the thresholds are placed at multiples of the claimed σ: need σ > 0")
     rng = np.random.default_rng(seed)
@@ -179,14 +191,60 @@ def run_step_trial_audit(
     scores = np.zeros((repetitions, side * side))
     prev = model.weight.detach()[:side].clone()
     for t in range(repetitions):
-        batch = torch.cat([real, canaries[torch.from_numpy(np.flatnonzero(included[t]))]])
-        batch = batch[torch.from_numpy(rng.permutation(batch.shape[0]))]
-        for part in batch.split(micro_batch_size):
-            engine.accumulate(bilinear_loss, part)
-        engine.step()
+        if by_user:
+            user_engine = cast(UserLevelEngine, engine)
+            _user_step(
+                user_engine, real, canaries, included[t], canary_lines, micro_batch_size, rng
+            )
+        else:
+            batch = torch.cat([real, canaries[torch.from_numpy(np.flatnonzero(included[t]))]])
+            batch = batch[torch.from_numpy(rng.permutation(batch.shape[0]))]
+            for part in batch.split(micro_batch_size):
+                engine.accumulate(bilinear_loss, part)
+            engine.step()
         now = model.weight.detach()[:side].clone()
         scores[t] = ((prev - now) * expected / c).reshape(-1).numpy()
         prev = now
     grid = [tau * noise_multiplier for tau in (thresholds or THRESHOLDS)]
     bound = trial_lower_bound(scores, included, delta, grid, confidence)
     return StepTrialAudit(bound, scores, included, expected)
+
+
+class UserLevelEngine(Protocol):
+    """An engine that takes each row's user (:meth:`dprc_core.PrivacyEngine.accumulate`)."""
+
+    def accumulate(
+        self,
+        loss_fn: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+        batch: torch.Tensor,
+        *,
+        user_ids: torch.Tensor,
+    ) -> object: ...
+
+    def step(self) -> object: ...
+
+
+def _user_step(
+    engine: UserLevelEngine,
+    real: torch.Tensor,
+    canaries: torch.Tensor,
+    included: np.ndarray,
+    canary_lines: int,
+    micro_batch_size: int,
+    rng: np.random.Generator,
+) -> None:
+    """One step of user-level DP: canary j (user j) with ``canary_lines`` copies of its line,
+    each real example a user of its own; users in a random order, each user's lines together,
+    micro-batches cut between users."""
+    n_canaries = canaries.shape[0]
+    inc = torch.from_numpy(np.flatnonzero(included))
+    rows = torch.cat([real, canaries[inc].repeat_interleave(canary_lines, 0)])
+    users = torch.cat(
+        [n_canaries + torch.arange(real.shape[0]), inc.repeat_interleave(canary_lines)]
+    )
+    rank = torch.from_numpy(rng.permutation(n_canaries + real.shape[0]))
+    order = torch.argsort(rank[users], stable=True)
+    rows, users = rows[order], users[order]
+    for part in user_micro_batches(torch.arange(rows.shape[0]), users, micro_batch_size):
+        engine.accumulate(bilinear_loss, rows[part], user_ids=users[part])
+    engine.step()

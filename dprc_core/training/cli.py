@@ -161,6 +161,8 @@ def _train_here(args: argparse.Namespace, spec: Any) -> int:
                 "steps": result.steps,
                 "epsilon": result.epsilon,
                 "delta": result.delta,
+                "privacy_unit": result.plan.unit,  # ε and δ are per example, or per user
+                "units": result.plan.dataset_size,
                 "noise_multiplier": result.plan.noise_multiplier,
                 "clipping": result.plan.clipping,
                 "checkpoint": result.checkpoint,

@@ -95,28 +95,55 @@ FORMATS_FOR_TASK = {"causal_lm": ("text", "chat"), "classification": ("classific
 @dataclass(frozen=True)
 class Example:
     """One line's example: its format (``text | chat | classification``), the text a model
-    sees (a chat's messages joined as ``role: content`` lines) and, for classification, the
-    label as in the file."""
+    sees (a chat's messages joined as ``role: content`` lines), for classification the label
+    as in the file, and the user the line belongs to when it says (user-level DP,
+    docs/privacy_unit.md; never shown to the model)."""
 
     format: str
     text: str
     label: str | int | None = None
+    user: str | None = None
 
 
-def read_example(obj: Any, line: int) -> Example:
-    """The example of one decoded line, or :class:`DataError` naming the line and why."""
+DEFAULT_USER_FIELD = "user_id"
+
+
+def _pop_user(obj: dict[str, Any], line: int, user_field: str | None) -> str | None:
+    """The line's user (a non-empty string or an integer), removed from ``obj``; required when
+    ``user_field`` is given, optional (``user_id``) otherwise."""
+    field_name = user_field or DEFAULT_USER_FIELD
+    if field_name not in obj:
+        if user_field is not None:
+            raise DataError(f"line {line}: needs the user field {user_field!r} (user-level DP)")
+        return None
+    value = obj.pop(field_name)
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+        raise DataError(
+            f"line {line}: the user field {field_name!r} must be a non-empty string or an "
+            f"integer, got {json.dumps(value)[:40]}"
+        )
+    return str(value)
+
+
+def read_example(obj: Any, line: int, user_field: str | None = None) -> Example:
+    """The example of one decoded line, or :class:`DataError` naming the line and why.
+    ``user_field``: the field naming the line's user, then required (else ``user_id`` is
+    read when present)."""
     if not isinstance(obj, dict):
         raise DataError(f"line {line}: expected a JSON object, got {type(obj).__name__}")
+    obj = dict(obj)
+    user = _pop_user(obj, line, user_field)
     if "messages" in obj:
         unknown = set(obj) - {"messages"}
         if unknown:
             raise DataError(f"line {line}: unknown fields {sorted(unknown)[:5]}")
-        return Example("chat", _chat_text(obj["messages"], line))
+        return Example("chat", _chat_text(obj["messages"], line), user=user)
     unknown = set(obj) - {"text", "label"}
     if unknown:
         raise DataError(
             f"line {line}: unknown fields {sorted(unknown)[:5]}; expected "
-            '{"text": ...}, {"text": ..., "label": ...} or {"messages": [...]}'
+            '{"text": ...}, {"text": ..., "label": ...} or {"messages": [...]} (each may '
+            'name its user: "user_id")'
         )
     text = obj.get("text")
     if not isinstance(text, str) or not text.strip():
@@ -124,17 +151,19 @@ def read_example(obj: Any, line: int) -> Example:
             f"line {line}: needs a non-empty string 'text' (not only whitespace; or 'messages')"
         )
     if "label" not in obj:
-        return Example("text", text)
+        return Example("text", text, user=user)
     label = obj["label"]
     if isinstance(label, bool) or not isinstance(label, (str, int)):
         raise DataError(
             f"line {line}: needs a 'label' that is a string or an integer, "
             f"got {json.dumps(label)[:40]}"
         )
-    return Example("classification", text, label)
+    return Example("classification", text, label, user)
 
 
-def read_examples(lines: Iterable[str | bytes], task: str | None = None) -> Iterator[Example]:
+def read_examples(
+    lines: Iterable[str | bytes], task: str | None = None, user_field: str | None = None
+) -> Iterator[Example]:
     """The examples of JSONL lines, one by one (nothing but the current line is held):
     blank lines skipped, every line decoded by :func:`decode_json_line` and read by
     :func:`read_example`, all of one format (and, given ``task``, one that task takes).
@@ -148,7 +177,7 @@ def read_examples(lines: Iterable[str | bytes], task: str | None = None) -> Iter
     for i, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
-        ex = read_example(decode_json_line(raw, i), i)
+        ex = read_example(decode_json_line(raw, i), i, user_field)
         if task is not None and ex.format not in FORMATS_FOR_TASK[task]:
             if task == "classification":
                 raise DataError(f"line {i}: needs a 'label' (string or integer)")

@@ -55,6 +55,9 @@ def default_delta(n: int) -> float:
     return value
 
 
+PRIVACY_UNITS = ("example", "user")
+
+
 @dataclass(frozen=True)
 class PrivacyPlan:
     dataset_size: int
@@ -73,6 +76,9 @@ class PrivacyPlan:
     bands: int | None = None
     min_separation: int | None = None  # nu_dpftrl: steps per epoch
     sketch: str = SHARED_SKETCH  # randomized clipping: shared | per_example projections
+    # the privacy unit: "example" (a line), or "user" (all of a person's lines: dataset_size
+    # is then the number of users, batch_size the expected users a step; docs/privacy_unit.md)
+    unit: str = "example"
 
     def event(self, steps: int | None = None) -> PrivacyEvent:
         """The privacy event of the first ``steps`` steps (default: the whole plan).
@@ -112,8 +118,13 @@ def plan_privacy(
     nu: float | None = None,
     bands: int | None = None,
     sketch: str | None = None,
+    unit: str = "example",
 ) -> PrivacyPlan:
     """Plan a job; exactly one of ``target_epsilon`` / ``noise_multiplier_value`` is given.
+
+    ``unit="user"``: user-level DP — ``dataset_size`` counts users and ``batch_size`` the
+    expected users a step; q, steps, δ (≤ 1/N_users) and σ follow exactly as for examples
+    (docs/privacy_unit.md).
 
     ``sketch``: how the engine draws randomized clipping's projections (``"shared"`` or
     ``"per_example"``, the accountant's model for it; refused with exact clipping). ``None``:
@@ -125,6 +136,13 @@ def plan_privacy(
     amplification (docs/accounting.md §9)."""
     if mechanism not in NOISE_MECHANISMS:
         raise ValueError(f"noise mechanism must be one of {NOISE_MECHANISMS}, got {mechanism!r}")
+    if unit not in PRIVACY_UNITS:
+        raise ValueError(f"unit must be one of {PRIVACY_UNITS}, got {unit!r}")
+    if mechanism == "nu_dpftrl" and unit != "example":
+        raise ValueError(
+            "nu_dpftrl is accounted per example (fixed-order batches of lines); user-level DP "
+            "takes the gaussian mechanism"
+        )
     if mechanism == "nu_dpftrl":
         if sketch not in (None, SHARED_SKETCH):
             raise ValueError("sketch applies to randomized clipping, which nu_dpftrl refuses")
@@ -180,6 +198,7 @@ def plan_privacy(
         target,
         planned,
         sketch=sketch,
+        unit=unit,
     )
 
 

@@ -56,7 +56,7 @@ from dprc_core.seeding import derive_seed, fresh_seed
 from dprc_core.sketches import SHARED_SKETCH, check_sketch_mode
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training import token_store
-from dprc_core.training.data import TASKS, Batches
+from dprc_core.training.data import DEFAULT_USER_FIELD, TASKS, Batches
 from dprc_core.training.learnability import warn_if_unlearnable
 from dprc_core.training.models import (
     LoraSpec,
@@ -65,16 +65,20 @@ from dprc_core.training.models import (
     load_tokenizer,
     matches_train_only,
 )
-from dprc_core.training.plan import PrivacyPlan, plan_privacy
+from dprc_core.training.plan import PRIVACY_UNITS, PrivacyPlan, plan_privacy
 from dprc_core.training.results import ResultsFile
 from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
 from dprc_core.training.secure_sampling import SecurePoissonSampler
 from dprc_core.training.token_store import TokenStore
+from dprc_core.training.user_sampling import UserIndex, UserPoissonSampler, user_micro_batches
 from dprc_core.training.validation import prepare_validation, validation_loss
 
-Sampler = PoissonSampler | FixedOrderSampler | SecurePoissonSampler
+Sampler = PoissonSampler | FixedOrderSampler | SecurePoissonSampler | UserPoissonSampler
 
 OPTIMIZERS = ("adam", "sgd")
+# user-level DP: the lines a sampled user contributes to a step unless the spec says
+# (docs/privacy_unit.md, "Choosing max_examples_per_user")
+DEFAULT_EXAMPLES_PER_USER = 8
 
 
 @dataclass
@@ -123,6 +127,13 @@ class JobSpec:
     noise_mechanism: str = "gaussian"  # gaussian (Poisson DP-SGD) | nu_dpftrl (fixed order)
     nu: float | None = None  # nu_dpftrl damping
     bands: int | None = None  # nu_dpftrl banding (None: un-banded)
+    # the privacy unit (docs/privacy_unit.md): "example" (a line), or "user": every line names
+    # its user in ``user_field``; users are Poisson-sampled, each contributes at most
+    # ``max_examples_per_user`` lines a step (None: the default below, at most the micro-batch)
+    # and the user's summed gradient is clipped; batch_size is then the expected users a step
+    privacy_unit: str = "example"
+    user_field: str = DEFAULT_USER_FIELD
+    max_examples_per_user: int | None = None
     # deprecated spelling of norm_method ("clipping" names the accountant's family elsewhere)
     clipping: str | None = None
 
@@ -171,6 +182,41 @@ class JobSpec:
             raise ValueError("train_only must be a non-empty list of parameter-name parts")
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        self._check_privacy_unit()
+
+    def _check_privacy_unit(self) -> None:
+        if self.privacy_unit not in PRIVACY_UNITS:
+            raise ValueError(
+                f"privacy_unit must be one of {PRIVACY_UNITS}, got {self.privacy_unit!r}"
+            )
+        m = self.max_examples_per_user
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise ValueError(f"max_examples_per_user must be a positive integer, got {m!r}")
+        if self.privacy_unit == "example":
+            if m is not None:
+                raise ValueError("max_examples_per_user applies to privacy_unit: user")
+            return
+        if not isinstance(self.user_field, str) or not self.user_field:
+            raise ValueError(f"user_field must be a field name, got {self.user_field!r}")
+        if self.noise_mechanism != "gaussian":
+            raise ValueError("privacy_unit: user takes the gaussian noise mechanism")
+        if self.secure_rng:
+            raise ValueError(
+                "privacy_unit: user does not run in secure mode yet (its sampler draws from "
+                "torch's generator); set secure_rng: false"
+            )
+        if m is not None and m > self.max_physical_batch_size:
+            raise ValueError(
+                f"max_examples_per_user={m} is larger than max_physical_batch_size="
+                f"{self.max_physical_batch_size}: a user's lines are clipped in one micro-batch"
+            )
+
+    @property
+    def examples_per_user(self) -> int:
+        """m: the most lines a sampled user contributes to a step (user-level DP)."""
+        if self.max_examples_per_user is not None:
+            return self.max_examples_per_user
+        return min(DEFAULT_EXAMPLES_PER_USER, self.max_physical_batch_size)
 
     def mechanisms(self, noise_multiplier: float) -> tuple[Clipping, NoiseMechanism]:
         """The engine's clipping and noise objects of this spec, with the planned σ: the one
@@ -304,6 +350,7 @@ def prepare_data(
         spec.classes or None,
         token_store_root(spec),
         report,
+        spec.user_field if spec.privacy_unit == "user" else None,
     )
     classes = store.classes if spec.task == "classification" else None
     if classes is not None and len(classes) < 2:
@@ -323,6 +370,14 @@ class JobData:
     train: Batches
     classes: list[str] | None  # classification: the class names, in label order
     validation: Batches | None  # scored at checkpoints (validation.py)
+    # user-level DP: each training example's user key, and the examples grouped by user
+    user_keys: torch.Tensor | None = None
+    users: UserIndex | None = None
+
+    @property
+    def units(self) -> int:
+        """N of the accountant: the users under user-level DP, else the examples."""
+        return self.users.num_users if self.users is not None else len(self.train)
 
 
 def load_job_data(spec: JobSpec, report: Callable[[str], None] | None = None) -> JobData:
@@ -339,7 +394,10 @@ def load_job_data(spec: JobSpec, report: Callable[[str], None] | None = None) ->
         classes,
         token_store_root(spec),
     )
-    return JobData(tokenizer, train, classes, validation)
+    if spec.privacy_unit != "user":
+        return JobData(tokenizer, train, classes, validation)
+    keys = train.users()
+    return JobData(tokenizer, train, classes, validation, keys, UserIndex.of(keys))
 
 
 def prepare_data_stores(spec: JobSpec, report: Callable[[str], None] | None = None) -> None:
@@ -386,7 +444,7 @@ def start_run(
     resumed = ckpt_io.read_resume(latest) if latest is not None else None
     model = _load_model(spec, data.classes, latest, data.train, device)
     spec = _spec_as_checkpointed(spec, resumed)
-    plan, clipping = _plan(spec, model, len(data.train))
+    plan, clipping = _plan(spec, model, data.units)
     _check_same_plan(plan, resumed, latest)
     if ranks.is_main and resumed is None:  # a plan unlikely to learn (learnability.py): say so
         verdict = warn_if_unlearnable(
@@ -398,7 +456,7 @@ def start_run(
     engine, opt = _build_engine(spec, model, plan, seed, root)
     assert engine.accounting_envelope == clipping
     assert engine.accounting_sketch == plan.sketch
-    sampler = _build_sampler(spec, plan, len(data.train), seed, ranks, root)
+    sampler = _build_sampler(spec, plan, len(data.train), seed, ranks, root, data.users)
     if resumed is not None:
         _restore(spec, resumed, engine, opt, sampler)
     done = resumed.steps_done if resumed is not None else 0
@@ -434,7 +492,8 @@ def _check_same_plan(
 ) -> None:
     """A checkpoint resumes only the plan it was written for."""
     # a plan written before sketches were recorded had shared ones
-    if resumed is not None and {"sketch": SHARED_SKETCH, **resumed.plan} != plan.to_dict():
+    written = {"sketch": SHARED_SKETCH, "unit": "example", **resumed.plan} if resumed else None
+    if resumed is not None and written != plan.to_dict():
         raise ValueError(
             f"the checkpoint {latest} was written for another plan ({resumed.plan}); "
             f"this spec plans {plan.to_dict()}. Use a fresh output_dir"
@@ -572,6 +631,7 @@ def _plan(spec: JobSpec, model: torch.nn.Module, n: int) -> tuple[PrivacyPlan, s
         nu=spec.nu,
         bands=spec.bands,
         sketch=sketch,
+        unit=spec.privacy_unit,
     )
     return plan, clipping
 
@@ -616,10 +676,16 @@ def _build_sampler(
     seed: int,
     ranks: Ranks | None = None,
     root: SecureStream | None = None,
+    users: UserIndex | None = None,
 ) -> Sampler:
-    """Poisson batches at the planned rate (or ν-DP-FTRL's fixed order), from their own seed;
-    with several ranks each takes its part of the same logical batch."""
+    """Poisson batches at the planned rate (or ν-DP-FTRL's fixed order; or Poisson-sampled
+    users), from their own seed; with several ranks each takes its part of the same logical
+    batch."""
     sampler_seed = derive_seed(seed, "sampler")
+    if users is not None:
+        return UserPoissonSampler(
+            users, plan.sample_rate, plan.steps, spec.examples_per_user, sampler_seed, ranks
+        )
     if spec.noise_mechanism == NuDPFTRL.name:
         return FixedOrderSampler(
             n, int(spec.batch_size), steps=plan.steps, seed=sampler_seed, ranks=ranks
@@ -741,10 +807,18 @@ class TrainingRun:
         return "succeeded"
 
     def _step(self, idx: torch.Tensor, loss_fn: Callable[..., torch.Tensor]) -> StepStats:
-        """One logical batch, in micro-batches of at most ``max_physical_batch_size``."""
-        for chunk in idx.split(self.spec.max_physical_batch_size):
-            batch = {k: v.to(self.device) for k, v in self.data.train.batch(chunk).items()}
-            self.engine.accumulate(loss_fn, batch, example_ids=chunk)  # per-example sketch keys
+        """One logical batch, in micro-batches of at most ``max_physical_batch_size`` (under
+        user-level DP cut between users: each user's lines are clipped together)."""
+        size = self.spec.max_physical_batch_size
+        keys = self.data.user_keys
+        if keys is None:
+            for chunk in idx.split(size):
+                batch = {k: v.to(self.device) for k, v in self.data.train.batch(chunk).items()}
+                self.engine.accumulate(loss_fn, batch, example_ids=chunk)  # sketch keys
+        else:
+            for chunk in user_micro_batches(idx, keys[idx], size):
+                batch = {k: v.to(self.device) for k, v in self.data.train.batch(chunk).items()}
+                self.engine.accumulate(loss_fn, batch, user_ids=keys[chunk])
         stats = self.engine.step()
         self.done += 1
         if stats.batch_size - stats.dropped > 0 and math.isfinite(stats.mean_loss):

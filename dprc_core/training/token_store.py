@@ -6,6 +6,9 @@ Layout of one store, ``<root>/<key>/``:
 * ``tokens.u32`` — every example's token ids, end to end (``uint32``);
 * ``offsets.i64`` — N + 1 offsets into ``tokens`` (example i is ``tokens[off[i]:off[i+1]]``);
 * ``labels.i32`` — the class index of each example (classification only);
+* ``users.i64`` — each example's user key (user-level DP only: built when the key names a user
+  field): the first 62 bits of SHA-256("dprc/user/" + the user's id as in the file), so equal
+  ids share a key and the ids themselves are not kept;
 * ``meta.json`` — N, the token count, the pad id, the classes, the key's parts and the
   SHA-256 of each array file.
 
@@ -108,9 +111,10 @@ class StoreKey:
     max_seq_len: int
     task: str
     classes: tuple[str, ...] | None
+    user_field: str | None = None  # user-level DP: the field naming each line's user
 
     def digest(self) -> str:
-        parts = {
+        parts: dict[str, Any] = {
             "version": STORE_VERSION,
             "file": self.file_sha256,
             "tokenizer": self.tokenizer,
@@ -118,6 +122,8 @@ class StoreKey:
             "task": self.task,
             "classes": list(self.classes) if self.classes is not None else None,
         }
+        if self.user_field is not None:  # (absent: the keys of stores built before users)
+            parts["user_field"] = self.user_field
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:40]
 
 
@@ -135,6 +141,8 @@ class TokenStore:
         self._tokens = _map(path / "tokens.u32", np.uint32, int(meta["n_tokens"]))
         classification = meta["task"] == "classification"
         self._labels = _map(path / "labels.i32", np.int32, self.n) if classification else None
+        with_users = meta.get("user_field") is not None
+        self._users = _map(path / "users.i64", np.int64, self.n) if with_users else None
 
     def __len__(self) -> int:
         return self.n
@@ -142,6 +150,12 @@ class TokenStore:
     def ids(self, i: int) -> list[int]:
         lo, hi = int(self._offsets[i]), int(self._offsets[i + 1])
         return self._tokens[lo:hi].astype(np.int64).tolist()
+
+    def users(self) -> torch.Tensor:
+        """Each example's user key (N,) — a store built with a user field only."""
+        if self._users is None:
+            raise ValueError("this tokenized store was built without a user field")
+        return torch.from_numpy(np.array(self._users, dtype=np.int64))
 
     @property
     def labels(self) -> list[int] | None:
@@ -189,10 +203,12 @@ def open_or_build(
     classes: Sequence[str] | None,
     root: str | Path,
     report: Report | None = None,
+    user_field: str | None = None,
 ) -> TokenStore:
     """The store of ``path`` for this tokenizer and settings under ``root``: opened and
     verified if it exists, else built (see the module docstring). ``report`` receives
-    progress lines ("tokenized 340,000 of 1,000,000 examples")."""
+    progress lines ("tokenized 340,000 of 1,000,000 examples"). ``user_field``: every line
+    names its user in that field, kept as ``users.i64`` (user-level DP)."""
     if not isinstance(max_seq_len, int) or max_seq_len < 2:
         raise ValueError(f"max_seq_len must be an integer >= 2, got {max_seq_len!r}")
     root = Path(root)
@@ -203,6 +219,7 @@ def open_or_build(
         max_seq_len,
         task,
         tuple(classes) if classes is not None else None,
+        user_field,
     )
     final = root / key.digest()
     store = _open_verified(final, report)
@@ -285,11 +302,13 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
         open(tmp / "tokens.u32", "wb") as tokens_f,
         open(tmp / "offsets.i64", "wb") as offsets_f,
         open(tmp / "labels.i32", "wb") as labels_f,
+        open(tmp / "users.i64", "wb") as users_f,
         open(path, "rb") as source,
     ):
         offsets_f.write(np.zeros(1, dtype=np.int64).tobytes())
         texts: list[str] = []
         labels: list[Any] = []
+        users: list[int] = []
 
         def flush() -> None:
             nonlocal n, n_tokens
@@ -307,14 +326,20 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
             offsets_f.write((n_tokens + np.cumsum(lengths)).astype(np.int64).tobytes())
             if classification:
                 labels_f.write(np.asarray(_label_ids(labels, index, key), np.int32).tobytes())
+            if key.user_field is not None:
+                users_f.write(np.asarray(users, dtype=np.int64).tobytes())
             n += len(ids)
             n_tokens += int(lengths.sum())
             texts.clear()
             labels.clear()
+            users.clear()
 
-        for ex in read_examples(source, key.task):
+        for ex in read_examples(source, key.task, key.user_field):
             texts.append(ex.text)
             labels.append(ex.label)
+            if key.user_field is not None:
+                assert ex.user is not None  # read_examples requires it
+                users.append(user_key(ex.user))
             if len(texts) >= BUILD_BATCH:
                 flush()
                 if report is not None and time.monotonic() - last_report >= 1.0:
@@ -322,7 +347,7 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
                     last_report = time.monotonic()
         if texts:
             flush()
-        for f in (tokens_f, offsets_f, labels_f):
+        for f in (tokens_f, offsets_f, labels_f, users_f):
             f.flush()
             os.fsync(f.fileno())
     if n == 0:
@@ -333,7 +358,10 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
         _relabel(tmp / "labels.i32", n, [classes.index(c) for c in index])
     if not classification:
         (tmp / "labels.i32").unlink()
+    if key.user_field is None:
+        (tmp / "users.i64").unlink()
     names = ["tokens.u32", "offsets.i64"] + (["labels.i32"] if classification else [])
+    names += ["users.i64"] if key.user_field is not None else []
     meta = {
         "version": STORE_VERSION,
         "n_examples": n,
@@ -342,6 +370,7 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
         "task": key.task,
         "max_seq_len": key.max_seq_len,
         "classes": classes,
+        "user_field": key.user_field,
         "file_sha256": key.file_sha256,
         "tokenizer": key.tokenizer,
         "sha256": {name: file_sha256(tmp / name) for name in names},
@@ -352,6 +381,14 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
         os.fsync(meta_f.fileno())
     if report is not None:
         report(f"Tokenized {n:,} of {n:,} examples ({n_tokens:,} tokens)")
+
+
+def user_key(user: str) -> int:
+    """A user's key: the first 62 bits of SHA-256("dprc/user/" + id). Two ids sharing a key
+    (probability about n²/2⁶³ for n users) are one user to the sampler and the engine: sampled
+    and clipped together, which protects each of them at least as well."""
+    digest = hashlib.sha256(b"dprc/user/" + user.encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 2
 
 
 def _label_ids(labels: list[Any], index: dict[str, int], key: StoreKey) -> list[int]:

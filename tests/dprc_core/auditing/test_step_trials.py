@@ -167,3 +167,58 @@ def test_bilinear_loss_gradient_is_the_outer_product():
     x, y = torch.randn(1, 3, dtype=torch.float64), torch.randn(1, 2, dtype=torch.float64)
     bilinear_loss(model, torch.cat([x, y], 1)).sum().backward()
     torch.testing.assert_close(model.weight.grad, y.T @ x)
+
+
+def _user_engine(sigma: float, per_line: bool = False):
+    """Exact clipping, σ claimed; ``per_line``: BROKEN on purpose (test only) — it drops the
+    user ids and clips each line on its own while claiming user-level DP."""
+
+    class Engine(PrivacyEngine):
+        def accumulate(self, loss_fn, batch, example_ids=None, user_ids=None):
+            if per_line:
+                return super().accumulate(loss_fn, batch)
+            return super().accumulate(loss_fn, batch, example_ids, user_ids)
+
+    def make(model, opt, expected_batch_size, seed):
+        return Engine(
+            model,
+            opt,
+            clipping=Clipping(1.0, norm_from_method("exact")),
+            noise=Gaussian(sigma),
+            expected_batch_size=expected_batch_size,
+            seed=seed,
+        )
+
+    return make
+
+
+def test_a_canary_user_of_several_lines_adds_c_once():
+    """σ = 0: a canary user of 4 lines scores exactly 1 (C) when in, 0 when out; the per-line
+    engine scores 4."""
+    for per_line, want in ((False, 1.0), (True, 4.0)):
+        audit = run_step_trial_audit(
+            _user_engine(0.0, per_line),
+            side=4,
+            repetitions=3,
+            noise_multiplier=1.0,
+            delta=DELTA,
+            micro_batch_size=6,
+            by_user=True,
+            canary_lines=4,
+        )
+        np.testing.assert_allclose(audit.scores, want * audit.included, atol=1e-12)
+
+
+def test_user_level_stays_below_its_accounted_epsilon_and_per_line_clipping_is_refuted():
+    """Canary users of 4 lines, σ claimed for ε = 1 per user at q = 1: the user-level engine's
+    bound stays below 1; the engine that clips each line (4·C a canary user) is refuted."""
+    sigma, accounted = _claim("exact", "shared", 1.0)
+    kwargs = dict(
+        side=16, repetitions=40, noise_multiplier=sigma, delta=DELTA, by_user=True, canary_lines=4
+    )
+    honest = run_step_trial_audit(_user_engine(sigma), seed=3, **kwargs)
+    assert honest.bound.epsilon_lower <= accounted, (
+        f"PRIVACY BUG? audited lower bound {honest.bound} above the accounted {accounted:.3f}"
+    )
+    broken = run_step_trial_audit(_user_engine(sigma, per_line=True), seed=4, **kwargs)
+    assert broken.bound.epsilon_lower > accounted, broken.bound

@@ -8,6 +8,7 @@ differently since, the restored state is compared instead: :data:`SAMPLING_CHANG
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -21,7 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dprc_core.training import checkpoint as ckpt_io
-from dprc_core.training.runner import run_job, start_run
+from dprc_core.training.runner import JobSpec, run_job, start_run
 from tests.dprc_core.training.test_runner import spec, tiny_dir, train_file  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -41,6 +42,8 @@ MODES = {
     ),
     "secure": dict(secure_rng=True, checkpoint_every=3, sketch="per_example"),
 }
+# JobSpec fields that commit's code does not know (left out at their defaults)
+FIELDS_SINCE = {"privacy_unit", "user_field", "max_examples_per_user"}
 # modes whose draws after the checkpoint changed on purpose since that commit: the torch
 # generator's Poisson coins are float64 against floor(q·2^53)/2^53 (commit 7fdcdd6; float32
 # coins ran an inclusion probability above q). Their resume restores the same state, but the
@@ -87,8 +90,15 @@ def flat_layout_runs(tiny_dir, train_file, tmp_path_factory) -> dict[str, dict[s
         for m, kw in MODES.items()
         for t in [runs[m]["twin"]]
     ]
-    for job in jobs:  # JSON: the spec's fields as given (lora is None here)
-        job["spec"] = {k: v for k, v in job["spec"].items() if v is not None}
+    # JSON: the spec's fields as given (lora is None here), less the fields added since that
+    # commit, at their defaults
+    defaults = {f.name: f.default for f in dataclasses.fields(JobSpec)}
+    for job in jobs:
+        job["spec"] = {
+            k: v
+            for k, v in job["spec"].items()
+            if v is not None and not (k in FIELDS_SINCE and v == defaults[k])
+        }
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run(
         [sys.executable, "-c", WRITE_WITH_OLD_CODE, json.dumps(jobs)],
