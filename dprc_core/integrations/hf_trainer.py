@@ -70,6 +70,8 @@ from dprc_core.seeding import derive_seed, fresh_seed
 from dprc_core.training.learnability import is_adaptive, warn_if_unlearnable
 from dprc_core.training.plan import PrivacyPlan, plan_privacy
 from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
+from dprc_core.training.token_store import user_key
+from dprc_core.training.user_sampling import UserIndex, UserPoissonSampler, split_between_users
 
 logger = hf_logging.get_logger(__name__)
 
@@ -279,6 +281,36 @@ class _EpochClock:
         return i + (steps - before) / (self.full_ends[i] - before)
 
 
+# unit='user': the rows a sampled user contributes to a step unless PrivacyArguments says
+DEFAULT_EXAMPLES_PER_USER = 8
+
+
+def _user_keys(dataset: Any, field_name: str) -> torch.Tensor:
+    """Each row's user key (``token_store.user_key`` of the id in column ``field_name``)."""
+    names = getattr(dataset, "column_names", None)
+    if names is not None:  # a Hugging Face Dataset: the column at once
+        if field_name not in names:
+            raise DPTrainerError(
+                f"unit='user': the train_dataset has no column {field_name!r} (user_field) "
+                f"naming each row's user; its columns: {names}"
+            )
+        ids = list(dataset[field_name])
+    else:
+        ids = []
+        for i in range(len(dataset)):
+            row = dataset[i]
+            if not isinstance(row, Mapping) or field_name not in row:
+                raise DPTrainerError(f"unit='user': row {i} has no {field_name!r} (user_field)")
+            ids.append(row[field_name])
+    for i, u in enumerate(ids):
+        if isinstance(u, bool) or not isinstance(u, (str, int)) or u == "":
+            raise DPTrainerError(
+                f"unit='user': row {i}'s {field_name!r} must be a non-empty string or an "
+                f"integer, got {u!r}"
+            )
+    return torch.tensor([user_key(str(u)) for u in ids], dtype=torch.long)
+
+
 class _PoissonMicroBatches(torch.utils.data.Sampler[list[int]]):
     """The batch sampler of the training loader: for each step of the current Trainer epoch, a
     Poisson batch (or ν-DP-FTRL's fixed-order batch) split into ``micro_batches`` consecutive
@@ -297,9 +329,11 @@ class _PoissonMicroBatches(torch.utils.data.Sampler[list[int]]):
         seed: Callable[[], int],
         step: Callable[[], int],
         clock: _EpochClock,
+        users: tuple[UserIndex, torch.Tensor, int] | None = None,
     ):
         self.n, self.plan, self.micro_batches = n, plan, micro_batches
         self._seed, self._step, self.clock = seed, step, clock
+        self.users = users  # unit='user': (rows by user, each row's user key, m)
         self.batch_size = max(1, round(plan.batch_size / micro_batches))  # nominal, for logs
 
     def __len__(self) -> int:
@@ -316,6 +350,14 @@ class _PoissonMicroBatches(torch.utils.data.Sampler[list[int]]):
             )
             return order.batch
         n, q = self.n, self.plan.sample_rate
+        if self.users is not None:
+            index, _, m = self.users
+
+            def users(step: int) -> torch.Tensor:
+                seed_s = derive_seed(seed, "sampler-step", step)
+                return next(iter(UserPoissonSampler(index, q, 1, m, seed=seed_s)))
+
+            return users
 
         def poisson(step: int) -> torch.Tensor:
             return next(iter(PoissonSampler(n, q, 1, seed=derive_seed(seed, "sampler-step", step))))
@@ -325,7 +367,12 @@ class _PoissonMicroBatches(torch.utils.data.Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         batch, start = self.batches(self._seed()), self._step()
         for step in range(start, self.clock.end(start)):
-            yield from (c.tolist() for c in torch.tensor_split(batch(step), self.micro_batches))
+            rows = batch(step)
+            if self.users is not None:  # micro-batches cut between users
+                parts = split_between_users(rows, self.users[1][rows], self.micro_batches)
+            else:
+                parts = list(torch.tensor_split(rows, self.micro_batches))
+            yield from (c.tolist() for c in parts)
 
 
 # the batch key that carries each row's data set index from the collator to training_step
@@ -517,6 +564,12 @@ class DPTrainer(Trainer):
         self.per_sample_loss = per_sample_loss or default_per_sample_loss(self.dp_model)
         self.dp_seed = privacy_args.dp_seed if privacy_args.dp_seed is not None else fresh_seed()
         self._eps: dict[int, float] = {}
+        # unit='user': each row's user key, and the rows grouped by user
+        self.user_keys: torch.Tensor | None = None
+        self.users: UserIndex | None = None
+        if privacy_args.unit == "user":
+            self.user_keys = _user_keys(self.train_dataset, privacy_args.user_field)
+            self.users = UserIndex.of(self.user_keys)
         self.plan, self.clipping = self._plan()
         # a plan whose steps cannot carry the signal through the noise, or too few steps: one
         # LearnabilityWarning that names the numbers (dprc_core.training.learnability)
@@ -588,6 +641,8 @@ class DPTrainer(Trainer):
     def _plan(self) -> tuple[PrivacyPlan, str]:
         p, args = self.privacy_args, self.args
         n = len(self.train_dataset)  # type: ignore[arg-type]  # sized: checked in _refusals
+        if self.users is not None:  # user-level DP: N is the users, B the users a step
+            n = self.users.num_users
         b = args.per_device_train_batch_size * args.gradient_accumulation_steps
         if p.noise_mechanism == NuDPFTRL.name and p.nu is None:
             raise DPTrainerError("noise_mechanism='nu_dpftrl' needs PrivacyArguments.nu")
@@ -619,6 +674,7 @@ class DPTrainer(Trainer):
             bands=p.bands,
             # nothing sketched (an auto plan of exact layers): nothing drawn per example
             sketch=p.sketch if clipping != "exact" else default_sketch(randomized=False),
+            unit=p.unit,
         )
         if args.max_steps > 0 and plan.steps != args.max_steps:
             raise DPTrainerError(
@@ -679,6 +735,9 @@ class DPTrainer(Trainer):
         is_hf = hf_dataset is not None and isinstance(dataset, hf_dataset)
         if is_hf:
             dataset = self._remove_unused_columns(dataset, description="training")
+            field_name = self.privacy_args.user_field
+            if self.users is not None and field_name in dataset.column_names:
+                dataset = dataset.remove_columns([field_name])  # never shown to the model
         else:
             collate = self._get_collator_with_removed_columns(collate, description="training")
         batches = _PoissonMicroBatches(
@@ -688,6 +747,7 @@ class DPTrainer(Trainer):
             lambda: self.dp_seed,
             lambda: self.state.global_step,
             self.epoch_clock,
+            self._user_sampling(),
         )
         loader = torch.utils.data.DataLoader(
             _Indexed(dataset),
@@ -697,6 +757,15 @@ class DPTrainer(Trainer):
             pin_memory=self.args.dataloader_pin_memory,
         )
         return self.accelerator.prepare(loader)
+
+    def _user_sampling(self) -> tuple[UserIndex, torch.Tensor, int] | None:
+        """unit='user': the rows grouped by user, each row's user key, and m."""
+        if self.users is None or self.user_keys is None:
+            return None
+        m = self.privacy_args.max_examples_per_user
+        if m is None:
+            m = min(DEFAULT_EXAMPLES_PER_USER, self.args.per_device_train_batch_size)
+        return self.users, self.user_keys, m
 
     def _get_train_sampler(self, train_dataset: Any = None) -> Any:
         raise DPTrainerError("DPTrainer samples its batches itself (Poisson)")
@@ -801,7 +870,12 @@ class DPTrainer(Trainer):
             return losses
 
         with self.compute_loss_context_manager():
-            engine.accumulate(loss_fn, batch, None if ids is None else ids.cpu())
+            if self.user_keys is not None:  # the rows' users: each user's rows clipped together
+                if ids is None:
+                    raise DPTrainerError("unit='user' needs batches that are mappings")
+                engine.accumulate(loss_fn, batch, user_ids=self.user_keys[ids.cpu()])
+            else:
+                engine.accumulate(loss_fn, batch, None if ids is None else ids.cpu())
         if self.privacy_args.report_train_loss:
             self._record_train_batch(batch, observed[-1] if observed else None)
         total = torch.zeros((), device=self.args.device)

@@ -86,6 +86,25 @@ class PrivacyArguments:
             "it out of the logs"
         },
     )
+    unit: str = field(
+        default="example",
+        metadata={
+            "help": "the privacy unit: example (a row of the data set) | user (all the rows of "
+            "one person: users are sampled and each user's rows clipped together; the "
+            "expected batch is then of users; docs/privacy_unit.md)"
+        },
+    )
+    user_field: str = field(
+        default="user_id",
+        metadata={"help": "unit=user: the train_dataset column naming each row's user"},
+    )
+    max_examples_per_user: int | None = field(
+        default=None,
+        metadata={
+            "help": "unit=user: the most rows a sampled user contributes to a step (chosen at "
+            "random each step); default min(8, per_device_train_batch_size)"
+        },
+    )
     dp_seed: int | None = field(
         default=None,
         metadata={
@@ -148,6 +167,22 @@ class PrivacyArguments:
         s = self.dp_seed
         if s is not None and (isinstance(s, bool) or not isinstance(s, int) or s < 0):
             raise ValueError(f"dp_seed must be a non-negative integer, got {s!r}")
+        self._check_unit()
+
+    def _check_unit(self) -> None:
+        if self.unit not in ("example", "user"):
+            raise ValueError(f"unit must be 'example' or 'user', got {self.unit!r}")
+        m = self.max_examples_per_user
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise ValueError(f"max_examples_per_user must be a positive integer, got {m!r}")
+        if self.unit == "example":
+            if m is not None:
+                raise ValueError("max_examples_per_user applies to unit='user'")
+            return
+        if not isinstance(self.user_field, str) or not self.user_field:
+            raise ValueError(f"user_field must be a column name, got {self.user_field!r}")
+        if self.noise_mechanism == NU_DPFTRL:
+            raise ValueError("unit='user' takes the gaussian noise mechanism")
 
     def clipping(self) -> Clipping:
         """The engine's :class:`~dprc_core.clipping.Clipping` for these settings."""

@@ -81,6 +81,24 @@ def user_micro_batches(
     yield rows[begin:]
 
 
+def split_between_users(rows: torch.Tensor, users: torch.Tensor, parts: int) -> list[torch.Tensor]:
+    """``rows`` (grouped by user; ``users`` their user keys) in exactly ``parts`` consecutive
+    pieces (some possibly empty), cut only between users, each cut at the user boundary
+    nearest to an equal share of rows (the Trainer's fixed number of micro-batches)."""
+    n = rows.numel()
+    if n == 0:
+        return [rows[:0] for _ in range(parts)]
+    change = torch.ones(n, dtype=torch.bool)
+    change[1:] = users[1:] != users[:-1]
+    bounds = torch.nonzero(change).flatten().tolist() + [n]
+    cuts = [0]
+    for j in range(1, parts):
+        target = j * n / parts
+        cuts.append(min((b for b in bounds if b >= cuts[-1]), key=lambda b: abs(b - target)))
+    cuts.append(n)
+    return [rows[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
+
 class UserPoissonSampler:
     """Yields ``steps`` tensors of example indices: the rows of the users sampled at rate
     ``sample_rate``, at most ``max_examples_per_user`` a user, grouped by user (see the module
@@ -155,4 +173,4 @@ class UserPoissonSampler:
         self.generator.set_state(state["generator"])
 
 
-__all__ = ["UserIndex", "UserPoissonSampler", "user_micro_batches"]
+__all__ = ["UserIndex", "UserPoissonSampler", "split_between_users", "user_micro_batches"]

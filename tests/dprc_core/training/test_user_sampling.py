@@ -12,7 +12,12 @@ import torch
 from scipy import stats
 
 from dprc_core.distributed import Ranks
-from dprc_core.training.user_sampling import UserIndex, UserPoissonSampler, user_micro_batches
+from dprc_core.training.user_sampling import (
+    UserIndex,
+    UserPoissonSampler,
+    split_between_users,
+    user_micro_batches,
+)
 
 # user keys of 64 examples: user 10 has 40, user 20 has 3, users 30..50 one each
 KEYS = torch.tensor([10] * 40 + [20] * 3 + list(range(30, 51)))
@@ -108,3 +113,16 @@ def test_bad_input_is_refused():
         UserPoissonSampler(users, 0.0, 5, 2)
     with pytest.raises(ValueError, match="at least one example"):
         UserIndex.of(torch.zeros(0, dtype=torch.long))
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 7])
+def test_a_step_splits_into_exactly_the_trainers_micro_batches_between_users(parts):
+    draws, _ = _draws(steps=60, m=4)
+    for rows in draws:
+        pieces = split_between_users(rows, KEYS[rows], parts)
+        assert len(pieces) == parts
+        assert torch.equal(torch.cat(pieces), rows)
+        owners = [set(KEYS[p].tolist()) for p in pieces]
+        for i, a in enumerate(owners):
+            for b in owners[i + 1 :]:
+                assert not a & b
