@@ -25,13 +25,8 @@ from service import backup_manifest as bm
 from service import database_copy as dbcopy
 from service.db import is_sqlite
 from service.example_hashes import SECRETS_DIR
-from service.ledger_files import (
-    LEDGERS_DIR,
-    SINCE_FILE,
-    ledger_files,
-    ledgers_dir,
-    write_atomic,
-)
+from service.ledger_files import ledger_files
+from service.ledger_folder import LEDGERS_DIR, SINCE_FILE, ledgers_dir, write_atomic
 from service.store import Store
 
 VOLUME_ID = "volume-id"

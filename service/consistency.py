@@ -30,15 +30,8 @@ from sqlalchemy import select
 from service import budget
 from service.freezes import GroupState, frozen_groups
 from service.job_status import TERMINAL, JobStatus
-from service.ledger_files import (
-    checkpoint_ledgers,
-    ledger_files,
-    ledger_path,
-    ledgers_dir,
-    read,
-    since,
-    steps_of,
-)
+from service.ledger_files import checkpoint_ledgers, ledger_files, read, steps_of
+from service.ledger_folder import ledger_path, ledgers_dir, since
 from service.store import Store
 from service.tables import BudgetGroup, File, Job
 

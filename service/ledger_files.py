@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +31,7 @@ from sqlalchemy import select
 
 from dprc_core.accounting import PrivacyLedger
 from service import budget
+from service.ledger_folder import ensure_dir, ledger_path, ledgers_dir, write_atomic
 from service.tables import File, Job
 
 if TYPE_CHECKING:
@@ -40,50 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LEDGERS_DIR = "ledgers"
-SINCE_FILE = "SINCE"
 FORMAT = "dprc-job-ledger"
 VERSION = 1
-
-
-def ledgers_dir(data_dir: Path) -> Path:
-    return data_dir / LEDGERS_DIR
-
-
-def ledger_path(data_dir: Path, job_id: str) -> Path:
-    return ledgers_dir(data_dir) / f"{job_id}.json"
-
-
-def since(data_dir: Path) -> int | None:
-    """When the ledgers folder was made (None: it was not)."""
-    try:
-        return int((ledgers_dir(data_dir) / SINCE_FILE).read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def ensure_dir(data_dir: Path) -> Path:
-    """The ledgers folder, made (0700, with its ``SINCE``) if missing."""
-    folder = ledgers_dir(data_dir)
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    marker = folder / SINCE_FILE
-    if not marker.exists():
-        write_atomic(marker, f"{int(time.time())}\n".encode())
-    return folder
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """``data`` in ``path``: a temporary file in the same folder, fsynced, renamed."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def record_of(job: Job, group_id: str | None) -> dict[str, Any]:

@@ -48,14 +48,8 @@ from service import freezes
 from service.backup import VOLUME_ID, volume_id
 from service.db import MIGRATIONS, make_engine, make_sessionmaker, upgrade
 from service.example_hashes import SECRETS_DIR
-from service.ledger_files import (
-    checkpoint_ledgers,
-    ledger_files,
-    ledgers_dir,
-    read,
-    run_folders,
-    write_atomic,
-)
+from service.ledger_files import checkpoint_ledgers, ledger_files, read, run_folders
+from service.ledger_folder import ledgers_dir, write_atomic
 from service.settings import Settings
 from service.tables import BudgetGroup
 

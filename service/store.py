@@ -25,7 +25,7 @@ class Store:
 
 
 def open_store(settings: Settings) -> Store:
-    from service.ledger_files import ensure_dir
+    from service.ledger_folder import ensure_dir
 
     engine = make_engine(settings)
     upgrade(engine)
