@@ -1,21 +1,39 @@
-"""Data sets at scale (issue 28): the tokenized store's build and reuse against the tokenizer's
-own throughput, and the worker's memory, at N = 10k, 100k and 1M examples of 128 tokens.
+"""Data sets at scale (issue 28): uploads through the Uploads API, the tokenized store's build
+and reuse against the tokenizer's own throughput, and the worker's memory, at N = 10k, 100k and
+1M examples of 128 tokens.
 
 Per N, in fresh processes (so that the peaks are the configuration's own):
 
+* **upload** — a real ``dprc serve`` (SQLite in a temporary ``DPRC_DATA_DIR``, no embedded
+  worker) takes the file from the official client's ``client.uploads.upload_file_chunked`` in
+  64 MiB parts: the wall time (split into the parts sent and the completion, whose assembly,
+  line-by-line validation and hashing, and recording of the examples' hashes are told apart by
+  watching the upload's folder), and the server's peak RSS above its RSS before the upload
+  (``VmHWM`` of ``/proc/<pid>/status``, reset with ``/proc/<pid>/clear_refs``, as
+  ``tests/api/test_upload_memory.py`` reads it);
 * **tokenizer alone** — ``tokenizer(texts, truncation=True, max_length=128)`` over the same
   texts in batches of 1024, texts already in memory: the throughput to compare with;
+* **data** — the job's data alone (``load_job_data``: the store built, then 20 Poisson batches
+  sliced): the store's build time and the data's peak RSS above the model and tokenizer
+  (``--no-data-phase`` skips it, one build less: the build time is then the first job's, up
+  to its last progress line, and the data's own peak is not measured — the job's peak does
+  not bound it, its baseline holds the freed model's memory);
 * **first job** — ``run_job`` of a one-step MiniLM classification job (the worker's code path:
-  model, store build, plan, one DP step, the final checkpoint): the store's build time (from
-  its progress lines), the time to the first step's end, and the peak RSS above the RSS after
-  the model is loaded (``VmHWM`` reset with ``/proc/self/clear_refs``), against the issue's
-  bound of 64 MB + 8 bytes a token;
+  model, store build, plan, one DP step, the final checkpoint): the time to the first step's
+  end, and the peak RSS above the RSS after the model is loaded (``VmHWM`` reset with
+  ``/proc/self/clear_refs``), against the issue's bound of 64 MB + 8 bytes a token;
 * **second job** on the same file: time to the first step's end (the store is reused).
 
 The file's lines are ``{"text", "label"}`` with texts of about 128 MiniLM tokens.
 
+The page keeps its rows (as JSON in an HTML comment at its end) and each row says which run
+produced its upload figures and which its store and job figures, so that a run of some Ns or
+of some columns (``--only-upload``, ``--no-upload``) is merged into the earlier ones; each run
+is listed with its date, command, machine, load average and wall time. The hand-written text
+between the ``<!-- reading -->`` markers is kept.
+
     .venv/bin/python benchmarks/data_scale.py [--n 10000 100000 1000000]
-    # writes docs/benchmarks/data.md
+        [--only-upload | --no-upload] [--no-data-phase] [--out docs/benchmarks/data.md]
 """
 
 from __future__ import annotations
@@ -24,17 +42,29 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from tests.serve_process import proc_memory, server_pid  # noqa: E402 - after the path
 
 OUT = ROOT / "docs" / "benchmarks" / "data.md"
 WORDS = "the of and a to in is was he for it with as his on be at by i this had not are but".split()
+DPRC = [sys.executable, "-m", "dprc.cli"]
+MiB = 1024**2
+PART_BYTES = 64 * MiB  # the official client's default part size, and the service's largest
+ROWS_MARK = "<!-- data_scale rows: "
+READING_START, READING_END = "<!-- reading -->", "<!-- /reading -->"
 
 
 def _rss_mib(field: str = "VmRSS") -> float:
@@ -171,88 +201,452 @@ def data_phase(path: str, store: str, out: str) -> dict:
     }
 
 
-def run_child(*args: str) -> dict:
+# -- a real ``dprc serve`` and an upload through it --------------------------------------------
+
+
+@dataclass(frozen=True)
+class Server:
+    """A running ``dprc serve``: its URL, an admin key, its pid and its data folder."""
+
+    url: str
+    key: str
+    pid: int
+    data_dir: Path
+
+
+def reset_peak(pid: int) -> bool:
+    """Restart ``pid``'s VmHWM from its current RSS (False when the kernel refuses: then the
+    peak since start-up counts, an over-estimate)."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+@contextmanager
+def dprc_server(tmp: Path, default_epsilon: float = 8.0) -> Iterator[Server]:
+    """A real ``dprc serve`` on SQLite in ``tmp/data``, embedded worker off (created jobs stay
+    queued), with an admin key of a tenant ``bench`` whose data sets get the budget
+    ``default_epsilon``; started and stopped by the tests' helper (``tests/serve_process.py``)."""
+    from tests.serve_process import dprc_serve
+
+    data_dir = tmp / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DPRC_")}
+    env.update(
+        DPRC_DATA_DIR=str(data_dir),
+        DPRC_DEFAULT_EPSILON_BUDGET=str(default_epsilon),
+        DPRC_EMBEDDED_WORKER="false",
+        DPRC_LOG_LEVEL="warning",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
+    key = subprocess.run(
+        [*DPRC, "keys", "create", "--tenant", "bench", "--role", "admin"],
+        env=env,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    with dprc_serve(DPRC, env, tmp / "server.log", cwd=ROOT) as url:
+        yield Server(url, key, server_pid(int(url.rsplit(":", 1)[1])), data_dir)
+
+
+class CompletionWatch:
+    """Watches an upload's folder while its completion runs (``files/<tenant>/uploads/<id>/``):
+    when the ``assembled`` file reaches the upload's size (the parts concatenated and their MD5
+    taken), and when it leaves the folder (validated and hashed line by line, the hashes sorted
+    and merged: the file is moved into place and the hashes are recorded in the database)."""
+
+    def __init__(self, data_dir: Path, size: int, start: float, every: float = 0.2):
+        self.data_dir, self.size, self.start, self.every = data_dir, size, start, every
+        self.marks: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> CompletionWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        seen: Path | None = None
+        while not self._stop.is_set():
+            t = time.monotonic() - self.start
+            if seen is None:
+                found = list(self.data_dir.glob("files/*/uploads/*/assembled"))
+                if found:
+                    seen = found[0]
+                    self.marks.setdefault("assembling", t)
+            if seen is not None:
+                try:
+                    if seen.stat().st_size >= self.size:
+                        self.marks.setdefault("assembled", t)
+                except FileNotFoundError:
+                    self.marks.setdefault("assembled", t)
+                    self.marks.setdefault("hashed", t)
+                    return
+            self._stop.wait(self.every)
+
+
+def warm_up(server: Server, tmp: Path) -> None:
+    """A small upload first, so that the code paths are loaded before the measured one (its
+    texts share no example with the measured file: that one gets a budget group of its own)."""
+    import openai
+
+    small = tmp / "warm-up.jsonl"
+    small.write_text(
+        "".join(
+            json.dumps({"text": f"warm-up line {i}", "label": i % 2}) + "\n" for i in range(500)
+        )
+    )
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.key, max_retries=0)
+    client.uploads.upload_file_chunked(
+        file=small, mime_type="text/jsonl", purpose="fine-tune", part_size=16 * 1024
+    )
+
+
+def measure_upload(server: Server, path: Path, n: int) -> dict[str, Any]:
+    """Upload ``path`` (``n`` lines) with ``upload_file_chunked`` in 64 MiB parts; its wall
+    time and phases, and the server's RSS before, peak during and after (MiB)."""
+    import openai
+
+    client = openai.OpenAI(
+        base_url=f"{server.url}/v1", api_key=server.key, max_retries=0, timeout=4 * 3600
+    )
+    uploads = client.uploads
+    complete = uploads.complete
+    marks: dict[str, float] = {}
+    size = path.stat().st_size
+
+    def timed_complete(*args: Any, **kwargs: Any) -> Any:
+        marks["parts_sent"] = time.monotonic() - started
+        return complete(*args, **kwargs)
+
+    # upload_file_chunked calls self.complete(...): the instance attribute marks the moment
+    # the last part is in
+    uploads.complete = timed_complete  # type: ignore[method-assign]
+    before = proc_memory(server.pid)["VmRSS"]
+    reset = reset_peak(server.pid)
+    started = time.monotonic()
+    with CompletionWatch(server.data_dir, size, started) as watch:
+        done = uploads.upload_file_chunked(
+            file=path, mime_type="text/jsonl", purpose="fine-tune", part_size=PART_BYTES
+        )
+        seconds = time.monotonic() - started
+    after = proc_memory(server.pid)
+    if done.status != "completed" or done.file is None:
+        raise RuntimeError(f"upload not completed: {done}")
+    extra = done.file.model_extra or {}
+    if extra.get("n_examples") != n:
+        raise RuntimeError(f"the file holds {extra.get('n_examples')} examples, not {n}")
+    phases = {**watch.marks, **marks}
+    return {
+        "file_id": done.file.id,
+        "upload_s": seconds,
+        "parts_s": phases.get("parts_sent"),
+        "assembled_s": phases.get("assembled"),
+        "hashed_s": phases.get("hashed"),
+        "api_rss_before_mib": before,
+        "api_peak_mib": after["VmHWM"],
+        "api_peak_growth_mib": after["VmHWM"] - before,
+        "api_rss_after_mib": after["VmRSS"],
+        "peak_reset": reset,
+    }
+
+
+def upload_phases(u: dict[str, Any]) -> str:
+    """ "total (parts p, assembly a, validation + hashing h, recording r)" in seconds, the
+    phases that were observed."""
+    parts, assembled, hashed, total = u["parts_s"], u["assembled_s"], u["hashed_s"], u["upload_s"]
+    if parts is None or assembled is None or hashed is None:
+        return f"{total:.1f}"
+    return (
+        f"{total:.1f} (parts {parts:.1f}, assembly {assembled - parts:.1f}, validation + "
+        f"hashing {hashed - assembled:.1f}, recording {total - hashed:.1f})"
+    )
+
+
+def upload_child(path: str, n: str) -> dict[str, Any]:
+    """The upload of ``path`` (``n`` lines) through a fresh server in a temporary folder."""
+    with tempfile.TemporaryDirectory(prefix="dprc-upload-") as tmp, dprc_server(Path(tmp)) as s:
+        warm_up(s, Path(tmp))
+        return measure_upload(s, Path(path), int(n))
+
+
+class LoadWatch:
+    """The 1-minute load average every ``every`` seconds while a run goes on (``uptime``'s
+    first figure): its value at the start, and its least and greatest."""
+
+    def __init__(self, every: float = 10.0):
+        self.every = every
+        self.start = os.getloadavg()
+        self.values: list[float] = [self.start[0]]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.values.append(os.getloadavg()[0])
+
+    def __enter__(self) -> LoadWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.values.append(os.getloadavg()[0])
+
+    def summary(self) -> str:
+        one, five, fifteen = self.start
+        return (
+            f"load average at the start {one:.2f}, {five:.2f}, {fifteen:.2f}; 1-minute load "
+            f"{min(self.values):.1f}–{max(self.values):.1f} during the run "
+            f"({len(self.values)} readings)"
+        )
+
+
+def machine() -> str:
+    """The host's name and cores, as the pages name the machine."""
+    return f"{platform.node() or 'this machine'} ({os.cpu_count()} cores)"
+
+
+def run_child(*args: str) -> dict[str, Any]:
+    """Run one measurement (``--child KIND ARGS``) in a fresh process; its JSON answer."""
     out = subprocess.run(
-        [sys.executable, __file__, "--child", *args], check=True, capture_output=True, text=True
+        [sys.executable, __file__, "--child", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     ).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+# -- the page ---------------------------------------------------------------------------------
+
+
+def load_page(path: Path) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]], str]:
+    """The rows (by N) and runs kept at the end of the page, and its hand-written reading
+    (markers included); empty when the page or its rows are absent."""
+    if not path.exists():
+        return {}, [], ""
+    text = path.read_text()
+    rows: dict[str, dict[str, Any]] = {}
+    runs: list[dict[str, Any]] = []
+    start = text.find(ROWS_MARK)
+    if start >= 0:
+        end = text.index(" -->", start)
+        kept = json.loads(text[start + len(ROWS_MARK) : end])
+        rows, runs = kept["rows"], kept["runs"]
+    a, b = text.find(READING_START), text.find(READING_END)
+    reading = text[a : b + len(READING_END)] if 0 <= a < b else ""
+    return rows, runs, reading
+
+
+def _f(value: float | None, spec: str = ".1f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def render(rows: dict[str, dict[str, Any]], runs: list[dict[str, Any]], reading: str) -> str:
+    """The page: the upload table, the store and job table, the runs, the reading, the rows."""
+    label = {run["id"]: chr(ord("A") + i) for i, run in enumerate(runs)}
+    ordered = sorted(rows.values(), key=lambda r: r["n"])
+    upload_head = (
+        "| N | file (MB) | upload: total (s), and its phases | API RSS before (MiB) "
+        "| API peak RSS above it (MiB) | API RSS after (MiB) | run |\n" + "|" + " --- |" * 7 + "\n"
+    )
+    upload_body = ""
+    for r in ordered:
+        u = r.get("upload")
+        if u is None:
+            upload_body += (
+                f"| {r['n']:,} | {_f(r.get('file_mb'), '.0f')} | not measured |" + " — |" * 4 + "\n"
+            )
+            continue
+        upload_body += (
+            f"| {r['n']:,} | {r['file_mb']:.0f} | {upload_phases(u)} | "
+            f"{u['api_rss_before_mib']:.0f} | +{u['api_peak_growth_mib']:.1f} | "
+            f"{u['api_rss_after_mib']:.0f} | {label.get(r.get('upload_run', ''), '?')} |\n"
+        )
+    job_head = (
+        "| N | tokens | tokenizer alone (s) | store build (s) | build / tokenizer "
+        "| data's peak RSS above model + tokenizer (MiB) | bound 64 MB + 8 B/token (MiB) "
+        "| first job: to first step end (s) | second job (s), store reused "
+        "| job's peak RSS above the model: first / second (MiB) | store on disk (MB) | run |\n"
+        + "|"
+        + " --- |" * 12
+        + "\n"
+    )
+    job_body = ""
+    for r in ordered:
+        j = r.get("jobs")
+        tokens = r.get("tokens")
+        if j is None:
+            job_body += f"| {r['n']:,} | not measured |" + " — |" * 10 + "\n"
+            continue
+        tok_s, build_s = j.get("tokenizer_s"), j.get("build_s")
+        ratio = f"{build_s / tok_s:.2f}×" if tok_s and build_s else "—"
+        build = _f(build_s) + (" (in the first job)" if j.get("build_in_job") else "")
+        second = _f(j.get("second_s"))
+        if j.get("second_s") is not None and not j.get("second_reused", True):
+            second += " (rebuilt!)"
+        job_body += (
+            f"| {r['n']:,} | {_f(tokens, ',.0f')} | {_f(tok_s)} | {build} | {ratio} | "
+            f"{_f(j.get('data_rss_above_model_mib'), '.0f')} | "
+            f"{_f(64 + 8 * tokens / 2**20 if tokens else None, '.0f')} | "
+            f"{_f(j.get('first_s'))} | {second} | "
+            f"{_f(j.get('job_rss_above_model_mib'), '.0f')} / "
+            f"{_f(j.get('second_rss_above_model_mib'), '.0f')} | "
+            f"{_f(j.get('store_mb'), '.0f')} | {label.get(r.get('jobs_run', ''), '?')} |\n"
+        )
+    run_lines = "".join(
+        f"- **{label[run['id']]}** — {run['id']}, {run['machine']}: `{run['command']}`; "
+        f"{run['load']}; "
+        + (
+            f"wall time {run['wall_s'] / 60:.1f} min"
+            if run.get("wall_s") is not None
+            else "wall time not recorded"
+        )
+        + ("" if run.get("finished", True) else " (stopped before its end: partial)")
+        + (f". {run['note']}" if run.get("note") else "")
+        + "\n"
+        for run in runs
+    )
+    kept = json.dumps({"rows": rows, "runs": runs}, sort_keys=True)
+    return (
+        "# Data sets at scale\n\n"
+        "Generated by `benchmarks/data_scale.py` (issue 28): MiniLM's fast tokenizer, examples "
+        "of about 128 tokens, `max_seq_len` 128. Each figure names the run that produced it "
+        "(the runs are listed below with their date, command, machine and load).\n\n"
+        "## Uploads\n\n"
+        "A real `dprc serve` (SQLite, no embedded worker, a fresh data folder per N) takes the "
+        "file from the official client's `client.uploads.upload_file_chunked` in 64 MiB parts, "
+        "after a small warm-up upload. The phases: the parts sent; their assembly into one file "
+        "(with its MD5); the completion's line-by-line validation and keyed hashing of every "
+        "example (the hashes sorted in runs and merged on disk); the recording of the hashes in "
+        "the database and the file's row (told apart by watching the upload's folder, to "
+        "0.2 s). The API's peak RSS is `VmHWM` of the server process, reset just before the "
+        "upload, minus its `VmRSS` then (the bound of issue 28: +64 MB).\n\n"
+        + upload_head
+        + upload_body
+        + "\n## Tokenized store and jobs\n\n"
+        "A one-step job (the worker's `run_job`: model, store, plan, one DP step, final "
+        "checkpoint). The store build includes hashing the file, validating every line and the "
+        "checksums. The data's peak is the store's build and opening plus 20 Poisson batches "
+        "sliced from it (the bound of issue 28); the job's peak adds the engine, the optimizer "
+        "and one step's activations (B = 64, T = 128), which do not grow with N. A build "
+        "marked *in the first job* is timed from that job's start to its last progress line "
+        "(its run skipped the data phase, `--no-data-phase`, and did not measure the data's "
+        "own peak).\n\n"
+        + job_head
+        + job_body
+        + "\n## Runs\n\n"
+        + run_lines
+        + ("\n" + reading + "\n" if reading else "")
+        + f"\n{ROWS_MARK}{kept} -->\n"
+    )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument(
+        "--only-upload", action="store_true", help="measure the upload only; keep the job figures"
+    )
+    only.add_argument(
+        "--no-upload", action="store_true", help="measure the store and jobs; keep the uploads'"
+    )
+    ap.add_argument(
+        "--no-data-phase",
+        action="store_true",
+        help="skip the data phase (one build less): the store's build time is read from the "
+        "first job's progress lines and the data's own peak is not measured",
+    )
+    ap.add_argument("--out", type=Path, default=OUT, help="the page (its rows are merged)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         kind, *rest = args.child
-        if kind == "tokenizer":
-            result = tokenizer_alone(*rest)
-        elif kind == "data":
-            result = data_phase(*rest)
-        else:
-            result = one_job(*rest)
-        print(json.dumps(result), flush=True)
+        children: dict[str, Callable[..., dict[str, Any]]] = {
+            "tokenizer": tokenizer_alone,
+            "data": data_phase,
+            "job": one_job,
+            "upload": upload_child,
+        }
+        print(json.dumps(children[kind](*rest)), flush=True)
         return 0
-    rows = []
-    for n in args.n:
-        with tempfile.TemporaryDirectory(prefix="dprc-data-") as tmp:
-            path = Path(tmp) / "train.jsonl"
-            make_file(path, n)
-            size = path.stat().st_size
-            alone = run_child("tokenizer", str(path))
-            data = run_child("data", str(path), str(Path(tmp) / "data-store"), tmp)
-            store = str(Path(tmp) / "store")
-            first = run_child("job", str(path), store, str(Path(tmp) / "out1"))
-            second = run_child("job", str(path), store, str(Path(tmp) / "out2"))
-            store_bytes = sum(p.stat().st_size for p in Path(store).rglob("*") if p.is_file())
-            row = {
-                "n": n,
-                "file_mb": size / 1e6,
-                "tokens": alone["tokens"],
-                "tokenizer_s": alone["seconds"],
-                "build_s": data["store_ready"],
-                "data_rss_above_model_mib": data["peak_rss_mib"] - data["base_rss_mib"],
-                "first_s": first["to_first_step_end"],
-                "second_s": second["to_first_step_end"],
-                "second_reused": second["reused"],
-                "job_rss_above_model_mib": first["peak_rss_mib"] - first["base_rss_mib"],
-                "bound_mib": 64 + 8 * alone["tokens"] / 2**20,
-                "second_rss_above_model_mib": second["peak_rss_mib"] - second["base_rss_mib"],
-                "store_mb": store_bytes / 1e6,
-            }
-            print(row, flush=True)
-            rows.append(row)
-    head = (
-        "| N | file (MB) | tokens | tokenizer alone (s) | store build (s) | build / tokenizer "
-        "| data's peak RSS above model + tokenizer (MiB) | bound 64 MB + 8 B/token (MiB) "
-        "| first job: to first step end (s) | second job (s), store reused "
-        "| job's peak RSS above the model: first / second (MiB) | store on disk (MB) |\n"
-        + "|"
-        + " --- |" * 12
-        + "\n"
-    )
-    body = "".join(
-        f"| {r['n']:,} | {r['file_mb']:.0f} | {r['tokens']:,} | {r['tokenizer_s']:.1f} | "
-        f"{r['build_s']:.1f} | {r['build_s'] / r['tokenizer_s']:.2f}× | "
-        f"{r['data_rss_above_model_mib']:.0f} | {r['bound_mib']:.0f} | {r['first_s']:.1f} | "
-        f"{r['second_s']:.1f}{'' if r['second_reused'] else ' (rebuilt!)'} | "
-        f"{r['job_rss_above_model_mib']:.0f} / {r['second_rss_above_model_mib']:.0f} | "
-        f"{r['store_mb']:.0f} |\n"
-        for r in rows
-    )
-    text = (
-        "# Data sets at scale\n\n"
-        f"Generated by `benchmarks/data_scale.py` on {platform.node() or 'this machine'} "
-        f"({os.cpu_count()} cores), {time.strftime('%Y-%m-%d')}: MiniLM's fast tokenizer, "
-        "examples of about 128 tokens, `max_seq_len` 128, a one-step job (the worker's "
-        "`run_job`: model, store, plan, one DP step, final checkpoint). The store build "
-        "includes hashing the file, validating every line and the checksums. The data's peak "
-        "is the store's build and opening plus 20 Poisson batches sliced from it (the bound "
-        "of issue 28); the job's peak adds the engine, the optimizer and one step's "
-        "activations (B = 64, T = 128), which do not grow with N.\n\n" + head + body
-    )
-    OUT.write_text(text)
-    print(text)
+    rows, runs, reading = load_page(args.out)
+    command = shlex.join(["benchmarks/data_scale.py", *sys.argv[1:]])
+    run = {
+        "id": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": machine(),
+        "command": command,
+        "load": "",
+        "wall_s": 0.0,
+        "finished": False,
+    }
+    runs.append(run)
+    started = time.monotonic()
+    with LoadWatch() as load:
+
+        def save() -> None:
+            run["load"], run["wall_s"] = load.summary(), time.monotonic() - started
+            args.out.write_text(render(rows, runs, reading))
+
+        for n in args.n:
+            row = rows.setdefault(str(n), {"n": n})
+            with tempfile.TemporaryDirectory(prefix="dprc-data-") as tmp:
+                path = Path(tmp) / "train.jsonl"
+                make_file(path, n)
+                row["file_mb"] = path.stat().st_size / 1e6
+                if not args.no_upload:
+                    row["upload"], row["upload_run"] = (
+                        run_child("upload", str(path), str(n)),
+                        run["id"],
+                    )
+                    print(n, "upload", row["upload"], flush=True)
+                    save()
+                if args.only_upload:
+                    continue
+                jobs: dict[str, Any] = {}
+                row["jobs"], row["jobs_run"] = jobs, run["id"]
+                alone = run_child("tokenizer", str(path))
+                row["tokens"], jobs["tokenizer_s"] = alone["tokens"], alone["seconds"]
+                save()
+                if not args.no_data_phase:
+                    data = run_child("data", str(path), str(Path(tmp) / "data-store"), tmp)
+                    jobs["build_s"] = data["store_ready"]
+                    jobs["data_rss_above_model_mib"] = data["peak_rss_mib"] - data["base_rss_mib"]
+                    save()
+                store = str(Path(tmp) / "store")
+                first = run_child("job", str(path), store, str(Path(tmp) / "out1"))
+                jobs["first_s"] = first["to_first_step_end"]
+                jobs["job_rss_above_model_mib"] = first["peak_rss_mib"] - first["base_rss_mib"]
+                if args.no_data_phase:  # the build's end: the first job's last progress line
+                    jobs["build_s"], jobs["build_in_job"] = first["store_ready"], True
+                save()
+                second = run_child("job", str(path), store, str(Path(tmp) / "out2"))
+                jobs["second_s"], jobs["second_reused"] = (
+                    second["to_first_step_end"],
+                    second["reused"],
+                )
+                jobs["second_rss_above_model_mib"] = second["peak_rss_mib"] - second["base_rss_mib"]
+                jobs["store_mb"] = (
+                    sum(p.stat().st_size for p in Path(store).rglob("*") if p.is_file()) / 1e6
+                )
+                print(n, "jobs", jobs, flush=True)
+                save()
+        run["finished"] = True
+    save()
+    print(args.out.read_text())
     return 0
 
 

@@ -22,6 +22,7 @@ SECTIONS = [
     ("step", "benchmarks/step.py"),
     ("step_cuda", "benchmarks/step.py --device cuda"),
     ("first_step", "benchmarks/first_step.py"),
+    ("gpu", "bash scripts/gpu_check.sh"),
     ("accountant", "benchmarks/accountant.py"),
     ("sketch_sigma", "benchmarks/sketch_sigma.py"),
     ("sketch_memory", "benchmarks/sketch_memory.py"),
@@ -35,6 +36,8 @@ SECTIONS = [
     ("budget", "benchmarks/budget_contention.py"),
     ("history", "benchmarks/history_compose.py"),
     ("repeated_jobs", "benchmarks/repeated_jobs.py"),
+    ("data", "benchmarks/data_scale.py"),
+    ("big_n", "benchmarks/big_n.py"),
     ("secure_noise", "benchmarks/secure_noise.py"),
     ("three_ways", "benchmarks/three_ways.py"),
     ("recipes", "benchmarks/recipes.py"),
@@ -52,7 +55,9 @@ refresh this index. Comparisons are ratios inside one run, A/B interleaved; peak
 is the peak RSS of a fresh process per configuration, minus the RSS once the inputs exist.
 
 GPU: no GPU was available to the sessions that produced these tables; the scripts' CUDA paths
-(`--device cuda`, reporting `torch.cuda.max_memory_allocated`) have not been run yet.
+(`--device cuda`, reporting `torch.cuda.max_memory_allocated`) have not been run yet. The
+prepared device run, `bash scripts/gpu_check.sh` (a ~0.85B Llama at T = 2048 and 8192 in 8
+minutes; `--dry-run` on a CPU), is described in [benchmarks/gpu.md](benchmarks/gpu.md).
 """
 
 SUMMARY_START, SUMMARY_END = "<!-- summary -->", "<!-- /summary -->"

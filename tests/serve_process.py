@@ -54,3 +54,27 @@ def dprc_serve(
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def server_pid(port: int) -> int:
+    """The pid of the ``dprc serve`` listening on ``port`` (its command line names it)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in argv and str(port).encode() in argv:
+            return int(proc.name)
+    raise RuntimeError(f"no dprc serve on port {port}")
+
+
+def proc_memory(pid: int) -> dict[str, float]:
+    """VmRSS and VmHWM (MiB) of ``pid``."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            out[name] = int(value.split()[0]) / 1024
+    return out

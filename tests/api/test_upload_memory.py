@@ -18,36 +18,12 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.serve_process import dprc_serve
+from tests.serve_process import dprc_serve, proc_memory, server_pid
 
 DPRC = [sys.executable, "-m", "dprc.cli"]
 MiB = 1024**2
 LIMIT = 64 * MiB
 LINE = b'{"text": "example %09d of a large data set, written line by line for the test"}\n'
-
-
-def _server_pid(port: int) -> int:
-    """The pid of the ``dprc serve`` listening on ``port`` (its command line names it)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"serve" in argv and str(port).encode() in argv:
-            return int(proc.name)
-    raise RuntimeError(f"no dprc serve on port {port}")
-
-
-def _status(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM (bytes) of ``pid``."""
-    out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name in ("VmRSS", "VmHWM"):
-            out[name] = int(value.split()[0]) * 1024
-    return out
 
 
 def _write_data_set(path: Path, size: int) -> int:
@@ -84,14 +60,14 @@ def test_a_large_upload_keeps_the_api_rss_flat(tmp_path):
         text=True,
     ).stdout.strip()
     with dprc_serve(DPRC, env, tmp_path / "server.log") as url:
-        pid = _server_pid(int(url.rsplit(":", 1)[1]))
+        pid = server_pid(int(url.rsplit(":", 1)[1]))
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=3600)
         small = tmp_path / "small.jsonl"
         _write_data_set(small, 64 * 1024)
         client.uploads.upload_file_chunked(  # warm up: the code paths are loaded
             file=small, mime_type="text/jsonl", purpose="fine-tune", part_size=16 * 1024
         )
-        before = _status(pid)["VmRSS"]
+        before = proc_memory(pid)["VmRSS"] * MiB
         try:  # the peak starts again from the current RSS
             Path(f"/proc/{pid}/clear_refs").write_text("5")
         except OSError:  # then the peak since start-up counts (an over-estimate)
@@ -101,7 +77,7 @@ def test_a_large_upload_keeps_the_api_rss_flat(tmp_path):
             file=data, mime_type="text/jsonl", purpose="fine-tune", part_size=64 * MiB
         )
         seconds = time.monotonic() - started
-        after = _status(pid)
+        after = {k: v * MiB for k, v in proc_memory(pid).items()}
     assert done.status == "completed" and done.file is not None
     assert done.file.bytes == data.stat().st_size
     assert done.file.model_extra["n_examples"] == n

@@ -1,0 +1,441 @@
+"""Big N elsewhere (issue 28, item 4): what grows with the number of examples N, measured at
+N = 10⁷ through a real service and the library's samplers.
+
+* **upload** — a file of N short classification lines (``{"text": "x<i> w<j>", "label": 0|1}``,
+  a few tokens each, every text distinct) goes to a real ``dprc serve`` (SQLite in a temporary
+  ``DPRC_DATA_DIR``, no embedded worker) through the official client's
+  ``client.uploads.upload_file_chunked`` in 64 MiB parts: its completion validates every line
+  and records every example's keyed hash. Wall time, its phases (parts sent, assembly,
+  validation + hashing, recording: ``benchmarks/data_scale.py``'s ``CompletionWatch``), and the
+  server's peak RSS above its RSS before (``VmHWM``, reset through ``/proc/<pid>/clear_refs``);
+* **reads** — each ``REPEAT`` times, median and slowest: ``GET /v1/files`` (the listing, and
+  the dashboard's ``?purpose=fine-tune``), ``GET /v1/files/{id}``, ``GET
+  /v1/files/{id}/budget/history``, and the dashboard's data-set pages — signed in by POSTing
+  the key to ``/sign-in`` — ``/data-sets`` and ``/data-sets/{id}`` (the HTML, then the JSON its
+  script fetches, with the session cookie and the dashboard's header);
+* **job creates** — two ``POST /v1/fine_tuning/jobs`` on the file (exact clipping, one epoch,
+  batch ``--batch``: the plan calibrates σ for N / batch steps; the budget check composes the
+  file's history), then the file and its history read again; the server's peak RSS above its
+  RSS before these reads and creates;
+* **samplers** — in a fresh process, the library's per-step Poisson sampling at rate
+  batch / N: :class:`~dprc_core.training.sampling.PoissonSampler` (float64 coins 2²⁰ at a
+  time) and :class:`~dprc_core.training.secure_sampling.SecurePoissonSampler` (ChaCha20
+  words), the mean of ``--draws`` draws and the peak RSS above the RSS before; and the
+  per-job cost of :class:`~dprc_core.training.sampling.FixedOrderSampler` (one permutation of
+  N);
+* **store** (``--store``) — the job's data (``load_job_data``, MiniLM): the tokenized store
+  built from the file, then opened again by a later job (its checksums verified), each in a
+  fresh process, with the data's peak RSS (``benchmarks/data_scale.py``'s data phase).
+
+The page is written after each phase (a run stopped early leaves what it measured); the
+hand-written text between its ``<!-- reading -->`` markers is kept.
+
+    .venv/bin/python benchmarks/big_n.py [--n 10000000] [--batch 1024] [--store] [--out PAGE]
+    # writes docs/benchmarks/big_n.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.data_scale import (  # noqa: E402 - after the path
+    READING_END,
+    READING_START,
+    LoadWatch,
+    Server,
+    dprc_server,
+    machine,
+    measure_upload,
+    reset_peak,
+    upload_phases,
+    warm_up,
+)
+from benchmarks.data_scale import (  # noqa: E402
+    run_child as data_child,
+)
+from tests.serve_process import proc_memory  # noqa: E402
+
+OUT = ROOT / "docs" / "benchmarks" / "big_n.md"
+REPEAT = 5
+EPSILON = 1.0  # each job's target; the data set's budget (the tenant's default) is 8
+
+
+def make_file(path: Path, n: int) -> None:
+    """``n`` distinct short classification lines (two words, about 37 bytes each)."""
+    with open(path, "w") as f:
+        block = []
+        for i in range(n):
+            block.append(f'{{"text": "x{i} w{(i * 7919) % 1000}", "label": {i % 2}}}\n')
+            if len(block) == 65536:
+                f.write("".join(block))
+                block = []
+        f.write("".join(block))
+
+
+def _timed(call: Callable[[], Any], repeat: int = REPEAT) -> dict[str, float]:
+    """Median and slowest of ``repeat`` calls (seconds)."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return {"median_s": statistics.median(times), "max_s": max(times), "repeat": repeat}
+
+
+def reads_and_creates(server: Server, file_id: str, batch: int) -> dict[str, Any]:
+    """The listing, the file, its history, the dashboard's pages and two job creates."""
+    import httpx
+
+    out: dict[str, Any] = {}
+    headers = {"Authorization": f"Bearer {server.key}"}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=3600) as api:
+
+        def get(path: str) -> Callable[[], Any]:
+            def call() -> Any:
+                r = api.get(path)
+                r.raise_for_status()
+                return r.json()
+
+            return call
+
+        listing = get("/v1/files")()
+        out["listed"] = len(listing["data"])
+        out["GET /v1/files"] = _timed(get("/v1/files"))
+        out["GET /v1/files?purpose=fine-tune"] = _timed(get("/v1/files?purpose=fine-tune"))
+        out["GET /v1/files/{id}"] = _timed(get(f"/v1/files/{file_id}"))
+        out["GET /v1/files/{id}/budget/history"] = _timed(
+            get(f"/v1/files/{file_id}/budget/history")
+        )
+        with httpx.Client(base_url=server.url, timeout=3600) as browser:
+            signed = browser.post("/sign-in", data={"api_key": server.key})
+            if signed.status_code not in (200, 303) or not browser.cookies.get("dprc_session"):
+                raise RuntimeError(f"sign-in failed: {signed.status_code} {signed.text[:300]}")
+            dash = {"X-DPRC-Dashboard": "1", "Accept": "application/json"}
+
+            def page(path: str, *fetches: str) -> Callable[[], None]:
+                def call() -> None:
+                    r = browser.get(path)
+                    r.raise_for_status()
+                    for api_path in fetches:  # what the page's script fetches
+                        browser.get(api_path, headers=dash).raise_for_status()
+
+                return call
+
+            out["dashboard /data-sets (HTML + its JSON)"] = _timed(
+                page("/data-sets", "/v1/files?purpose=fine-tune")
+            )
+            out["dashboard /data-sets/{id} (HTML only)"] = _timed(page(f"/data-sets/{file_id}"))
+            out["dashboard /data-sets/{id} (HTML + its JSON)"] = _timed(
+                page(
+                    f"/data-sets/{file_id}",
+                    f"/v1/files/{file_id}",
+                    f"/v1/files/{file_id}/budget/history",
+                )
+            )
+        body = {
+            "model": "minilm-l6-v2",
+            "training_file": file_id,
+            "hyperparameters": {"n_epochs": 1, "batch_size": batch},
+            "privacy": {"target_epsilon": EPSILON, "clipping": {"method": "exact"}},
+        }
+        for k in (1, 2):
+            start = time.perf_counter()
+            r = api.post("/v1/fine_tuning/jobs", json=body)
+            seconds = time.perf_counter() - start
+            if r.status_code >= 300:
+                raise RuntimeError(f"job create failed: {r.status_code} {r.text[:500]}")
+            job = r.json()
+            out[f"POST /v1/fine_tuning/jobs ({k})"] = {"seconds": seconds, "id": job["id"]}
+            out["privacy"] = {
+                key: job["privacy"].get(key)
+                for key in ("noise_multiplier", "sample_rate", "steps", "target_epsilon", "delta")
+            }
+        out["GET /v1/files/{id} after the jobs"] = _timed(get(f"/v1/files/{file_id}"))
+        out["GET /v1/files/{id}/budget/history after the jobs"] = _timed(
+            get(f"/v1/files/{file_id}/budget/history")
+        )
+    return out
+
+
+def sampling(n: str, batch: str, draws: str) -> dict[str, Any]:
+    """The samplers at N = ``n``, rate batch / N: mean seconds a draw and the peak RSS above
+    the RSS before (MiB), each sampler after a reset of the peak."""
+    import torch
+
+    from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
+    from dprc_core.training.secure_sampling import SecurePoissonSampler
+
+    size, b, k = int(n), int(batch), int(draws)
+    q = b / size
+    pid = os.getpid()
+    out: dict[str, Any] = {"threads": torch.get_num_threads()}
+
+    def measure(name: str, make: Callable[[], Any]) -> None:
+        base = proc_memory(pid)["VmRSS"]
+        reset_peak(pid)
+        start = time.perf_counter()
+        sampler = make()
+        built = time.perf_counter() - start
+        sizes, times = [], []
+        start = time.perf_counter()
+        for batch_indices in sampler:  # each draw timed as the training loop meets it
+            times.append(time.perf_counter() - start)
+            sizes.append(len(batch_indices))
+            if len(times) == k:
+                break
+            start = time.perf_counter()
+        out[name] = {
+            "construct_s": built,
+            "first_draw_s": times[0],
+            "mean_draw_s": statistics.mean(times[1:] or times),
+            "draws": len(times),
+            "mean_batch": statistics.mean(sizes),
+            "peak_above_mib": proc_memory(pid)["VmHWM"] - base,
+        }
+
+    measure("PoissonSampler", lambda: PoissonSampler(size, q, steps=k, seed=0))
+    measure("SecurePoissonSampler", lambda: SecurePoissonSampler(size, q, steps=k))
+    measure("FixedOrderSampler", lambda: FixedOrderSampler(size, b, epochs=1, seed=0))
+    return out
+
+
+def run_child(*args: str) -> dict[str, Any]:
+    """Run ``--child KIND ARGS`` in a fresh process; its JSON answer."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def _size(path: Path) -> float:
+    """MB of a file, or of a folder's files."""
+    if path.is_file():
+        return path.stat().st_size / 1e6
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e6
+
+
+READS = [
+    "GET /v1/files",
+    "GET /v1/files?purpose=fine-tune",
+    "GET /v1/files/{id}",
+    "GET /v1/files/{id}/budget/history",
+    "dashboard /data-sets (HTML + its JSON)",
+    "dashboard /data-sets/{id} (HTML only)",
+    "dashboard /data-sets/{id} (HTML + its JSON)",
+    "POST /v1/fine_tuning/jobs (1)",
+    "POST /v1/fine_tuning/jobs (2)",
+    "GET /v1/files/{id} after the jobs",
+    "GET /v1/files/{id}/budget/history after the jobs",
+]
+
+
+def _read_rank(name: str) -> int:
+    """A read's row on the page: the order :func:`reads_and_creates` makes them in (the kept
+    JSON sorts its keys)."""
+    return READS.index(name) if name in READS else len(READS)
+
+
+def render(result: dict[str, Any]) -> str:
+    """The page (a phase the run did not reach is said to be missing)."""
+    n = result["n"]
+    lines = [
+        f"# Big N: what grows with the number of examples, at N = {n:,} (issue 28)\n",
+        f"Generated by `{result['command']}` on {result['machine']}, {result['date']}, in "
+        f"{result['wall_s'] / 60:.1f} minutes"
+        + ("" if result.get("finished") else " (stopped before its end: partial)")
+        + f"; {result['load']}. A real `dprc serve` on "
+        "SQLite (no embedded worker, a fresh data folder), and the library's samplers in a "
+        f"fresh process. The file: {n:,} distinct lines such as "
+        '`{"text": "x12 w28", "label": 0}`, '
+        f"{result.get('file_mb', 0):.0f} MB.\n",
+    ]
+    missing = "Not measured: the run stopped before this phase.\n"
+    lines += ["## Upload (validation of every line, a keyed hash of every example)\n"]
+    up = result.get("upload")
+    if up is None:
+        lines.append(missing)
+    else:
+        lines += [
+            "Through the official client's `client.uploads.upload_file_chunked`, 64 MiB parts, "
+            "after a warm-up upload. Phases as in [data.md](data.md): parts sent, assembly, "
+            "validation + hashing (hashes sorted in runs, spilled and merged), recording of the "
+            "hashes in the database.\n",
+            "| upload: total (s), and its phases | API RSS before (MiB) | API peak RSS above it "
+            "(MiB) | API RSS after (MiB) | database after (MB) |",
+            "| --- | --- | --- | --- | --- |",
+            f"| {upload_phases(up)} | {up['api_rss_before_mib']:.0f} | "
+            f"+{up['api_peak_growth_mib']:.1f} | {up['api_rss_after_mib']:.0f} | "
+            f"{result['database_mb']:.0f} |\n",
+        ]
+    lines += ["## Reads, the dashboard's pages and job creates\n"]
+    reads = result.get("reads")
+    if reads is None:
+        lines.append(missing)
+    else:
+        lines += [
+            f"Each read {REPEAT} times (the median and the slowest); `GET /v1/files` lists "
+            f"{reads['listed']} files (the data set and the warm-up). The dashboard's pages "
+            "after a sign-in (`POST /sign-in` with the key): the HTML, then the JSON its script "
+            f"fetches. The creates: exact clipping, one epoch, batch {result['batch']}, target ε "
+            f"{EPSILON} each on a budget of ε 8: σ {reads['privacy']['noise_multiplier']:.3f}, "
+            f"q {reads['privacy']['sample_rate']:.3g}, {reads['privacy']['steps']:,} steps.\n",
+            "| request | median (s) | slowest (s) |",
+            "| --- | --- | --- |",
+        ]
+        for name, value in sorted(reads.items(), key=lambda item: _read_rank(item[0])):
+            if isinstance(value, dict) and "median_s" in value:
+                lines.append(f"| {name} | {value['median_s']:.3f} | {value['max_s']:.3f} |")
+            elif isinstance(value, dict) and "seconds" in value:
+                lines.append(f"| {name} | {value['seconds']:.2f} (once) | |")
+        lines += [
+            "",
+            "The server's RSS before these reads and creates: "
+            f"{result['api_rss_before_reads_mib']:.0f} MiB; its peak during them: "
+            f"+{result['api_peak_growth_reads_mib']:.1f} MiB; after: "
+            f"{result['api_rss_after_reads_mib']:.0f} MiB.\n",
+        ]
+    lines += ["## Samplers\n"]
+    s = result.get("sampling")
+    if s is None:
+        lines.append(missing)
+    else:
+        lines += [
+            f"Rate q = {result['batch']} / {n:,}, {s['threads']} torch threads; the mean of the "
+            "draws after the first, and the peak RSS above the RSS before (per sampler, after a "
+            "reset of the peak).\n",
+            "| sampler | construction (s) | first draw (s) | mean draw (s) | draws | mean batch "
+            "| peak RSS above before (MiB) |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for name in ("PoissonSampler", "SecurePoissonSampler", "FixedOrderSampler"):
+            v = s[name]
+            lines.append(
+                f"| `{name}` | {v['construct_s']:.3f} | {v['first_draw_s']:.3f} | "
+                f"{v['mean_draw_s']:.3f} | {v['draws']} | {v['mean_batch']:.0f} | "
+                f"{v['peak_above_mib']:.0f} |"
+            )
+        lines.append("")
+    if "store_build" in result:
+        build, reuse = result["store_build"], result["store_reuse"]
+        lines += [
+            "",
+            "## The job's data: the tokenized store\n",
+            "`load_job_data` of a MiniLM classification job (`max_seq_len` 128) in a fresh "
+            "process, then again in another (the store reused: opened and its checksums "
+            "verified), each followed by 20 Poisson batches at rate 64 / N "
+            "(`benchmarks/data_scale.py`'s data phase); the peak RSS above the RSS with the "
+            "model and tokenizer loaded.\n",
+            "| | store ready (s) | peak RSS above model + tokenizer (MiB) |",
+            "| --- | --- | --- |",
+            f"| first job: built | {build['store_ready']:.1f} | "
+            f"{build['peak_rss_mib'] - build['base_rss_mib']:.0f} |",
+            f"| later job: reused | {reuse['store_ready']:.1f} | "
+            f"{reuse['peak_rss_mib'] - reuse['base_rss_mib']:.0f} |",
+            "",
+            f"The store on disk: {result['store_mb']:.0f} MB.",
+        ]
+    if result.get("reading"):
+        lines += ["", result["reading"]]
+    kept = {k: v for k, v in result.items() if k != "reading"}
+    lines += ["", f"<!-- big_n: {json.dumps(kept, sort_keys=True)} -->", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=10_000_000)
+    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--draws", type=int, default=6)
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument(
+        "--store",
+        action="store_true",
+        help="also build the tokenized store of the file (MiniLM) and open it again",
+    )
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        kind, *rest = args.child
+        assert kind == "sampling"
+        print(json.dumps(sampling(*rest)), flush=True)
+        return 0
+    result: dict[str, Any] = {
+        "n": args.n,
+        "batch": args.batch,
+        "command": shlex.join(["benchmarks/big_n.py", *sys.argv[1:]]),
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    if args.out.exists():  # the hand-written reading of the page is kept
+        text = args.out.read_text()
+        a, b = text.find(READING_START), text.find(READING_END)
+        if 0 <= a < b:
+            result["reading"] = text[a : b + len(READING_END)]
+    started = time.monotonic()
+    with LoadWatch() as load, tempfile.TemporaryDirectory(prefix="dprc-big-n-") as tmp:
+
+        def save() -> None:  # after each phase: a run stopped early leaves what it measured
+            result["wall_s"], result["load"] = time.monotonic() - started, load.summary()
+            args.out.write_text(render(result))
+
+        result["sampling"] = run_child("sampling", str(args.n), str(args.batch), str(args.draws))
+        print("sampling", result["sampling"], flush=True)
+        path = Path(tmp) / "big.jsonl"
+        t = time.monotonic()
+        make_file(path, args.n)
+        result["file_mb"] = path.stat().st_size / 1e6
+        print(f"file: {result['file_mb']:.0f} MB in {time.monotonic() - t:.0f} s", flush=True)
+        save()
+        with dprc_server(Path(tmp)) as server:
+            warm_up(server, Path(tmp))
+            result["upload"] = up = measure_upload(server, path, args.n)
+            print("upload", up, flush=True)
+            database = server.data_dir / "dprc.sqlite3"
+            result["database_mb"] = sum(
+                _size(p)
+                for p in (database, database.with_name(database.name + "-wal"))
+                if p.exists()
+            )
+            save()
+            before = proc_memory(server.pid)["VmRSS"]
+            reset_peak(server.pid)
+            result["reads"] = reads_and_creates(server, up["file_id"], args.batch)
+            after = proc_memory(server.pid)
+            result["api_rss_before_reads_mib"] = before
+            result["api_peak_growth_reads_mib"] = after["VmHWM"] - before
+            result["api_rss_after_reads_mib"] = after["VmRSS"]
+            print("reads", result["reads"], flush=True)
+            save()
+        if args.store:  # the job's data: the store built, then opened again (a later job)
+            store = str(Path(tmp) / "store")
+            for name in ("store_build", "store_reuse"):
+                result[name] = data_child("data", str(path), store, tmp)
+                print(name, result[name], flush=True)
+            result["store_mb"] = _size(Path(store))
+        result["finished"] = True
+        save()
+    print(args.out.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
