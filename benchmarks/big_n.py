@@ -41,7 +41,6 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -214,16 +213,8 @@ def sampling(n: str, batch: str, draws: str) -> dict[str, Any]:
 
 
 def run_child(*args: str) -> dict[str, Any]:
-    """Run ``--child KIND ARGS`` in a fresh process; its JSON answer."""
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", *args],
-        check=True,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    ).stdout
-    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    return result
+    """Run ``--child KIND ARGS`` of this script in a fresh process; its JSON answer."""
+    return data_child(*args, script=__file__)
 
 
 def _size(path: Path) -> float:

@@ -416,10 +416,11 @@ def machine() -> str:
     return f"{platform.node() or 'this machine'} ({os.cpu_count()} cores)"
 
 
-def run_child(*args: str) -> dict[str, Any]:
-    """Run one measurement (``--child KIND ARGS``) in a fresh process; its JSON answer."""
+def run_child(*args: str, script: str = __file__) -> dict[str, Any]:
+    """Run one measurement (``script --child KIND ARGS``, this script by default) in a fresh
+    process; its JSON answer (the last line it prints)."""
     out = subprocess.run(
-        [sys.executable, __file__, "--child", *args],
+        [sys.executable, script, "--child", *args],
         check=True,
         capture_output=True,
         text=True,
