@@ -71,7 +71,12 @@ from dprc_core.training.learnability import is_adaptive, warn_if_unlearnable
 from dprc_core.training.plan import PrivacyPlan, plan_privacy
 from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
 from dprc_core.training.token_store import user_key
-from dprc_core.training.user_sampling import UserIndex, UserPoissonSampler, split_between_users
+from dprc_core.training.user_sampling import (
+    DEFAULT_EXAMPLES_PER_USER,
+    UserIndex,
+    UserPoissonSampler,
+    split_between_users,
+)
 
 logger = hf_logging.get_logger(__name__)
 
@@ -279,10 +284,6 @@ class _EpochClock:
             return float(len(self.full_ends))
         before = self.full_ends[i - 1] if i else 0
         return i + (steps - before) / (self.full_ends[i] - before)
-
-
-# unit='user': the rows a sampled user contributes to a step unless PrivacyArguments says
-DEFAULT_EXAMPLES_PER_USER = 8
 
 
 def _user_keys(dataset: Any, field_name: str) -> torch.Tensor:

@@ -70,15 +70,17 @@ from dprc_core.training.results import ResultsFile
 from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
 from dprc_core.training.secure_sampling import SecurePoissonSampler
 from dprc_core.training.token_store import TokenStore
-from dprc_core.training.user_sampling import UserIndex, UserPoissonSampler, user_micro_batches
+from dprc_core.training.user_sampling import (
+    DEFAULT_EXAMPLES_PER_USER,
+    UserIndex,
+    UserPoissonSampler,
+    user_micro_batches,
+)
 from dprc_core.training.validation import prepare_validation, validation_loss
 
 Sampler = PoissonSampler | FixedOrderSampler | SecurePoissonSampler | UserPoissonSampler
 
 OPTIMIZERS = ("adam", "sgd")
-# user-level DP: the lines a sampled user contributes to a step unless the spec says
-# (docs/privacy_unit.md, "Choosing max_examples_per_user")
-DEFAULT_EXAMPLES_PER_USER = 8
 
 
 @dataclass

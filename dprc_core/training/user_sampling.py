@@ -25,6 +25,11 @@ import torch
 from dprc_core.distributed import Ranks, shard_indices
 from dprc_core.training.sampling import _shared_seed, poisson_indices
 
+# the most rows a sampled user contributes to a step unless the spec or the Trainer's
+# arguments say (capped by the micro-batch; docs/privacy_unit.md, "Choosing
+# max_examples_per_user")
+DEFAULT_EXAMPLES_PER_USER = 8
+
 
 @dataclass(frozen=True)
 class UserIndex:
@@ -173,4 +178,10 @@ class UserPoissonSampler:
         self.generator.set_state(state["generator"])
 
 
-__all__ = ["UserIndex", "UserPoissonSampler", "split_between_users", "user_micro_batches"]
+__all__ = [
+    "DEFAULT_EXAMPLES_PER_USER",
+    "UserIndex",
+    "UserPoissonSampler",
+    "split_between_users",
+    "user_micro_batches",
+]
