@@ -43,6 +43,7 @@ from service import budget, files, jobs, planning
 from service import model_registry as models
 from service.errors import InvalidInput
 from service.keys import Caller
+from service.privacy_unit import resolve_unit
 from service.store import Store
 
 T = TypeVar("T")
@@ -320,7 +321,8 @@ def job_plan(store: Store, caller: Caller, req: jobs.JobRequest) -> JobPlanPrevi
                 param="training_file",
                 code="invalid_file",
             )
-        n = file.n_examples
+        unit = resolve_unit(file, req.privacy.unit, store.settings, mechanism=req.privacy.mechanism)
+        n = unit.n
         group = budget.group_of(session, file)
         assert group is not None
         events = budget.group_events(session, group)

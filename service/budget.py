@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from dprc_core.accounting import PrivacyEvent, SubsampledGaussianEvent
@@ -138,6 +138,15 @@ def group_of(session: Session, file: File) -> BudgetGroup | None:
     if file.group_id is None:
         return None
     return session.scalar(select(BudgetGroup).where(BudgetGroup.id == file.group_id))
+
+
+def group_units(session: Session, group: BudgetGroup) -> int:
+    """The N of a group's δ ≤ 1/N rule: its distinct examples, or for a per-user group the
+    users of its largest file (docs/privacy_unit.md)."""
+    if group.privacy_unit != "user":
+        return group.n_examples
+    users = session.scalar(select(func.max(File.n_users)).where(File.group_id == group.id))
+    return int(users or 0) or group.n_examples
 
 
 def group_jobs(session: Session, group_id: str) -> list[Job]:
@@ -355,8 +364,9 @@ def change_budget(
 ) -> BudgetChange:
     """Set or change a group's budget (``group`` locked): a value not given keeps the current
     one (ε is needed when the group has none; δ defaults to 1/N^1.1 rounded down, N the
-    group's distinct examples; δ ≤ 1/N). Refused (:class:`Conflict`, the transaction rolled
-    back) if what is already committed does not fit the new budget."""
+    group's distinct examples, or its users (:func:`group_units`); δ ≤ 1/N). Refused
+    (:class:`Conflict`, the transaction rolled back) if what is already committed does not
+    fit the new budget."""
     before = (group.epsilon_budget, group.delta)
     eps = epsilon_budget if epsilon_budget is not None else group.epsilon_budget
     if eps is None:
@@ -366,7 +376,7 @@ def change_budget(
             code="invalid_value",
         )
     d = delta if delta is not None else group.delta
-    eps_b, d = budget_values(group.n_examples, eps, d)
+    eps_b, d = budget_values(group_units(session, group), eps, d)
     assert eps_b is not None and d is not None
     group.epsilon_budget, group.delta = eps_b, d
     _spent, committed = settle(session, group)
@@ -392,6 +402,7 @@ class Budget:
     reserved: float | None
     committed: float | None
     remaining: float
+    unit: str = "example"  # what each ε protects: one example, or one user (all its lines)
 
 
 def group_budget(group: BudgetGroup, live: float | None = None) -> Budget | None:
@@ -409,6 +420,7 @@ def group_budget(group: BudgetGroup, live: float | None = None) -> Budget | None
         reserved=max(0.0, committed - spent) if math.isfinite(committed) else None,
         committed=committed if math.isfinite(committed) else None,
         remaining=max(0.0, group.epsilon_budget - committed),
+        unit=group.privacy_unit or "example",
     )
 
 
@@ -439,7 +451,7 @@ def history(session: Session, group: BudgetGroup) -> History:
     """The group's composed ε after each of its jobs, in creation order: at job i, the
     composition (:func:`compose`, never a sum) of the spent and committed events of jobs
     1..i."""
-    delta = group.delta if group.delta is not None else default_delta(group.n_examples)
+    delta = group.delta if group.delta is not None else default_delta(group_units(session, group))
     spent: list[PrivacyEvent | None] = []
     committed: list[PrivacyEvent | None] = []
     points: list[HistoryPoint] = []

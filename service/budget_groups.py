@@ -17,7 +17,11 @@ The rules, applied under the tenant's lock (uploads of a tenant take turns):
   ``budget_group_conflict`` (only an admin changes a group's budget), and ``unbudgeted`` is 409;
 * shared examples with one group without a budget: joins it only when the upload asks for no
   budget either; else 409 (an admin sets that group's budget first);
-* shared examples with several groups: 409 naming them (the service never merges budgets).
+* shared examples with several groups: 409 naming them (the service never merges budgets);
+* the privacy unit: a group's budget is per user when its first file names its users
+  (user-level DP, docs/privacy_unit.md), else per example; an upload whose unit differs from
+  the group it shares examples with is 409 ``privacy_unit_conflict`` (one budget cannot be
+  counted both ways). A per-user group's δ defaults to 1/U^1.1 (U its file's users).
 """
 
 from __future__ import annotations
@@ -36,6 +40,19 @@ from service.example_hashes import HashedData
 from service.ids import new_id
 from service.settings import Settings
 from service.tables import BudgetGroup, ExampleHash
+
+EXAMPLE_UNIT, USER_UNIT = "example", "user"
+
+
+def unit_of(hashed: HashedData) -> str:
+    """The privacy unit of an upload's budget: ``user`` when its lines name their users."""
+    return USER_UNIT if hashed.users is not None else EXAMPLE_UNIT
+
+
+def accounting_size(hashed: HashedData) -> int:
+    """The N of the δ ≤ 1/N rule for an upload: its users, or its examples."""
+    return hashed.users.n_users if hashed.users is not None else hashed.n_examples
+
 
 LOOKUP_CHUNK = 500  # digests a lookup names
 INSERT_CHUNK = 5000  # rows an insert (executemany) sends
@@ -161,12 +178,22 @@ def place(
             select(BudgetGroup).where(BudgetGroup.id == found[0]).with_for_update()
         )
         assert group is not None
+        if group.privacy_unit != unit_of(hashed):
+            raise Conflict(
+                f"this upload shares examples with data set {group.id}, whose budget is per "
+                f"{group.privacy_unit}; this upload's is per {unit_of(hashed)} (its lines "
+                + ("name" if hashed.users is not None else "do not name")
+                + " their users). One budget cannot be counted both ways: upload it as the "
+                "data set was (docs/privacy_unit.md)",
+                param="file",
+                code="privacy_unit_conflict",
+            )
         refusal = _join_refusal(group, wish, settings)
         if refusal is not None:
             raise Conflict(refusal, param="epsilon_budget", code="budget_group_conflict")
         _add_digests(session, tenant_id, group, hashed)
         return Placement(group, joined=True, budget_set=False, defaulted=False)
-    eps, d, defaulted = _new_budget(wish, hashed.n_examples, settings)
+    eps, d, defaulted = _new_budget(wish, accounting_size(hashed), settings)
     group = BudgetGroup(
         id=new_id("bg"),
         tenant_id=tenant_id,
@@ -176,6 +203,7 @@ def place(
         delta=d,
         epsilon_spent=0.0,
         epsilon_committed=0.0,
+        privacy_unit=unit_of(hashed),
     )
     session.add(group)
     session.flush()

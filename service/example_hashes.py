@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, overload
 
-from dprc_core.training.data import DataError, read_examples
+from dprc_core.training.data import DEFAULT_USER_FIELD, DataError, read_examples
 from service.errors import InvalidInput
+from service.user_counts import UserCounter, UserCounts
 
 SECRETS_DIR = "secrets"
 _cache: dict[Path, bytes] = {}
@@ -126,12 +127,14 @@ class Digests(Sequence[str]):
 
 @dataclass(frozen=True)
 class HashedData:
-    """A validated data set: its number of examples (lines), its format and the distinct
-    keyed hashes of its examples (sorted hex, as :class:`Digests`)."""
+    """A validated data set: its number of examples (lines), its format, the distinct
+    keyed hashes of its examples (sorted hex, as :class:`Digests`) and, when its lines name
+    their users (user-level DP), their count."""
 
     n_examples: int
     format: str
     digests: Sequence[str]
+    users: UserCounts | None = None
 
 
 def _records(run: bytes | Path) -> Iterator[bytes]:
@@ -249,14 +252,39 @@ def capped_lines(stream: IO[bytes], max_line_bytes: int | None) -> Iterator[byte
         yield line
 
 
-def _hash_lines(lines: Iterable[bytes], secret: bytes, spool: _DigestSpool) -> tuple[int, str]:
+def _hash_lines(
+    lines: Iterable[bytes],
+    secret: bytes,
+    spool: _DigestSpool,
+    users: UserCounter,
+    user_field: str | None = None,
+) -> tuple[int, str, UserCounts | None]:
     """Validate a data set in one pass over its lines (:func:`read_examples`, and the checks of
     :func:`summarize_jsonl`: two examples, two classes) while hashing its examples into
-    ``spool``; (number of examples, format). Memory: the current line and one digest run."""
+    ``spool`` and counting its users in ``users``; (number of examples, format, users).
+    ``user_field``: every line must name its user there; without it a line may name its user
+    in ``user_id``, and then every line must (a data set's lines all name their users or none
+    does). Memory: the current line, one digest run and the user counter's bound."""
     n, fmt, first_label, classes = 0, None, None, 0
+    named: int | None = None  # the first line's number, and whether it named a user
+    with_users = False
     keyed = hmac.new(secret, digestmod=hashlib.sha256)
-    for ex in read_examples(lines):
+    for ex in read_examples(lines, user_field=user_field):
         n, fmt = n + 1, ex.format
+        if named is None:
+            named, with_users = n, ex.user is not None
+        elif (ex.user is not None) != with_users:
+            field_name = user_field or DEFAULT_USER_FIELD
+            raise DataError(
+                f"example {n}: "
+                + ("names no user" if with_users else f"names its user in {field_name!r}")
+                + f" while example {named} "
+                + ("does" if with_users else "does not")
+                + f": either every line names its user in {field_name!r} (user-level DP, "
+                "docs/privacy_unit.md) or none does"
+            )
+        if ex.user is not None:
+            users.add(ex.user)
         if ex.label is not None and classes < 2:
             name = str(ex.label)  # label_names compares labels as strings: 1 and "1" are one
             if first_label is None:
@@ -274,36 +302,51 @@ def _hash_lines(lines: Iterable[bytes], secret: bytes, spool: _DigestSpool) -> t
         raise DataError(
             f"a classification data set needs at least 2 classes, this one has {classes}"
         )
-    return n, fmt
+    counts = None
+    if with_users:
+        n_users, most = users.finish()
+        if n_users < MIN_EXAMPLES:
+            raise DataError(
+                f"a user-level data set needs at least {MIN_EXAMPLES} users, this one has {n_users}"
+            )
+        counts = UserCounts(user_field or DEFAULT_USER_FIELD, n_users, most)
+    return n, fmt, counts
 
 
-def hash_examples(data: bytes, secret: bytes) -> HashedData:
+def hash_examples(data: bytes, secret: bytes, user_field: str | None = None) -> HashedData:
     """Validate a fine-tune JSONL file held in memory (the worker's own reader,
     :func:`dprc_core.training.data.read_examples`, with the checks of ``summarize_jsonl``) and
-    hash its examples; a bad line is :class:`InvalidInput` (400, ``param: file``) naming it."""
+    hash its examples (and count its users: ``user_field``, as in :func:`_hash_lines`); a bad
+    line is :class:`InvalidInput` (400, ``param: file``) naming it."""
     spool = _DigestSpool(None)
     try:
-        n, fmt = _hash_lines(io.BytesIO(data), secret, spool)
+        n, fmt, users = _hash_lines(io.BytesIO(data), secret, spool, UserCounter(None), user_field)
     except DataError as exc:
         raise InvalidInput(str(exc), param="file", code="invalid_jsonl") from exc
-    return HashedData(n, fmt, spool.finish())
+    return HashedData(n, fmt, spool.finish(), users)
 
 
 @contextmanager
 def hash_file(
-    path: Path, secret: bytes, spill_dir: Path, max_line_bytes: int | None = None
+    path: Path,
+    secret: bytes,
+    spill_dir: Path,
+    max_line_bytes: int | None = None,
+    user_field: str | None = None,
 ) -> Iterator[HashedData]:
     """:func:`hash_examples` of a file on disk, streamed: memory is bounded by one line (at
     most ``max_line_bytes``; None: no limit) and one run of digests, whatever the file's size;
     the digests beyond one run go to a folder made in ``spill_dir`` (32 bytes an example),
     removed when the context ends. A bad line is :class:`InvalidInput` naming it."""
-    spool = _DigestSpool(spill_dir)
+    spool, users = _DigestSpool(spill_dir), UserCounter(spill_dir)
     try:
         try:
             with open(path, "rb") as fh:
-                n, fmt = _hash_lines(capped_lines(fh, max_line_bytes), secret, spool)
+                lines = capped_lines(fh, max_line_bytes)
+                n, fmt, counts = _hash_lines(lines, secret, spool, users, user_field)
         except DataError as exc:
             raise InvalidInput(str(exc), param="file", code="invalid_jsonl") from exc
-        yield HashedData(n, fmt, spool.finish())
+        yield HashedData(n, fmt, spool.finish(), counts)
     finally:
         spool.close()
+        users.close()

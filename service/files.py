@@ -7,6 +7,7 @@ grouping of uploads that share examples :mod:`service.budget_groups`'). Reads re
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,6 +93,24 @@ def check_purpose(purpose: str) -> None:
         )
 
 
+USER_FIELD = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+LINE_FIELDS = ("text", "label", "messages")
+
+
+def check_user_field(user_field: str | None, param: str = "user_field") -> None:
+    """A user field names a line's field other than the example's own (1-64 of A-Z a-z 0-9
+    _ . -)."""
+    if user_field is None:
+        return
+    if not USER_FIELD.fullmatch(user_field) or user_field in LINE_FIELDS:
+        raise InvalidInput(
+            f"user_field must be a field name of 1-64 characters A-Z a-z 0-9 _ . - other than "
+            f"{', '.join(LINE_FIELDS)}, got {user_field[:40]!r}",
+            param=param,
+            code="invalid_value",
+        )
+
+
 def create_file(
     store: Store,
     caller: Caller,
@@ -99,18 +118,21 @@ def create_file(
     filename: str | None,
     purpose: str,
     wish: BudgetWish,
+    *,
+    user_field: str | None = None,
 ) -> DataSet:
     """Validate and store a one-shot upload (``POST /v1/files``): :func:`store_data_set` of
     the data written to a temporary file of the tenant's folder."""
     authorize(caller, Action.UPLOAD)
     check_purpose(purpose)
+    check_user_field(user_field)
     directory = storage_dir(store, caller.tenant_id)
     fd, name = tempfile.mkstemp(dir=directory, prefix=".upload-")
     source = Path(name)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-        return store_data_set(store, caller, source, filename, purpose, wish)
+        return store_data_set(store, caller, source, filename, purpose, wish, user_field=user_field)
     finally:
         source.unlink(missing_ok=True)  # moved into place, or refused
 
@@ -128,6 +150,7 @@ def store_data_set(
     reserved: bool = False,
     within: Callable[[Session, File], None] | None = None,
     audit_detail: dict[str, Any] | None = None,
+    user_field: str | None = None,
 ) -> DataSet:
     """Validate a data set on disk (``source``, in the tenant's folder; it is moved into place
     when accepted) and store it as a file; a fine-tune data set goes to its budget group
@@ -140,13 +163,16 @@ def store_data_set(
     tenant's storage (a completing upload, :mod:`service.uploads`), so the quota is not checked
     again. ``within(session, row)`` runs in the transaction that stores the file, under the
     tenant's lock, before its audit entries (the last lock taken); ``audit_detail`` is added
-    to the detail of its ``file.upload`` entry."""
+    to the detail of its ``file.upload`` entry. ``user_field``: the field naming each line's
+    user (user-level DP; :func:`service.example_hashes.hash_file`)."""
     authorize(caller, Action.UPLOAD)
     check_purpose(purpose)
     directory = storage_dir(store, caller.tenant_id)
     size = source.stat().st_size
     secret = tenant_secret(store.settings.data_dir, caller.tenant_id)
-    with hash_file(source, secret, spill_dir or directory, max_line_bytes) as hashed:
+    check_user_field(user_field)
+    folder = spill_dir or directory
+    with hash_file(source, secret, folder, max_line_bytes, user_field) as hashed:
         file_id = new_id("file")
         path = directory / f"{file_id}.jsonl"
         os.replace(source, path)
@@ -201,6 +227,9 @@ def _insert_data_set(
             storage_path=str(path),
             n_examples=hashed.n_examples,
             data_format=hashed.format,
+            user_field=hashed.users.field if hashed.users else None,
+            n_users=hashed.users.n_users if hashed.users else None,
+            max_lines_per_user=hashed.users.max_lines_per_user if hashed.users else None,
             group_id=group.id,
             unbudgeted=wish.unbudgeted,
             deleted=False,
@@ -220,6 +249,7 @@ def _insert_data_set(
                 "filename": row.filename,
                 "bytes": row.bytes,
                 "n_examples": row.n_examples,
+                "n_users": row.n_users,
                 "budget_group": group.id,
                 "joined": placed.joined,
                 **audit_detail,

@@ -43,6 +43,7 @@ from service.job_status import ACTIVE, INITIAL, JobStatus
 from service.keys import Caller
 from service.lifecycle import Actor
 from service.pagination import cursor_page
+from service.privacy_unit import JobUnit, UnitRequest, resolve_unit
 from service.roles import Action, authorize
 from service.settings import Settings
 from service.store import Store
@@ -82,6 +83,7 @@ class PrivacySettings:
     nu: float | None = None
     bands: int | None = None
     report_train_loss: bool = True
+    unit: UnitRequest = field(default_factory=UnitRequest)  # what ε protects
 
 
 @dataclass(frozen=True)
@@ -178,8 +180,9 @@ def create_job(
     _check_devices(store.settings, req.devices)
     with store.sessions() as session:
         file = _training_file(session, caller, req.training_file)
-        n, fmt, group_id = file.n_examples, file.data_format, file.group_id
-        assert n is not None and group_id is not None
+        fmt, group_id = file.data_format, file.group_id
+        unit = resolve_unit(file, req.privacy.unit, store.settings, mechanism=req.privacy.mechanism)
+        assert group_id is not None
     if fmt not in FORMATS_FOR_TASK[model.task]:
         raise InvalidInput(
             f"model {model.name!r} ({model.task}) needs lines of format "
@@ -189,7 +192,7 @@ def create_job(
         )
     if req.validation_file is not None:
         _check_validation_file(store, caller, req, FORMATS_FOR_TASK[model.task])
-    plan = planning.make_plan(plan_request(req), n, store.settings.default_k)
+    plan = planning.make_plan(plan_request(req), unit.n, store.settings.default_k)
     check_model_settings(models.ensure_local(model), model.task, req.hyperparameters)
     privacy_event = plan.event()  # built before the locks (ν-DP-FTRL's needs its sensitivity)
     # The budget's composition (seconds of accountant work on a long history) runs outside
@@ -207,7 +210,7 @@ def create_job(
         planning.job_sketch(pr.norm_method, pr.mechanism, pr.sketch),
         secure=store.settings.secure_rng,
     )
-    new = _NewJob(req, plan, privacy_event, idem, mechanisms)
+    new = _NewJob(req, plan, privacy_event, idem, mechanisms, unit)
     # Before the file's turn: this job's leaf of the file's history (tenths of a second for
     # randomized clipping's hidden scale) is composed and cached here, concurrently with the
     # other creates; in the turn, its snapshot recomposes only what changed since (the blocks
@@ -233,6 +236,7 @@ class _NewJob:
     privacy_event: PrivacyEvent
     idem: Idempotency | None
     mechanisms: dict[str, Any]  # the engine's clipping and noise objects, serialized
+    unit: JobUnit  # what ε protects, and its N
 
 
 def _check_devices(settings: Settings, devices: int) -> None:
@@ -365,7 +369,7 @@ def _reserve_and_insert(
     budget.reserve(
         session, group, new.privacy_event, known, plan.planned_epsilon, plan.target_delta
     )
-    row = _insert_job(session, caller, new.req, plan, new.mechanisms)
+    row = _insert_job(session, caller, new.req, plan, new.mechanisms, new.unit)
     if new.idem is not None:
         session.add(
             IdempotencyKey(
@@ -497,6 +501,7 @@ def plan_request(req: JobRequest) -> planning.PlanRequest:
         nu=pr.nu,
         bands=pr.bands,
         sketch=planning.job_sketch(pr.norm_method, pr.mechanism, pr.sketch),
+        unit=pr.unit.type,
     )
 
 
@@ -522,7 +527,7 @@ def _stored_hyperparameters(req: JobRequest, plan: planning.JobPlan) -> dict[str
 
 
 def _stored_privacy(
-    req: JobRequest, plan: planning.JobPlan, mechanisms: dict[str, Any]
+    req: JobRequest, plan: planning.JobPlan, mechanisms: dict[str, Any], unit: JobUnit
 ) -> dict[str, Any]:
     """The job row's ``privacy``: what was asked, what was planned and how it is accounted
     (read back by budgets and :func:`privacy_of`), and ``mechanisms``, the engine's clipping
@@ -540,6 +545,7 @@ def _stored_privacy(
         },
         "noise": plan.noise(),
         "report_train_loss": pr.report_train_loss,
+        "unit": unit.stored(),
         "dataset_size": plan.n_examples,
         "sample_rate": plan.sample_rate,
         "steps": plan.steps,
@@ -556,6 +562,7 @@ def _insert_job(
     req: JobRequest,
     plan: planning.JobPlan,
     mechanisms: dict[str, Any],
+    unit: JobUnit,
 ) -> JobRow:
     row = JobRow(
         id=new_id("ftjob"),
@@ -565,7 +572,7 @@ def _insert_job(
         status=INITIAL.value,
         created_at=now(),
         hyperparameters=_stored_hyperparameters(req, plan),
-        privacy=_stored_privacy(req, plan, mechanisms),
+        privacy=_stored_privacy(req, plan, mechanisms, unit),
         seed=req.seed if req.seed is not None else secrets.randbits(63),  # secret: 63 bits
         suffix=req.suffix,
         job_metadata=req.metadata,
@@ -599,6 +606,11 @@ def _log_creation(session: Session, job_id: str, plan: planning.JobPlan) -> None
         f"Privacy plan: noise multiplier {plan.noise_multiplier:.4g}, sample rate "
         f"{plan.sample_rate:.4g}, {plan.steps} steps, planned epsilon "
         f"{plan.planned_epsilon:.4g} at delta {plan.target_delta:g}"
+        + (
+            " per user (users sampled, each user's lines clipped together)"
+            if plan.unit == "user"
+            else ""
+        )
         + (", per-example sketches" if plan.sketch != SHARED_SKETCH else ""),
         data={
             "noise_multiplier": plan.noise_multiplier,
@@ -607,6 +619,7 @@ def _log_creation(session: Session, job_id: str, plan: planning.JobPlan) -> None
             "planned_epsilon": plan.planned_epsilon,
             "target_delta": plan.target_delta,
             "sketch": plan.sketch,
+            "unit": plan.unit,
         },
     )
     add_event(session, job_id, "Job queued")

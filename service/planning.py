@@ -78,6 +78,9 @@ class JobPlan:
     sketch: str = SHARED_SKETCH
     # the library's plan this one was made from: the one plan, which builds the event
     privacy: PrivacyPlan | None = field(default=None, compare=False, repr=False)
+    # what ε protects: "example", or "user" (n_examples then counts users, batch_size the
+    # expected users a step; docs/privacy_unit.md)
+    unit: str = "example"
 
     @property
     def accounting_clipping(self) -> str:
@@ -141,17 +144,25 @@ class JobPlan:
                 "sensitivity": "matrix mechanism, as implemented (docs/accounting.md §9)",
                 "sketch": SHARED_SKETCH,
             }
+        per_user = self.unit == "user"
         return {
             "mechanism": "gaussian",
-            "adjacency": "add/remove (epsilon is the larger of the two directions)",
-            "sampling": "poisson",
+            "unit": self.unit,
+            "adjacency": "add/remove of one user with all their lines (epsilon is the larger "
+            "of the two directions)"
+            if per_user
+            else "add/remove (epsilon is the larger of the two directions)",
+            "sampling": "poisson over users, at most max_examples_per_user lines each"
+            if per_user
+            else "poisson",
             "clipping": self.accounting_envelope,
             "k": self.accounting_k,
             "envelope": "dimension-free" if self.accounting_k is not None else None,
             "rank": None,
             "sketch": self.sketch,
             "sketch_model": sketch_words(self.accounting_envelope, self.sketch),
-            "steps_rule": "ceil(n_epochs * N / batch_size)",
+            "steps_rule": "ceil(n_epochs * N / batch_size)"
+            + (" (N: users; batch_size: expected users a step)" if per_user else ""),
             "settings": asdict(DEFAULT_SETTINGS),
         }
 
@@ -170,6 +181,7 @@ class PlanRequest:
     nu: float | None = None
     bands: int | None = None
     sketch: str = SHARED_SKETCH  # shared | per_example (randomized clipping only; job_sketch)
+    unit: str = "example"  # example | user (N: the data set's users; service/privacy_unit.py)
 
 
 @lru_cache(maxsize=512)
@@ -185,6 +197,7 @@ def library_plan(
     nu: float | None,
     bands: int | None,
     sketch: str = SHARED_SKETCH,
+    unit: str = "example",
 ) -> PrivacyPlan:
     """The library's plan (σ calibrated for the target); cached, as retried and repeated
     jobs ask for the same plan."""
@@ -201,6 +214,7 @@ def library_plan(
             nu=nu,
             bands=bands,
             sketch=sketch,
+            unit=unit,
         )
 
 
@@ -217,12 +231,24 @@ def _calibrated(
     bands: int | None = None,
     param: str = "privacy.target_epsilon",
     sketch: str = SHARED_SKETCH,
+    unit: str = "example",
 ) -> PrivacyPlan:
     try:
         started = time.perf_counter()
         cached = library_plan.cache_info().hits
         plan = library_plan(
-            n, batch, n_epochs, clipping, k, target_epsilon, delta, mechanism, nu, bands, sketch
+            n,
+            batch,
+            n_epochs,
+            clipping,
+            k,
+            target_epsilon,
+            delta,
+            mechanism,
+            nu,
+            bands,
+            sketch,
+            unit,
         )
         if library_plan.cache_info().hits == cached:  # a calibration ran (not a cached plan)
             CALIBRATION_SECONDS.observe(time.perf_counter() - started)
@@ -242,7 +268,8 @@ def make_plan(req: PlanRequest, n: int, default_k: int) -> JobPlan:
     batch = min(DEFAULT_BATCH, n) if req.batch_size == "auto" else req.batch_size
     if batch > n:
         raise InvalidInput(
-            f"batch_size={batch} is larger than the data set (N={n}); the expected Poisson "
+            f"batch_size={batch} is larger than the data set (N={n} {req.unit}s); the expected "
+            "Poisson "
             "batch size must be at most N",
             param="hyperparameters.batch_size",
             code="invalid_value",
@@ -274,9 +301,18 @@ def make_plan(req: PlanRequest, n: int, default_k: int) -> JobPlan:
     # exact norms draw no sketch (a per_example request with them was refused above)
     acc_sketch = req.sketch if acc_clip != "exact" else SHARED_SKETCH
     lib = _calibrated(
-        n, batch, n_epochs, acc_clip, acc_k, req.target_epsilon, delta, sketch=acc_sketch
+        n,
+        batch,
+        n_epochs,
+        acc_clip,
+        acc_k,
+        req.target_epsilon,
+        delta,
+        sketch=acc_sketch,
+        unit=req.unit,
     )
     assert lib.steps == steps and lib.delta == delta and lib.sketch == acc_sketch
+    assert lib.unit == req.unit
     return JobPlan(
         n,
         n_epochs,
@@ -293,6 +329,7 @@ def make_plan(req: PlanRequest, n: int, default_k: int) -> JobPlan:
         lib.planned_epsilon,
         sketch=lib.sketch,
         privacy=lib,
+        unit=lib.unit,
     )
 
 

@@ -80,6 +80,11 @@ class BudgetGroup(Base):
     # the group after the backup (service/restore.py, service/freezes.py)
     frozen_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     frozen_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # what its ε protects: "example" (a line) or "user" (all of a user's lines; its files
+    # name their users): set by its first file, and every file that joins it has the same
+    privacy_unit: Mapped[str] = mapped_column(
+        String(16), default="example", server_default="example"
+    )
 
 
 class ExampleHash(Base):
@@ -160,6 +165,11 @@ class File(Base):
     # data-set facts (purpose fine-tune): number of examples and line format
     n_examples: Mapped[int | None] = mapped_column(Integer, nullable=True)
     data_format: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # user-level DP (docs/privacy_unit.md): the field naming each line's user, the number of
+    # users (by the worker's user key) and the most lines one of them has; None: no users
+    user_field: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    n_users: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    max_lines_per_user: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # the budget group of a fine-tune data set (its budget, spent, committed live there)
     group_id: Mapped[str | None] = mapped_column(
         ForeignKey("budget_groups.id"), nullable=True, index=True
@@ -199,6 +209,8 @@ class Upload(Base):
     epsilon_budget: Mapped[float | None] = mapped_column(Float, nullable=True)
     delta: Mapped[float | None] = mapped_column(Float, nullable=True)
     unbudgeted: Mapped[bool] = mapped_column(Boolean, default=False)
+    # the field naming each line's user, as announced at creation (None: ``user_id`` if any)
+    user_field: Mapped[str | None] = mapped_column(String(64), nullable=True)
     file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"), nullable=True)
     created_by: Mapped[str | None] = mapped_column(String(40), nullable=True)
 

@@ -181,10 +181,13 @@ def create(
     purpose: str,
     mime_type: str,
     wish: BudgetWish,
+    user_field: str | None = None,
 ) -> UploadState:
-    """A pending upload of ``size`` bytes, reserved against the tenant's storage quota."""
+    """A pending upload of ``size`` bytes, reserved against the tenant's storage quota;
+    ``user_field``: the field naming each line's user (checked at completion)."""
     authorize(caller, Action.UPLOAD)
     files.check_purpose(purpose)
+    files.check_user_field(user_field)
     settings = store.settings
     if size < 1:
         raise InvalidInput(f"bytes must be at least 1, got {size}", param="bytes")
@@ -217,6 +220,7 @@ def create(
             epsilon_budget=wish.epsilon_budget,
             delta=wish.delta,
             unbudgeted=wish.unbudgeted,
+            user_field=user_field,
             created_by=caller.key_id,
         )
         session.add(row)
@@ -416,6 +420,7 @@ def complete(
             reserved=True,
             within=within,
             audit_detail={"upload_id": row.id, "parts": len(part_ids)},
+            user_field=row.user_field,
         )
     except BaseException:
         assembled.unlink(missing_ok=True)

@@ -210,9 +210,23 @@ def _privacy_fields(store: Store, req: runs.JobRequest) -> dict[str, Any]:
     fields.pop("max_seq_len", None)  # the hyperparameters' (Clipping.to_dict took it from them)
     return {
         **fields,
+        **unit_fields(pr),
         "target_epsilon": None,
         "target_delta": float(pr["target_delta"]),
         "report_train_loss": bool(pr.get("report_train_loss", True)),
+    }
+
+
+def unit_fields(privacy: dict[str, Any]) -> dict[str, Any]:
+    """The spec's privacy-unit fields from the job's stored ``privacy.unit`` (absent: a job
+    stored before units, per example)."""
+    unit = privacy.get("unit") or {"type": "example"}
+    if unit.get("type") != "user":
+        return {"privacy_unit": "example"}
+    return {
+        "privacy_unit": "user",
+        "user_field": str(unit["field"]),
+        "max_examples_per_user": int(unit["max_examples_per_user"]),
     }
 
 

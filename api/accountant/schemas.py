@@ -106,7 +106,10 @@ class JobPlanPreview(BaseModel):
 
     object: Literal["accountant.job_plan"] = "accountant.job_plan"
     training_file: str
-    n_examples: int
+    n_examples: int = Field(description="N of the accountant: the file's examples, or its users")
+    unit: Literal["example", "user"] = Field(
+        default="example", description="what ε protects (privacy.unit): n_examples counts these"
+    )
     n_epochs: int
     batch_size: int
     sample_rate: float

@@ -4,7 +4,7 @@ API's objects."""
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Literal
+from typing import Literal, cast
 
 from api.accountant.schemas import (
     AccountantResult,
@@ -43,6 +43,7 @@ def plan_preview(preview: accounting.JobPlanPreview) -> JobPlanPreview:
     return JobPlanPreview(
         training_file=preview.training_file,
         n_examples=preview.n_examples,
+        unit=cast(Literal["example", "user"], plan.unit),
         n_epochs=plan.n_epochs,
         batch_size=plan.batch_size,
         sample_rate=plan.sample_rate,

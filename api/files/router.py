@@ -22,7 +22,9 @@ from service.errors import InvalidInput
 router = APIRouter(prefix="/v1/files", tags=["files"], route_class=StrictInputRoute)
 
 
-UPLOAD_FIELDS = frozenset({"file", "purpose", "epsilon_budget", "delta", "unbudgeted"})
+UPLOAD_FIELDS = frozenset(
+    {"file", "purpose", "epsilon_budget", "delta", "unbudgeted", "user_field"}
+)
 # a plain decimal number: no sign, spaces, underscores, inf or nan
 NUMBER = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
@@ -93,6 +95,16 @@ def upload_file(
             description="true: validation-only data with no budget; no job may train on it",
         ),
     ] = None,
+    user_field: Annotated[
+        str | None,
+        Form(
+            max_length=64,
+            description="user-level DP: the field naming each line's user (every line must "
+            "have it). Without it a line may name its user in 'user_id', and then every line "
+            "must. A data set whose lines name their users has a per-user budget "
+            "(docs/privacy_unit.md)",
+        ),
+    ] = None,
 ) -> FileObject:
     unknown = sorted(fields - UPLOAD_FIELDS)
     if unknown:
@@ -109,7 +121,9 @@ def upload_file(
     )
     store = get_store(request)
     data = files.read_capped(file.file, store.settings.max_upload_bytes)
-    created = files.create_file(store, caller, data, file.filename, purpose, wish)
+    created = files.create_file(
+        store, caller, data, file.filename, purpose, wish, user_field=user_field
+    )
     return views.file_object(created)
 
 

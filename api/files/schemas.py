@@ -25,6 +25,11 @@ class Budget(BaseModel):
     reserved: float | None
     committed: float | None
     remaining: float
+    unit: Literal["example", "user"] = Field(
+        default="example",
+        description="what each ε protects: one example (line), or one user with all their "
+        "lines (the data set's lines name their users; docs/privacy_unit.md)",
+    )
 
 
 class FileObject(BaseModel):
@@ -39,6 +44,15 @@ class FileObject(BaseModel):
     expires_at: int | None = None
     n_examples: int | None = None
     format: str | None = Field(default=None, description="text | classification | chat")
+    user_field: str | None = Field(
+        default=None, description="user-level DP: the field naming each line's user"
+    )
+    n_users: int | None = Field(
+        default=None, description="the users its lines name (null: its lines name none)"
+    )
+    max_lines_per_user: int | None = Field(
+        default=None, description="the most lines one user has (null: no users)"
+    )
     budget: Budget | None = Field(
         default=None, description="the budget of the file's data set (its budget group)"
     )

@@ -3,6 +3,8 @@ schemas."""
 
 from __future__ import annotations
 
+from typing import Literal, cast
+
 from api.files.schemas import Budget, BudgetHistory, BudgetPoint, FileObject
 from service.budget import Budget as DomainBudget
 from service.budget import History
@@ -19,6 +21,7 @@ def _budget(b: DomainBudget | None) -> Budget | None:
         reserved=b.reserved,
         committed=b.committed,
         remaining=b.remaining,
+        unit=cast(Literal["example", "user"], b.unit),
     )
 
 
@@ -32,6 +35,9 @@ def file_object(data_set: DataSet) -> FileObject:
         purpose=f.purpose,
         n_examples=f.n_examples,
         format=f.data_format,
+        user_field=f.user_field,
+        n_users=f.n_users,
+        max_lines_per_user=f.max_lines_per_user,
         budget=_budget(data_set.budget),
         budget_group=data_set.group_id,
         joined_budget_group=data_set.joined,

@@ -162,12 +162,41 @@ class Noise(Strict):
         return self
 
 
+class PrivacyUnit(Strict):
+    """What ε protects (docs/privacy_unit.md): ``example`` (a line), or ``user``: all the lines
+    of one user, named in each line's ``field`` (the training file's user field: ``user_id``
+    or the field it was uploaded with); a sampled user contributes at most
+    ``max_examples_per_user`` of their lines a step."""
+
+    type: Literal["example", "user"] = "example"
+    field: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="user: the field naming each line's user (default: the file's)",
+    )
+    max_examples_per_user: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="user: the most lines a sampled user contributes a step (default: "
+        "min(8, the service's micro-batch)); it does not change ε",
+    )
+
+
 class PrivacyRequest(Strict):
     target_epsilon: float = Field(gt=0, le=100, allow_inf_nan=False)
     target_delta: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
     max_grad_norm: float = Field(default=1.0, gt=0, le=1e4, allow_inf_nan=False)
     clipping: Clipping = Field(default_factory=Clipping)
     noise: Noise = Field(default_factory=Noise)
+    unit: PrivacyUnit | Literal["example", "user"] = Field(
+        default_factory=PrivacyUnit,
+        description="what ε protects: 'example' (default) or 'user' (a data set whose lines "
+        "name their users must train per user), or an object {type, field, "
+        "max_examples_per_user}; the job echoes the object with n_users",
+    )
     report_train_loss: bool = Field(
         default=True,
         description="training loss is computed on private data and is NOT covered by DP; "

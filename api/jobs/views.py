@@ -6,11 +6,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import asdict
 
-from api.jobs.schemas import Checkpoint, Event, Job, JobCreate, JobError, Ledger
+from api.jobs.schemas import (
+    Checkpoint,
+    Event,
+    Job,
+    JobCreate,
+    JobError,
+    Ledger,
+    PrivacyUnit,
+)
 from service import jobs
 from service.job_status import JobStatus
 from service.keys import Caller
+from service.privacy_unit import UnitRequest
 
 
 def job_request(body: JobCreate) -> jobs.JobRequest:
@@ -29,6 +39,7 @@ def job_request(body: JobCreate) -> jobs.JobRequest:
             nu=pr.noise.nu,
             bands=pr.noise.bands,
             report_train_loss=pr.report_train_loss,
+            unit=_unit(pr.unit),
         ),
         hyperparameters=jobs.Hyperparameters(
             n_epochs=hp.n_epochs,
@@ -48,12 +59,24 @@ def job_request(body: JobCreate) -> jobs.JobRequest:
     )
 
 
+def _unit(unit: PrivacyUnit | str) -> UnitRequest:
+    if isinstance(unit, str):
+        return UnitRequest(type=unit)
+    return UnitRequest(unit.type, unit.field, unit.max_examples_per_user)
+
+
 def request_hash(body: JobCreate) -> str:
     """The fingerprint an ``Idempotency-Key`` is stored with: the body's canonical JSON, the
     norm method under its one key ``method`` (the same fingerprint whichever name the request
     used for it)."""
     canonical = body.model_dump(mode="json")
     canonical["privacy"]["clipping"].pop("norm_method", None)
+    # the unit in one form, and left out at its default (the fingerprint of a request sent
+    # before units were offered stays the same)
+    unit = _unit(body.privacy.unit)
+    canonical["privacy"].pop("unit", None)
+    if unit != UnitRequest():
+        canonical["privacy"]["unit"] = asdict(unit)
     dump = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(dump.encode()).hexdigest()
 

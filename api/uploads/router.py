@@ -43,6 +43,7 @@ def create_upload(body: UploadCreate, request: Request, caller: CallerDep) -> Up
         wish=BudgetWish(
             epsilon_budget=body.epsilon_budget, delta=body.delta, unbudgeted=body.unbudgeted
         ),
+        user_field=body.user_field,
     )
     return views.upload_object(created)
 

@@ -37,6 +37,12 @@ class UploadCreate(BaseModel):
         default=False,
         description="true: validation-only data with no budget; no job may train on it",
     )
+    user_field: str | None = Field(
+        default=None,
+        max_length=64,
+        description="user-level DP: the field naming each line's user (every line must have "
+        "it; docs/privacy_unit.md)",
+    )
 
 
 class UploadComplete(BaseModel):
@@ -64,6 +70,7 @@ class UploadObject(BaseModel):
     epsilon_budget: float | None = Field(default=None, description="as asked at creation")
     delta: float | None = Field(default=None, description="as asked at creation")
     unbudgeted: bool = False
+    user_field: str | None = Field(default=None, description="as asked at creation")
 
 
 class UploadPartObject(BaseModel):

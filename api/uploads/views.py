@@ -26,6 +26,7 @@ def upload_object(state: UploadState) -> UploadObject:
         epsilon_budget=u.epsilon_budget,
         delta=u.delta,
         unbudgeted=u.unbudgeted,
+        user_field=u.user_field,
     )
 
 

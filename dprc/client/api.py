@@ -70,6 +70,7 @@ class Client:
         epsilon_budget: float | None,
         delta: float | None,
         unbudgeted: bool = False,
+        user_field: str | None = None,
     ) -> dict[str, Any]:
         extra = {
             k: repr(v)
@@ -78,6 +79,8 @@ class Client:
         }
         if unbudgeted:
             extra["unbudgeted"] = "true"
+        if user_field is not None:
+            extra["user_field"] = user_field
         try:
             content = path.read_bytes()
         except OSError as exc:

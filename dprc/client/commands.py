@@ -64,6 +64,11 @@ def _add_files(sub: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="validation-only data without a budget (no job may train on it)",
     )
+    up.add_argument(
+        "--user-field",
+        help="user-level DP: the field naming each line's user (every line must have it; "
+        "without it, lines may name their users in user_id); the budget is then per user",
+    )
     up.set_defaults(func=_files_upload)
     ls = fsub.add_parser("list", parents=[common], help="list files")
     ls.add_argument("--purpose")
@@ -175,6 +180,17 @@ def _job_arguments(p: argparse.ArgumentParser) -> None:
         "batch",
     )
     priv.add_argument(
+        "--privacy-unit",
+        choices=("example", "user"),
+        help="what epsilon protects: one example, or one user with all their lines (the "
+        "training file's lines name their users; docs/privacy_unit.md)",
+    )
+    priv.add_argument(
+        "--max-examples-per-user",
+        type=int,
+        help="user level: the most lines a sampled user contributes a step (default 8)",
+    )
+    priv.add_argument(
         "--no-train-loss",
         action="store_true",
         help="report_train_loss: false (training loss is not covered by DP)",
@@ -207,7 +223,8 @@ def _budget(f: dict[str, Any]) -> str:
     b = f.get("budget")
     if not b:
         return "-"
-    return f"ε {number(b['epsilon'])} (remaining {number(b['remaining'])})"
+    per = " per user" if b.get("unit") == "user" else ""
+    return f"ε {number(b['epsilon'])}{per} (remaining {number(b['remaining'])})"
 
 
 FILE_COLUMNS = [
@@ -215,6 +232,7 @@ FILE_COLUMNS = [
     ("FILENAME", lambda f: f["filename"]),
     ("PURPOSE", lambda f: f["purpose"]),
     ("EXAMPLES", lambda f: f.get("n_examples")),
+    ("USERS", lambda f: f.get("n_users")),
     ("FORMAT", lambda f: f.get("format")),
     ("BUDGET", _budget),
     ("CREATED", lambda f: when(f["created_at"])),
@@ -251,7 +269,7 @@ def _login(args: argparse.Namespace) -> int:
 
 def _files_upload(args: argparse.Namespace) -> int:
     f = _client(args).upload(
-        args.path, args.purpose, args.epsilon_budget, args.delta, args.unbudgeted
+        args.path, args.purpose, args.epsilon_budget, args.delta, args.unbudgeted, args.user_field
     )
     _print_json(f) if args.json else _show_file(f)
     return 0
@@ -346,6 +364,13 @@ def job_body(args: argparse.Namespace) -> dict[str, Any]:
             clip["sketch"] = args.sketch
     if args.no_train_loss:
         priv["report_train_loss"] = False
+    if args.privacy_unit is not None or args.max_examples_per_user is not None:
+        unit = priv.setdefault("unit", {})
+        if isinstance(unit, str):
+            unit = priv["unit"] = {"type": unit}
+        unit["type"] = args.privacy_unit or unit.get("type", "user")
+        if args.max_examples_per_user is not None:
+            unit["max_examples_per_user"] = args.max_examples_per_user
     missing = [
         flag
         for flag, have in (
@@ -374,6 +399,7 @@ def _show_job(job: dict[str, Any]) -> None:
         "target": f"ε {number(p.get('target_epsilon'))} at δ {number(p.get('target_delta'))}",
         "noise_multiplier": p.get("noise_multiplier"),
         "sample_rate": p.get("sample_rate"),
+        "privacy_unit": _unit_words(p.get("unit") or {}),
         "accounted_as": _accounted_as(p.get("accountant") or {}),
         "result_files": ", ".join(job.get("result_files") or []) or None,
         "fine_tuned_model": job.get("fine_tuned_model"),
@@ -384,6 +410,16 @@ def _show_job(job: dict[str, Any]) -> None:
     if err:
         flat["error"] = f"{err.get('code')}: {err.get('message')}"
     print(fields(flat, list(flat)))
+
+
+def _unit_words(unit: dict[str, Any]) -> str:
+    """What a job's ε protects (``privacy.unit``), in words."""
+    if unit.get("type") != "user":
+        return "example (ε per line)"
+    return (
+        f"user (ε per user; {unit.get('n_users')} users in {unit.get('field')!r}, at most "
+        f"{unit.get('max_examples_per_user')} lines a user a step)"
+    )
 
 
 def _accounted_as(acc: dict[str, Any]) -> str | None:

@@ -72,13 +72,20 @@ from dprc_core.training.secure_sampling import SecurePoissonSampler
 from dprc_core.training.token_store import TokenStore
 from dprc_core.training.user_sampling import (
     DEFAULT_EXAMPLES_PER_USER,
+    SecureUserPoissonSampler,
     UserIndex,
     UserPoissonSampler,
     user_micro_batches,
 )
 from dprc_core.training.validation import prepare_validation, validation_loss
 
-Sampler = PoissonSampler | FixedOrderSampler | SecurePoissonSampler | UserPoissonSampler
+Sampler = (
+    PoissonSampler
+    | FixedOrderSampler
+    | SecurePoissonSampler
+    | UserPoissonSampler
+    | SecureUserPoissonSampler
+)
 
 OPTIMIZERS = ("adam", "sgd")
 
@@ -202,11 +209,6 @@ class JobSpec:
             raise ValueError(f"user_field must be a field name, got {self.user_field!r}")
         if self.noise_mechanism != "gaussian":
             raise ValueError("privacy_unit: user takes the gaussian noise mechanism")
-        if self.secure_rng:
-            raise ValueError(
-                "privacy_unit: user does not run in secure mode yet (its sampler draws from "
-                "torch's generator); set secure_rng: false"
-            )
         if m is not None and m > self.max_physical_batch_size:
             raise ValueError(
                 f"max_examples_per_user={m} is larger than max_physical_batch_size="
@@ -684,6 +686,11 @@ def _build_sampler(
     users), from their own seed; with several ranks each takes its part of the same logical
     batch."""
     sampler_seed = derive_seed(seed, "sampler")
+    if users is not None and root is not None:
+        m = spec.examples_per_user
+        return SecureUserPoissonSampler(
+            users, plan.sample_rate, plan.steps, m, sampler_seed, ranks, stream=root
+        )
     if users is not None:
         return UserPoissonSampler(
             users, plan.sample_rate, plan.steps, spec.examples_per_user, sampler_seed, ranks

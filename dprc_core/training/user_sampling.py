@@ -13,6 +13,13 @@ their position), so micro-batches can be cut between users (:func:`user_micro_ba
 several ranks every rank draws the same users and the same choices from the one shared seed
 and keeps the users of its part (:func:`dprc_core.distributed.shard_indices` over user
 positions): a user's rows are never split across ranks.
+
+Secure mode (:class:`SecureUserPoissonSampler`): the users' inclusion coins come from the
+ChaCha20 stream, exactly as :class:`~dprc_core.training.secure_sampling.SecurePoissonSampler`
+draws examples (user u is in step t iff word u of stream t is below ⌊q·2⁶⁴⌋). Which m lines a
+sampled user contributes stays on torch's generator: that choice is not part of the privacy
+analysis (whatever lines are chosen, the user's clipped contribution has norm at most C), so
+predicting it tells an adversary nothing the guarantee does not already allow.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from dprc_core.distributed import Ranks, shard_indices
+from dprc_core.noise.secure_stream import STATE_VERSION, SecureStream
 from dprc_core.training.sampling import _shared_seed, poisson_indices
 
 # the most rows a sampled user contributes to a step unless the spec or the Trainer's
@@ -142,10 +150,17 @@ class UserPoissonSampler:
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         for _ in range(self.steps):
-            chosen = poisson_indices(self.users.num_users, self.sample_rate, self.generator)
-            rows, owner = self._rows_of(chosen)
-            mine = shard_indices(chosen, self.ranks)
-            yield rows[torch.isin(owner, mine)]
+            yield self._next_batch()
+
+    def _choose(self) -> torch.Tensor:
+        """The positions (increasing) of the users sampled at the next step."""
+        return poisson_indices(self.users.num_users, self.sample_rate, self.generator)
+
+    def _next_batch(self) -> torch.Tensor:
+        chosen = self._choose()
+        rows, owner = self._rows_of(chosen)
+        mine = shard_indices(chosen, self.ranks)
+        return rows[torch.isin(owner, mine)]
 
     def _rows_of(self, chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows the ``chosen`` users (positions, increasing) contribute, and each row's
@@ -178,8 +193,71 @@ class UserPoissonSampler:
         self.generator.set_state(state["generator"])
 
 
+class SecureUserPoissonSampler(UserPoissonSampler):
+    """:class:`UserPoissonSampler` whose users' inclusion coins come from the secure stream
+    (key HMAC(root, "sampling"), stream t for step t, word u for user u: below ⌊q·2⁶⁴⌋), so
+    the users of step t depend on (key, t) only; the lines of each sampled user are chosen by
+    the seeded generator (see the module docstring). :meth:`state_dict` holds the sampling
+    key: SECRET."""
+
+    def __init__(
+        self,
+        users: UserIndex,
+        sample_rate: float,
+        steps: int,
+        max_examples_per_user: int,
+        seed: int | None = None,
+        ranks: Ranks | None = None,
+        stream: SecureStream | None = None,
+    ):
+        super().__init__(users, sample_rate, steps, max_examples_per_user, seed, ranks)
+        self._stream = (SecureStream() if stream is None else stream).derive("sampling")
+        self.step = 0
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        while self.step < self.steps:
+            yield self._next_batch()
+
+    def _choose(self) -> torch.Tensor:
+        mask = self._stream.at(self.step).bernoulli(self.users.num_users, self.sample_rate)
+        self.step += 1
+        return torch.nonzero(mask).flatten()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The generator's state, the step and the sampling key. SECRET."""
+        return {
+            **super().state_dict(),
+            "meta.version": torch.tensor(STATE_VERSION, dtype=torch.int64),
+            "meta.step": torch.tensor(self.step, dtype=torch.int64),
+            "meta.num_users": torch.tensor(self.users.num_users, dtype=torch.int64),
+            "key": self._stream.state_dict()["key"],
+        }
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        expected = {"generator", "meta.version", "meta.step", "meta.num_users", "key"}
+        if set(state) != expected:
+            raise ValueError(f"not a SecureUserPoissonSampler state: keys {sorted(state)}")
+        if int(state["meta.version"]) != STATE_VERSION:
+            raise ValueError(
+                f"unsupported SecureUserPoissonSampler state {int(state['meta.version'])}"
+            )
+        if int(state["meta.num_users"]) != self.users.num_users:
+            raise ValueError(
+                f"the state is of {int(state['meta.num_users'])} users, this sampler has "
+                f"{self.users.num_users}"
+            )
+        step = int(state["meta.step"])
+        if not 0 <= step <= self.steps:
+            raise ValueError(f"the state's step {step} is outside 0..{self.steps}")
+        super().load_state_dict({"generator": state["generator"]})
+        key = bytes(torch.as_tensor(state["key"], dtype=torch.uint8).tolist())
+        self._stream = SecureStream(key)
+        self.step = step
+
+
 __all__ = [
     "DEFAULT_EXAMPLES_PER_USER",
+    "SecureUserPoissonSampler",
     "UserIndex",
     "UserPoissonSampler",
     "split_between_users",

@@ -98,7 +98,14 @@ const dprc = (() => {
       el("span", { class: "key spent", text: "spent" }), ` ε ${eps(budget.spent)} · `,
       el("span", { class: "key reserved", text: "reserved" }), ` ε ${eps(budget.reserved)} · `,
       el("span", { class: "key remaining", text: "remaining" }), ` ε ${eps(budget.remaining)} `,
-      `of ε ${num(budget.epsilon)} at δ ${num(budget.delta, 3)}`);
+      `of ε ${num(budget.epsilon)} at δ ${num(budget.delta, 3)}`,
+      budget.unit === "user" ? " per user (all of one user's lines)" : " per example");
+  }
+
+  // "N examples", and "from U users (at most M lines each)" when the lines name their users
+  function sizeWords(f) {
+    const users = f.n_users != null ? ` from ${f.n_users} users (at most ${f.max_lines_per_user} lines each, field ${f.user_field})` : "";
+    return `${f.n_examples} examples${users}`;
   }
 
   // call ``fn`` now and every ``ms`` until it returns true; errors are shown in ``errorBox``
@@ -115,5 +122,5 @@ const dprc = (() => {
     return () => { stopped = true; };
   }
 
-  return { api, all, el, main, eps, num, when, showError, budgetBar, budgetWords, poll, TERMINAL, ApiError };
+  return { api, all, el, main, eps, num, when, showError, budgetBar, budgetWords, sizeWords, poll, TERMINAL, ApiError };
 })();

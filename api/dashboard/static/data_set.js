@@ -9,7 +9,7 @@
     const [f, history] = await Promise.all([api(base), api(`${base}/budget/history`)]);
     document.getElementById("file-name").textContent = f.filename;
     summary.replaceChildren(
-      el("p", { class: "muted", text: `${f.id} · ${f.n_examples} examples · ${f.format} · uploaded ${when(f.created_at)}` }),
+      el("p", { class: "muted", text: `${f.id} · ${dprc.sizeWords(f)} · ${f.format} · uploaded ${when(f.created_at)}` }),
       ...(f.budget_group ? [el("p", { class: "muted small", id: "budget-group", "data-group": f.budget_group,
         text: `Budget group ${f.budget_group}: every upload that shares an example with this one shares this budget.` })] : []),
       ...(f.deleted ? [el("p", { class: "muted", id: "file-deleted", text: `Content deleted ${when(f.deleted_at)}; its budget and history remain.` })] : []),

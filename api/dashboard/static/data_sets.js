@@ -12,7 +12,7 @@
     list.replaceChildren(...files.map((f) => el("article", { class: "card file", "data-file-id": f.id },
       el("div", { class: "file-head" },
         el("h2", {}, el("a", { href: `/data-sets/${encodeURIComponent(f.id)}`, text: f.filename })),
-        el("span", { class: "muted", text: `${f.id} · ${f.n_examples} examples · ${f.format}` })),
+        el("span", { class: "muted", text: `${f.id} · ${dprc.sizeWords(f)} · ${f.format}` })),
       f.budget
         ? [dprc.budgetBar(f.budget), dprc.budgetWords(f.budget)]
         : el("p", { class: "muted", text: "No privacy budget: jobs on it are not limited." }))));

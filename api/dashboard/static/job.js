@@ -123,18 +123,24 @@
 
   function privacyWords(p) {
     const acc = p.accountant || {};
+    const unit = p.unit || { type: "example" };
+    const perUser = unit.type === "user";
+    const units = perUser ? "users" : "examples";
     const rows = [
-      ["Guarantee", `(ε = ${num(p.target_epsilon)}, δ = ${num(p.target_delta, 3)})-differential privacy at most, for adding or removing one example of the data set (planned ε ${num(p.planned_epsilon)}).`],
-      ["δ", `${num(p.target_delta, 3)}: the small probability allowed for the guarantee to fail; at most 1/N for N = ${p.dataset_size} examples.`],
+      ["Guarantee", perUser
+        ? `(ε = ${num(p.target_epsilon)}, δ = ${num(p.target_delta, 3)})-differential privacy at most per user: for adding or removing one user with all of their lines (planned ε ${num(p.planned_epsilon)}).`
+        : `(ε = ${num(p.target_epsilon)}, δ = ${num(p.target_delta, 3)})-differential privacy at most, for adding or removing one example of the data set (planned ε ${num(p.planned_epsilon)}).`],
+      ...(perUser ? [["Privacy unit", `one user: each line names its user in "${unit.field}"; ${unit.n_users} users, the largest with ${unit.max_lines_per_user} lines. A sampled user contributes at most ${unit.max_examples_per_user} of their lines a step, and the sum of their gradients is clipped as one.`]] : []),
+      ["δ", `${num(p.target_delta, 3)}: the small probability allowed for the guarantee to fail; at most 1/N for N = ${p.dataset_size} ${units}.`],
       ["Noise σ", `${num(p.noise_multiplier)} × the clipping norm ${num(p.max_grad_norm)}: the standard deviation of the Gaussian noise added once per batch to the summed, clipped gradients.`],
       ["Noise mechanism", p.noise.mechanism === "gaussian"
         ? "Gaussian (DP-SGD): independent noise at each step."
         : `ν-DP-FTRL: noise correlated across steps (ν = ${num(p.noise.nu)}), examples in a fixed shuffled order, no sampling amplification.`],
       ["Sampling q", p.noise.mechanism === "gaussian"
-        ? `${num(p.sample_rate)}: each example joins each batch independently with this probability (Poisson sampling), about ${Math.round(p.sample_rate * p.dataset_size)} examples per batch.`
+        ? `${num(p.sample_rate)}: each ${perUser ? "user" : "example"} joins each batch independently with this probability (Poisson sampling), about ${Math.round(p.sample_rate * p.dataset_size)} ${units} per batch.`
         : `${num(p.sample_rate)} (fixed-order batches).`],
       ["Steps", `${p.steps} noisy steps.`],
-      ["Clipping", `each example's gradient is scaled to norm at most ${num(p.max_grad_norm)}; method ${p.clipping.method}${p.clipping.k ? ` with k = ${p.clipping.k} projections` : ""}${p.clipping.sketch === "per_example" ? ", drawn independently for each example" : ""}: ${WORDS[p.clipping.method] || p.clipping.method}.`],
+      ["Clipping", `each ${perUser ? "user's summed" : "example's"} gradient is scaled to norm at most ${num(p.max_grad_norm)}; method ${p.clipping.method}${p.clipping.k ? ` with k = ${p.clipping.k} projections` : ""}${p.clipping.sketch === "per_example" ? ", drawn independently for each example" : ""}: ${WORDS[p.clipping.method] || p.clipping.method}.`],
       ["Accounted as", `${acc.clipping || "exact"}${acc.k ? `, k = ${acc.k}` : ""}${(acc.clipping || "exact") === "exact" ? "" : acc.sketch === "per_example" ? ", per-example sketches (hidden-scale model)" : ", shared sketch"} (${acc.sampling || "—"} sampling, ${acc.adjacency || "—"}).`],
       ["Training loss", p.report_train_loss ? "reported: it is computed on the private data and is not covered by the guarantee." : "not reported."],
     ];

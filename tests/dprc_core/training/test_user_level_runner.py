@@ -101,6 +101,24 @@ def test_a_user_level_run_resumes_bit_for_bit(tiny_dir, user_file, tmp_path):
     assert resumed.epsilon == full.epsilon
 
 
+def test_secure_mode_runs_user_level_and_resumes(tiny_dir, user_file, tmp_path):
+    out = tmp_path / "secure"
+    stopped = run_job(
+        user_spec(tiny_dir, user_file, out, secure_rng=True), should_stop=lambda: True
+    )
+    assert stopped.status == "stopped" and stopped.steps_done == 1
+    resumed = run_job(user_spec(tiny_dir, user_file, out, secure_rng=True))
+    assert resumed.resumed_from == 1 and resumed.status == "succeeded"
+    assert resumed.steps_done == resumed.plan.steps
+    ours = accounting.epsilon(
+        resumed.plan.noise_multiplier,
+        resumed.plan.sample_rate,
+        resumed.plan.steps,
+        resumed.plan.delta,
+    )
+    assert resumed.epsilon == pytest.approx(ours, rel=1e-9) and resumed.epsilon <= 4.0
+
+
 def test_a_line_without_its_user_is_refused(tiny_dir, tmp_path):
     data = tmp_path / "bad.jsonl"
     data.write_text(
@@ -116,7 +134,6 @@ def test_a_line_without_its_user_is_refused(tiny_dir, tmp_path):
         (dict(privacy_unit="person"), "privacy_unit must be one of"),
         (dict(max_examples_per_user=0), "max_examples_per_user must be a positive integer"),
         (dict(max_examples_per_user=9), "larger than max_physical_batch_size"),
-        (dict(secure_rng=True), "secure mode"),
         (dict(noise_mechanism="nu_dpftrl", nu=0.1), "gaussian noise mechanism"),
         (dict(privacy_unit="example"), "applies to privacy_unit: user"),
     ],

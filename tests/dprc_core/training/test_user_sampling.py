@@ -12,7 +12,10 @@ import torch
 from scipy import stats
 
 from dprc_core.distributed import Ranks
+from dprc_core.noise.secure_stream import SecureStream
+from dprc_core.training.secure_sampling import SecurePoissonSampler
 from dprc_core.training.user_sampling import (
+    SecureUserPoissonSampler,
     UserIndex,
     UserPoissonSampler,
     split_between_users,
@@ -126,3 +129,47 @@ def test_a_step_splits_into_exactly_the_trainers_micro_batches_between_users(par
         for i, a in enumerate(owners):
             for b in owners[i + 1 :]:
                 assert not a & b
+
+
+# -- secure mode: the users' coins from the ChaCha20 stream ------------------------------------
+
+
+def _secure(q=0.3, steps=2000, m=4, key=b"k" * 32, seed=1):
+    users = UserIndex.of(KEYS)
+    sampler = SecureUserPoissonSampler(users, q, steps, m, seed=seed, stream=SecureStream(key))
+    return sampler, users
+
+
+def test_secure_mode_samples_users_at_rate_q_from_the_stream():
+    q, steps = 0.3, 2000
+    sampler, users = _secure(q, steps)
+    included = torch.zeros(users.num_users)
+    for rows in sampler:
+        owners = KEYS[rows]
+        for user in torch.unique(owners).tolist():
+            assert int((owners == user).sum()) == min(int((KEYS == user).sum()), 4)
+        included[torch.searchsorted(users.keys, torch.unique(owners))] += 1
+    z = (included - steps * q) / math.sqrt(steps * q * (1 - q))
+    assert z.abs().max() < 4.5, z
+    # the users of step t are the secure example sampler's draw over U items at step t
+    reference = SecurePoissonSampler(users.num_users, q, 5, stream=SecureStream(b"k" * 32))
+    again, _ = _secure(q, 5)
+    for t, rows in enumerate(again):
+        positions = torch.searchsorted(users.keys, torch.unique(KEYS[rows]))
+        assert torch.equal(positions, reference.batch(t))
+
+
+def test_secure_mode_state_resumes_the_draws_and_is_checked():
+    sampler, users = _secure(steps=6, key=bytes(range(32)))
+    it = iter(sampler)
+    [next(it) for _ in range(3)]
+    state = {k: v.clone() for k, v in sampler.state_dict().items()}
+    rest = list(it)
+    other = SecureUserPoissonSampler(users, 0.3, 6, 4, seed=99)  # its own fresh key
+    other.load_state_dict(state)
+    for x, y in zip(rest, list(other), strict=True):
+        assert torch.equal(x, y)
+    with pytest.raises(ValueError, match="users"):
+        SecureUserPoissonSampler(UserIndex.of(torch.arange(5)), 0.3, 6, 4).load_state_dict(state)
+    with pytest.raises(ValueError, match="not a SecureUserPoissonSampler state"):
+        other.load_state_dict({"generator": state["generator"]})
