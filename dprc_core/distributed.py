@@ -3,7 +3,8 @@
 The model is **not** wrapped in ``DistributedDataParallel``: its reducer would all-reduce (and
 average) every backward's gradients, the norm pass's included, so clipped sums would be
 double-counted and divided by the world size. The engine reduces instead, once per logical
-batch, and refuses wrapped or sharded models (:func:`refuse_wrapped_model`).
+batch, and refuses wrapped models (:func:`refuse_wrapped_model`); FSDP2-sharded models
+are handled by :mod:`dprc_core.sharding`.
 
 One logical batch is one Poisson draw over the whole data set from a seed all ranks share;
 rank ``r`` of ``W`` takes the examples whose index is ``r`` modulo ``W``
@@ -83,7 +84,9 @@ def shard_indices(indices: torch.Tensor, ranks: Ranks) -> torch.Tensor:
 
 
 def refuse_wrapped_model(model: nn.Module) -> None:
-    """Refuse models whose framework reduces or shards gradients behind the engine's back."""
+    """Refuse models whose framework reduces gradients behind the engine's back (DDP,
+    DataParallel, FSDP1). FSDP2's sharded parameters are handled by the engine
+    (:mod:`dprc_core.sharding`)."""
     from torch.nn.parallel import DataParallel, DistributedDataParallel
 
     for name, module in [("", model), *model.named_modules()]:
@@ -100,16 +103,12 @@ def refuse_wrapped_model(model: nn.Module) -> None:
                 f"the model is wrapped in DataParallel{where}: it splits batches behind the "
                 "engine's back; use one process per device (torchrun) instead"
             )
-        kind = type(module).__name__
-        if "FullyShardedDataParallel" in kind or kind.startswith("FSDP"):
+        if "FullyShardedDataParallel" in type(module).__name__:
             raise ValueError(
-                f"the model is sharded with FSDP{where}: sharded parameters are not supported "
-                "(each rank must hold the whole model); FSDP is refused rather than run wrong"
-            )
-    for name, p in model.named_parameters():
-        if type(p).__name__ == "DTensor" or type(p.data).__name__ == "DTensor":
-            raise ValueError(
-                f"parameter {name!r} is a DTensor (sharded); sharded models are not supported"
+                f"the model is wrapped in FSDP1's FullyShardedDataParallel{where}: its "
+                "flattened parameters hide the layers from the per-sample hooks. Shard it with "
+                "FSDP2 instead (torch.distributed.fsdp.fully_shard on its blocks and root), "
+                'which the PrivacyEngine supports (docs/engine.md, "Sharded models")'
             )
 
 
@@ -139,6 +138,25 @@ def broadcast_bytes(value: bytes | None, ranks: Ranks, size: int) -> bytes:
         t = torch.zeros(size, dtype=torch.uint8, device=ranks.device)
     torch.distributed.broadcast(t, src=_global_rank(ranks, 0), group=ranks.group)
     return bytes(t.cpu().tolist())
+
+
+def all_reduce_max_int(value: int, ranks: Ranks) -> int:
+    """The largest ``value`` over the ranks (e.g. micro-batches a step: sharded models pad
+    to it)."""
+    if not ranks.distributed:
+        return int(value)
+    t = torch.tensor([int(value)], dtype=torch.int64, device=ranks.device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=ranks.group)
+    return int(t.item())
+
+
+def broadcast_object(value: Any, ranks: Ranks, src: int) -> Any:
+    """Rank ``src``'s picklable ``value`` on every rank (inside the group only)."""
+    if not ranks.distributed:
+        return value
+    box = [value if ranks.rank == src else None]
+    torch.distributed.broadcast_object_list(box, src=_global_rank(ranks, src), group=ranks.group)
+    return box[0]
 
 
 def broadcast_flag(flag: bool, ranks: Ranks) -> bool:

@@ -20,6 +20,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from dprc_core import sharding
 from dprc_core.accounting.events import NuDPFTRLEvent, PrivacyEvent, SubsampledGaussianEvent
 from dprc_core.batching import batch_size, select_samples
 from dprc_core.clipping import (
@@ -36,6 +37,7 @@ from dprc_core.clipping import (
 from dprc_core.distributed import (
     all_reduce_sum,
     broadcast_int,
+    broadcast_object,
     check_same_on_all_ranks,
     current_ranks,
     parameter_fingerprint,
@@ -231,6 +233,7 @@ class PrivacyEngine:
         refuse_wrapped_model(model)
         self.ranks = current_ranks(process_group)
         self._comm_device = self.params[0].device if self.params else torch.device("cpu")
+        self._check_sharding()
         self._warn_if_not_private()
         self._seed_group(seed)
         self._make_noise(secure_stream)
@@ -242,6 +245,29 @@ class PrivacyEngine:
         self._reset_batch()
 
     # -- construction
+    def _check_sharding(self) -> None:
+        """FSDP2-sharded parameters (:mod:`dprc_core.sharding`): where each rank's rows sit,
+        and what sharding does not take (two-pass clipping, correlated noise)."""
+        self.sharded: bool = sharding.check_sharded_model(self.model, self.params)
+        self._layouts: list[sharding.ShardLayout] = []
+        self._sums: dict[int, torch.Tensor] = {}  # sharded: this rank's clipped sums, whole
+        self._index = {id(p): i for i, p in enumerate(self.params)}
+        if not self.sharded:
+            return
+        if self.clipped_sum == "two_pass":
+            raise ValueError(
+                "clipped_sum='two_pass' with a sharded (FSDP2) model: its second backward "
+                "would go through FSDP's reduce-scatter once per micro-batch, a collective that "
+                "ranks with different numbers of micro-batches cannot join together; the "
+                "sharded engine forms the clipped sum by book-keeping (the default)"
+            )
+        if self.mechanism.name != Gaussian.name:
+            raise ValueError(
+                f"{self.mechanism.name} noise with a sharded (FSDP2) model: its correlated "
+                "state is not sharded yet; use Gaussian noise (DP-SGD) or an unsharded model"
+            )
+        self._layouts = [sharding.shard_layout(p, self.ranks) for p in self.params]
+
     def _warn_if_not_private(self) -> None:
         if self.noise_multiplier == 0:
             warnings.warn(
@@ -257,6 +283,8 @@ class PrivacyEngine:
         if self.ranks.distributed:  # one secret seed for the group: rank 0's
             self.seed = broadcast_int(self.seed, self.ranks)
         self.generators = _Generators(self.seed)  # the noise's (rank 0 draws it)
+        if self.sharded:  # each rank noises its own rows, from a stream of its own
+            self.generators = _Generators(self.seed, f"noise-shard/{self.ranks.rank}")
 
     def _make_noise(self, secure_stream: SecureStream | None) -> None:
         """The noise sampler, and secure mode's per-example projection stream (one key for
@@ -267,7 +295,13 @@ class PrivacyEngine:
             self._projection_stream = root.derive("projections")
         self.noise: GaussianNoise | NuDPFTRLNoise | SecureGaussianNoise
         std = self.noise_multiplier * self.max_grad_norm
-        if self.secure_rng:
+        if self.secure_rng and self.sharded:
+            # every rank draws its own rows' noise: stream HMAC(root, "noise/rank"), ahead
+            self.noise = SecureGaussianNoise(
+                std, stream=secure_stream, rank=self.ranks.rank, prefetch=True
+            )
+            self.noise.expect([sharding.local_tensor(p) for p in self.params])
+        elif self.secure_rng:
             # rank 0 alone draws the noise: only there is it generated (ahead, in a thread)
             self.noise = SecureGaussianNoise(std, stream=secure_stream, prefetch=self.ranks.is_main)
             if self.ranks.is_main:
@@ -467,6 +501,13 @@ class PrivacyEngine:
         self._open_batch()
         size = batch_size(batch)
         if size == 0:
+            if self.sharded:
+                raise ValueError(
+                    "an empty micro-batch with a sharded (FSDP2) model: every rank must run "
+                    "as many forward/backward passes as the others (FSDP all-gathers the "
+                    "parameters in each); call pad(loss_fn, batch) with any non-empty batch "
+                    "instead — it runs the passes and contributes nothing"
+                )
             return  # an empty (Poisson) micro-batch contributes nothing
         if user_ids is None:
             self._check_unit("example")
@@ -481,6 +522,24 @@ class PrivacyEngine:
         groups = self._user_groups(user_ids, size)
         keys = list(groups.keys) if self.sketch == PER_EXAMPLE_SKETCH else None
         self._accumulate(loss_fn, batch, size, keys, groups)
+
+    def pad(self, loss_fn: LossFn, batch: Any) -> None:
+        """Sharded (FSDP2) models: run ``batch``'s forward and norm backward for FSDP's
+        collectives and discard everything it computes (no norm, no contribution, no
+        statistic, no example id used). Every rank must call :meth:`accumulate` or
+        :meth:`pad` the same number of times in a logical batch — the same forward/backward
+        passes — so a rank with fewer micro-batches (or none: Poisson sampling) pads with any
+        non-empty batch of data. Unsharded models need no padding: a no-op."""
+        if not self.sharded:
+            return
+        size = batch_size(batch)
+        if not size:
+            raise ValueError("pad() needs a non-empty batch (its rows are discarded)")
+        self._open_batch()
+        self._check_independence_once(loss_fn, batch, size)
+        ids = [-1 - i for i in range(size)] if self.sketch == PER_EXAMPLE_SKETCH else None
+        losses, _ = self._norm_pass(loss_fn, batch, ids)
+        del losses
 
     def _accumulate(
         self,
@@ -510,7 +569,23 @@ class PrivacyEngine:
             self._in_batch = True
 
     def _check_independence_once(self, loss_fn: LossFn, batch: Any, size: int | None) -> None:
-        if self.check_independence and not self._independence_checked and (size or 0) >= 2:
+        if not self.check_independence or self._independence_checked:
+            return
+        if self.sharded:
+            # the check's passes are collectives and its control flow depends on the data: all
+            # ranks check the same two samples, the first rank's that has two
+            sizes = torch.zeros(self.ranks.world_size, dtype=torch.float64)
+            sizes[self.ranks.rank] = float(size or 0)
+            all_reduce_sum([sizes], self.ranks)
+            able = [r for r, n in enumerate(sizes.tolist()) if n >= 2]
+            if not able:
+                return
+            pair = select_samples(batch, torch.arange(2)) if self.ranks.rank == able[0] else None
+            pair = broadcast_object(pair, self.ranks, able[0])
+            check_sample_independence(self.hooks, loss_fn, pair, self.norm_method, self.k)
+            self._independence_checked = True
+            return
+        if (size or 0) >= 2:
             check_sample_independence(self.hooks, loss_fn, batch, self.norm_method, self.k)
             self._independence_checked = True
 
@@ -694,11 +769,12 @@ class PrivacyEngine:
         """(Σp, ‖p‖) accumulated in float64 for each trainable parameter the model has *now*:
         two reductions, no copy of the weights kept, and changed by any update short of one
         that cancels exactly in both."""
+        local = [sharding.local_tensor(p) for p in trainable_parameters(self.model)]
         return [
             torch.stack(
                 (p.sum(dtype=torch.float64), torch.linalg.vector_norm(p, dtype=torch.float64))
             )
-            for p in trainable_parameters(self.model)
+            for p in local
         ]
 
     @torch.no_grad()
@@ -713,8 +789,9 @@ class PrivacyEngine:
         lr = [float(g.get("lr", 0.0)) for g in self.optimizer.param_groups if g["params"]]
         if not any(v != 0 for v in lr):
             return
-        if not any(p.grad is not None and bool(p.grad.any()) for p in self.params):
-            return  # σ = 0 and an empty (or all-zero) batch: nothing to move
+        grads = [sharding.local_tensor(p.grad) for p in self.params if p.grad is not None]
+        if not any(bool(g.any()) for g in grads):
+            return  # σ = 0 and an empty (or all-zero) batch (or rows): nothing to move
         after = self._fingerprints()
         if len(after) == len(before) and not all(map(torch.equal, before, after)):
             return
@@ -737,7 +814,11 @@ class PrivacyEngine:
     def _add_noise_and_normalise(self) -> None:
         """Noise once for the logical batch, then divide by the expected batch size; refuse to
         step on a non-finite update. Several ranks: rank 0 adds the one noise draw to its part,
-        then the parts are SUM-reduced (every rank, an empty part included, joins)."""
+        then the parts are SUM-reduced (every rank, an empty part included, joins). Sharded:
+        :meth:`_add_noise_to_shards`."""
+        if self.sharded:
+            self._add_noise_to_shards()
+            return
         with torch.no_grad():
             grads = []
             for index, p in enumerate(self.params):
@@ -761,6 +842,38 @@ class PrivacyEngine:
                     "the noised update is not finite although every non-finite sample was "
                     "dropped; the optimizer step was not taken"
                 )
+
+    @torch.no_grad()
+    def _add_noise_to_shards(self) -> None:
+        """Sharded (FSDP2): the ranks' whole clipped sums SUM-reduced, each rank keeping its
+        rows; each rank noises its rows once, from its own stream; divided by q·N they are the
+        sharded parameters' gradients (:mod:`dprc_core.sharding`)."""
+        fulls = [
+            self._sums.pop(i) if i in self._sums else sharding.full_zeros(p)
+            for i, p in enumerate(self.params)
+        ]
+        shards = sharding.reduce_to_shards(fulls, self._layouts, self.ranks)
+        del fulls
+        finite = True
+        for index, (p, shard) in enumerate(zip(self.params, shards, strict=True)):
+            noise = self.noise.sample(index, shard, self.generators(shard.device))
+            if noise is not None:
+                shard = shard + noise
+            shard = shard / self.expected_batch_size
+            finite = finite and bool(torch.isfinite(shard).all())
+            p.grad = sharding.as_shard_grad(shard, p)
+        self.noise.end_step()
+        # every rank must agree whether to step (one rank's non-finite rows stop them all)
+        flag = torch.tensor([0.0 if finite else 1.0], device=self._comm_device)
+        all_reduce_sum([flag], self.ranks)
+        if float(flag) > 0:
+            for p in self.params:
+                p.grad = None
+            self._reset_batch()
+            raise FloatingPointError(
+                "the noised update is not finite although every non-finite sample was "
+                "dropped; the optimizer step was not taken"
+            )
 
     def _step_stats(self) -> StepStats:
         """The logical batch's statistics; with several ranks the counts and the mean loss are
@@ -806,6 +919,7 @@ class PrivacyEngine:
         self._ids_seen: set[int] = set()  # example ids, or user ids, met in this batch
         self._unit = None
         self._positions = 0
+        self._sums = {}  # sharded: the clipped sums held whole until step()
 
     def _check_optimizer(self) -> None:
         trainable = {id(p) for p in self.params}
@@ -829,13 +943,17 @@ class PrivacyEngine:
             if drop:  # remove dropped samples entirely: 0 · NaN would still be NaN
                 contribs = [_zero_samples(c, keep) for c in contribs]
             w = clip.to(p.dtype)
-            total = torch.zeros_like(p)
+            total = sharding.full_zeros(p) if self.sharded else torch.zeros_like(p)
             for c in contribs:
                 if isinstance(c, MatrixContribution):
                     total += c.weighted_sum(w.to(_dense_dtype(c))).to(p.dtype)
                 else:  # per-sample gradients (B, *p.shape)
                     wc = w.to(c.dtype).reshape(-1, *([1] * (c.dim() - 1)))
                     total += (c * wc).sum(0).to(p.dtype)
+            if self.sharded:  # held whole until step() reduces it to the shards
+                index = self._index[id(p)]
+                self._sums[index] = total if index not in self._sums else self._sums[index] + total
+                continue
             p.grad = total if p.grad is None else p.grad + total
 
 

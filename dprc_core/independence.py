@@ -482,6 +482,10 @@ def check_sample_independence(
     start, rtol = check_dtype(hooks)
     pair = select_samples(batch, torch.arange(2))
     alone = [select_samples(batch, torch.tensor([i])) for i in range(2)]
+    if any(type(p).__name__ == "DTensor" for p in hooks.model.parameters()):
+        with _quiet_model(hooks.model):
+            _check_sharded(check, pair, alone, hooks.model)
+        return
     with _quiet_model(hooks.model):
         t = sequence_length(pair)
         t_check = None if t is None else short_length(t)
@@ -499,6 +503,27 @@ def check_sample_independence(
                 check.decide(pair, alone, None, screening_rtol(hooks.model), short=False)
                 return
         check.decide(pair, alone, start, rtol, short=False)
+
+
+def _check_sharded(check: _Check, pair: Any, alone: list[Any], model: nn.Module) -> None:
+    """A sharded (FSDP2) model cannot be cast for the check: FSDP gathers its parameters into
+    buffers of their own dtype. A float64 model is decided as usual; another is screened in its
+    own dtypes, which accepts or refuses — what only float64 could settle is refused, saying so
+    (never accepted)."""
+    if not _float_tensors(model, torch.float64):  # float64 throughout: nothing to cast
+        check.decide(pair, alone, torch.float64, RTOL, short=False)
+        return
+    try:
+        why, _ = check.compare(pair, alone, None, screening_rtol(model), False, True)
+    except _Inconclusive:
+        why = "the check could not run in the model's own dtypes"
+    if why is None:
+        return
+    raise SampleMixingError(
+        f"{_mixing(why)} — under sharding (FSDP2) the check runs in the model's own dtypes and "
+        "cannot be settled in float64; check the unsharded model (or a float64 copy) once, "
+        "then pass check_independence=False to the sharded engine"
+    )
 
 
 def _fmt(x: torch.Tensor) -> str:
