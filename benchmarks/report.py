@@ -41,6 +41,7 @@ SECTIONS = [
     ("secure_noise", "benchmarks/secure_noise.py"),
     ("three_ways", "benchmarks/three_ways.py"),
     ("recipes", "benchmarks/recipes.py"),
+    ("user_level", "benchmarks/user_level.py --seeds 5"),
     ("distributed", "benchmarks/distributed.py"),
     ("client_startup", "benchmarks/client_startup.py"),
     ("distributed_cuda", "benchmarks/distributed.py --device cuda"),
