@@ -191,3 +191,33 @@ def test_units_that_do_not_fit_their_data_are_refused(service):
             model="dprc-tiny-llama", training_file=plain.id, extra_body={"privacy": big}
         )
     assert bad.value.body["param"] == "privacy.unit.max_examples_per_user"
+
+
+def test_an_upload_in_parts_names_its_user_field(service):
+    client = service.client(service.key("users-parts"))
+    data = user_lines("author", [f"a{i % 7}" for i in range(30)])
+    upload = client.uploads.create(
+        bytes=len(data),
+        filename="authors.jsonl",
+        mime_type="text/jsonl",
+        purpose="fine-tune",
+        extra_body={"epsilon_budget": 5, "user_field": "author"},
+    )
+    assert upload.model_extra["user_field"] == "author"
+    half = len(data) // 2
+    first = client.uploads.parts.create(upload_id=upload.id, data=data[:half])
+    second = client.uploads.parts.create(upload_id=upload.id, data=data[half:])
+    done = client.uploads.complete(upload_id=upload.id, part_ids=[first.id, second.id])
+    f = done.file.model_extra
+    assert (f["user_field"], f["n_users"], f["max_lines_per_user"]) == ("author", 7, 5)
+    assert f["budget"]["unit"] == "user" and f["budget"]["delta"] == default_delta(7)
+    # a bad field name is refused at creation, before any part
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.uploads.create(
+            bytes=10,
+            filename="x.jsonl",
+            mime_type="text/jsonl",
+            purpose="fine-tune",
+            extra_body={"user_field": "messages"},
+        )
+    assert bad.value.body["param"] == "user_field"
