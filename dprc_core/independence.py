@@ -507,14 +507,18 @@ def check_sample_independence(
 
 def _check_sharded(check: _Check, pair: Any, alone: list[Any], model: nn.Module) -> None:
     """A sharded (FSDP2) model cannot be cast for the check: FSDP gathers its parameters into
-    buffers of their own dtype. A float64 model is decided as usual; another is screened in its
-    own dtypes, which accepts or refuses — what only float64 could settle is refused, saying so
-    (never accepted)."""
-    if not _float_tensors(model, torch.float64):  # float64 throughout: nothing to cast
-        check.decide(pair, alone, torch.float64, RTOL, short=False)
+    buffers of their own dtype (or of its mixed-precision policy's ``param_dtype``, which the
+    forward then computes in). A float64 model is decided as usual; another is screened in the
+    dtypes it computes in, with their tolerance, which accepts or refuses — what only float64
+    could settle is refused, saying so (never accepted)."""
+    compute = _sharded_compute_dtypes(model)
+    if not _float_tensors(model, torch.float64) and compute <= {torch.float64}:
+        check.decide(pair, alone, torch.float64, RTOL, short=False)  # nothing to cast
         return
+    eps = max([_eps(d) for d in compute] + [_eps(torch.float32)] * (not compute))
+    rtol = max(screening_rtol(model), min(SCREEN_RTOL_CAP, SCREEN_RTOL_EPS * eps))
     try:
-        why, _ = check.compare(pair, alone, None, screening_rtol(model), False, True)
+        why, _ = check.compare(pair, alone, None, rtol, False, True)
     except _Inconclusive:
         why = "the check could not run in the model's own dtypes"
     if why is None:
@@ -524,6 +528,20 @@ def _check_sharded(check: _Check, pair: Any, alone: list[Any], model: nn.Module)
         "cannot be settled in float64; check the unsharded model (or a float64 copy) once, "
         "then pass check_independence=False to the sharded engine"
     )
+
+
+def _sharded_compute_dtypes(model: nn.Module) -> set[torch.dtype]:
+    """The dtypes FSDP2 gathers the parameters into: a mixed-precision policy's
+    ``param_dtype`` where one is set, else the parameters' own."""
+    dtypes: set[torch.dtype] = set()
+    for module in model.modules():
+        state = getattr(module, "_get_fsdp_state", None)
+        group = getattr(state(), "_fsdp_param_group", None) if state is not None else None
+        policy = getattr(group, "mp_policy", None)
+        if policy is not None and policy.param_dtype is not None:
+            dtypes.add(policy.param_dtype)
+    floats = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    return dtypes or floats
 
 
 def _fmt(x: torch.Tensor) -> str:

@@ -184,6 +184,28 @@ def scenario_noise(out: Path) -> None:
         save_file(whole(model), str(out / f"noise-{kind}-rank{ranks.rank}.safetensors"))
 
 
+def scenario_mixed(out: Path) -> None:
+    """σ = 0 steps of the float32 tiny Llama sharded with a bf16 mixed-precision policy
+    (parameters gathered in bfloat16, gradients reduced in float32)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from transformers import AutoModelForCausalLM
+
+    ranks = current_ranks()
+    folder = out / "llama"
+    if ranks.is_main:
+        llama(folder)
+    torch.distributed.barrier()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for module in model.modules():
+        if type(module).__name__ == "LlamaDecoderLayer":
+            fully_shard(module, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    engine = make_engine(model, "exact")
+    run_steps(engine, BATCHES, 2, lambda i: shard_indices(i, ranks))
+    save_file(whole(model), str(out / f"mixed-rank{ranks.rank}.safetensors"))
+
+
 def scenario_memory(out: Path) -> None:
     """Adam on the sharded tiny Llama: the bytes of this rank's local parameters and optimizer
     state after a step, and the whole parameters' sizes (rows and bytes a row)."""
@@ -283,6 +305,7 @@ def main() -> None:
             "noise": scenario_noise,
             "memory": scenario_memory,
             "refusals": scenario_refusals,
+            "mixed": scenario_mixed,
         }[name](out)
     finally:
         torch.distributed.destroy_process_group()

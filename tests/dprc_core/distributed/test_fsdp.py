@@ -136,3 +136,22 @@ def test_what_a_sharded_engine_refuses_it_refuses_on_every_rank(tmp_path):
         assert found["nu_dpftrl"].startswith("ValueError") and "sharded" in found["nu_dpftrl"]
         assert "pad(loss_fn, batch)" in found["empty"]
         assert "fully_shard the root module too" in found["partly"]
+
+
+def test_bf16_mixed_precision_takes_the_float32_step_to_bf16_accuracy(tmp_path):
+    torchrun("mixed", tmp_path, 2)
+    from transformers import AutoModelForCausalLM
+
+    initial = AutoModelForCausalLM.from_pretrained(tmp_path / "llama", dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "llama", dtype=torch.float32)
+    engine = sc.make_engine(model, "exact")
+    sc.run_steps(engine, sc.BATCHES, micro=None)
+    start = dict(initial.named_parameters())
+    got = load_file(str(tmp_path / "mixed-rank0.safetensors"))
+    update = torch.cat(
+        [(p.detach() - start[n].detach()).flatten() for n, p in model.named_parameters()]
+    )
+    mixed = torch.cat([(got[n] - start[n].detach()).flatten() for n, _ in model.named_parameters()])
+    assert all(got[n].dtype == torch.float32 for n in got)  # float32 master weights
+    rel = float((mixed - update).norm() / update.norm())
+    assert 0 < rel < 0.05, rel  # computed in bfloat16 (not bit-equal), within its accuracy
