@@ -689,6 +689,7 @@ class JobLedger:
     epsilon_spent: float
     ledger: dict[str, Any]  # dprc-privacy-ledger JSON
     planned: dict[str, Any]  # the planned event (the reservation)
+    unit: str = "example"  # what each ε protects: one example, or one user (all their lines)
 
 
 def ledger(store: Store, caller: Caller, job_id: str) -> JobLedger:
@@ -707,6 +708,7 @@ def ledger(store: Store, caller: Caller, job_id: str) -> JobLedger:
             epsilon_spent=led.epsilon(delta),
             ledger=json.loads(led.to_json()),
             planned=budget.planned_event(job).to_dict(),
+            unit=str((job.privacy.get("unit") or {}).get("type", "example")),
         )
 
 

@@ -342,3 +342,7 @@ class Ledger(BaseModel):
     epsilon_spent: float
     ledger: dict[str, Any] = Field(description="dprc-privacy-ledger JSON of the steps that ran")
     planned: dict[str, Any] = Field(description="the planned event (reservation)")
+    unit: Literal["example", "user"] = Field(
+        default="example",
+        description="what each ε protects: one example, or one user with all their lines",
+    )

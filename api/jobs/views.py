@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict
+from typing import Literal, cast
 
 from api.jobs.schemas import (
     Checkpoint,
@@ -151,4 +152,5 @@ def ledger_object(led: jobs.JobLedger) -> Ledger:
         epsilon_spent=led.epsilon_spent,
         ledger=led.ledger,
         planned=led.planned,
+        unit=cast(Literal["example", "user"], led.unit),
     )

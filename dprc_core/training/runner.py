@@ -786,6 +786,8 @@ class TrainingRun:
             "k": plan.k,
             "sketch": plan.sketch,
             "sample_rate": plan.sample_rate,
+            "privacy_unit": plan.unit,  # ε per example, or per user (docs/privacy_unit.md)
+            "units": plan.dataset_size,  # N of the accountant: examples, or users
             "noise_mechanism": plan.mechanism,
             "nu": plan.nu,
             "bands": plan.bands,

@@ -108,6 +108,10 @@ def test_a_user_level_job_is_planned_run_and_charged_per_user(service, tmp_path)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(tmp_path / "ckpt", filter="data")
     ledger = PrivacyLedger.from_json((tmp_path / "ckpt" / "ledger.json").read_text())
+    meta = json.loads((tmp_path / "ckpt" / "metadata.json").read_text())
+    assert (meta["privacy_unit"], meta["units"]) == ("user", U)
+    api_ledger = client.get(f"/fine_tuning/jobs/{job.id}/ledger", cast_to=object)
+    assert api_ledger["unit"] == "user"
     assert sum(e.steps for e in ledger.events) == steps
     assert all(e.sample_rate == 6 / U for e in ledger.events)
     for path in (tmp_path / "ckpt").rglob("*"):
