@@ -37,7 +37,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from dprc_core.accounting import PrivacyEvent, SubsampledGaussianEvent
-from dprc_core.accounting.history import epsilon_for_history
+from dprc_core.accounting.history import build_leaves, epsilon_for_history
 from dprc_core.training.plan import check_delta_for_size, default_delta
 from service.errors import Conflict, InvalidInput
 from service.job_status import ACTIVE, JobStatus
@@ -253,6 +253,17 @@ def snapshot(events: GroupEvents, delta: float, privacy_event: PrivacyEvent) -> 
     without it too: they warm the cache for a refusal's message)."""
     totals(events, delta)
     return events, totals(events, delta, privacy_event)
+
+
+def build_leaf(events: GroupEvents, delta: float, privacy_event: PrivacyEvent) -> None:
+    """Build and cache the leaf of ``privacy_event`` in the group's committed history (its PLD
+    on the history's grid, :func:`dprc_core.accounting.history.build_leaves`), composing
+    nothing else: the part of a new job's budget check that other jobs committing meanwhile
+    do not make stale (unless they move the grid), done under no lock before :func:`snapshot`."""
+    try:
+        build_leaves([*events[1], privacy_event], delta)
+    except ValueError:
+        pass  # the snapshot says so (compose: +inf)
 
 
 def changed_events(session: Session, group: BudgetGroup, known: Snapshot) -> GroupEvents | None:

@@ -211,11 +211,11 @@ def create_job(
         secure=store.settings.secure_rng,
     )
     new = _NewJob(req, plan, privacy_event, idem, mechanisms, unit)
-    # Before the file's turn: this job's leaf of the file's history (tenths of a second for
-    # randomized clipping's hidden scale) is composed and cached here, concurrently with the
-    # other creates; in the turn, its snapshot recomposes only what changed since (the blocks
-    # that the jobs committed meanwhile touch).
-    _budget_snapshot(store, group_id, privacy_event)
+    # Before the file's turn: this job's leaf of the file's history (tens of milliseconds for
+    # randomized clipping's hidden scale) is built and cached here, concurrently with the
+    # other creates; in the turn, its snapshot composes the blocks around it (those the jobs
+    # committed meanwhile changed too: composing them here would mostly be wasted).
+    _budget_leaf(store, group_id, privacy_event)
     with _group_turn(group_id):
         known = _budget_snapshot(store, group_id, privacy_event)
         deadline = time.monotonic() + OPTIMISTIC_SECONDS
@@ -322,15 +322,29 @@ def _group_turn(group_id: str) -> Iterator[None]:
 OPTIMISTIC_SECONDS = 120.0
 
 
-def _budget_snapshot(store: Store, group_id: str, privacy_event: PrivacyEvent) -> budget.Snapshot:
-    """The group's events and their totals with ``privacy_event``, composed under no lock."""
+def _group_events(store: Store, group_id: str) -> tuple[budget.GroupEvents, float] | None:
+    """A budgeted group's events and its δ, read under no lock (None: no budget)."""
     with store.sessions() as session:
         group = session.scalar(select(BudgetGroup).where(BudgetGroup.id == group_id))
         assert group is not None
         if group.epsilon_budget is None or group.delta is None:
             return None
-        events, delta = budget.group_events(session, group), group.delta
-    return budget.snapshot(events, delta, privacy_event)
+        return budget.group_events(session, group), group.delta
+
+
+def _budget_leaf(store: Store, group_id: str, privacy_event: PrivacyEvent) -> None:
+    """``privacy_event``'s leaf of the group's history, built and cached under no lock."""
+    read = _group_events(store, group_id)
+    if read is not None:
+        budget.build_leaf(read[0], read[1], privacy_event)
+
+
+def _budget_snapshot(store: Store, group_id: str, privacy_event: PrivacyEvent) -> budget.Snapshot:
+    """The group's events and their totals with ``privacy_event``, composed under no lock."""
+    read = _group_events(store, group_id)
+    if read is None:
+        return None
+    return budget.snapshot(read[0], read[1], privacy_event)
 
 
 def _create_locked(

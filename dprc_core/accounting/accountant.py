@@ -18,10 +18,9 @@ Pipeline for a list of events and a target δ (docs/accounting.md has the soundn
    loss drives ε, the connect-the-dots error of the composition scales as √n·h²/std², so this
    keeps it at a fixed small level (a few 0.01%); when a long loss tail drives it (tiny q), a
    grid of 2^17 points over the step's loss range is ample.
-5. Each event's PLD on that grid, composed with itself over its compositions
-   (:mod:`pld_self_compose`: dp_accounting's self-composition, its truncation bounds
-   vectorised), and ``compose`` across events with ``dp_accounting``; ε from the composed
-   PMFs.
+5. Each event's PLD on that grid, composed with itself over its compositions, and across
+   events (:mod:`pld_self_compose`: dp_accounting's self-composition and composition, their
+   truncation bounds vectorised); ε from the composed PMFs.
 
 When every event is exactly a Gaussian mechanism (ν-DP-FTRL runs), the composition is the
 Gaussian mechanism with μ = sqrt(Σ μ_i²) and ε is analytic. The accountant supports the event
@@ -49,7 +48,7 @@ from dprc_core.accounting.events import (
 from dprc_core.accounting.nu_dpftrl_builder import gaussian_pld
 from dprc_core.accounting.pld_builders import PreparedEvent, builder_for
 from dprc_core.accounting.pld_epsilon import epsilon_from_pld
-from dprc_core.accounting.pld_self_compose import self_compose
+from dprc_core.accounting.pld_self_compose import compose, self_compose
 from dprc_core.accounting.settings import DEFAULT_SETTINGS, AccountingSettings
 from dprc_core.accounting.subsampled_gaussian_builder import (
     SCALE_CAP_SIGMAS,
@@ -192,7 +191,7 @@ def compose_events(
             if p.compositions > 1:
                 pld = self_compose(pld, p.compositions, truncation)
             if result is not None:
-                pld = result.compose(pld, tail_mass_truncation=truncation)
+                pld = compose(result, pld, truncation)
         result = pld
     assert result is not None
     bins = tuple(p.scale_bins for p in prepared)

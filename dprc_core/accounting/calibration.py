@@ -136,6 +136,31 @@ def _log_eps(value: float) -> float | None:
     return math.log(value) if 0 < value < math.inf else None
 
 
+def _closing_proposal(
+    lo: float, hi: float, l_lo: float | None, l_hi: float | None, log_t: float, rel_tol: float
+) -> tuple[float, str] | None:
+    """A σ that closes the bracket in one composition if the secant's root estimate is right:
+    lo·(1 + rel_tol) when the estimated root lies at or below it (then ε there ≤ target makes
+    it the answer's hi), or hi/(1 + rel_tol) when the root lies at or above that (ε there >
+    target makes it lo) — of the two, the one farther from the estimate — with the side it
+    should land on. None when neither applies (or ε is not finite and positive at both
+    ends). With a dense curve (the targets
+    of a burst of creates, each near its neighbours') this is one composition per target
+    instead of two; a wrong estimate costs the composition the secant step would have cost,
+    and still moves an end of the bracket."""
+    if l_lo is None or l_hi is None or l_lo == l_hi:
+        return None
+    root = math.log(lo) + (l_lo - log_t) / (l_lo - l_hi) * math.log(hi / lo)
+    factor = 1.0 + rel_tol * (1.0 - 1e-9)  # so that the closed bracket passes hi/lo ≤ 1 + rel_tol
+    up, down = math.log(lo * factor), math.log(hi / factor)
+    best: tuple[float, float, str] | None = None
+    if up < math.log(hi) and root <= up:
+        best = (up - root, lo * factor, "hi")
+    if down > math.log(lo) and root >= down and (best is None or root - down > best[0]):
+        best = (root - down, hi / factor, "lo")
+    return (best[1], best[2]) if best is not None else None
+
+
 def _calibrate(
     eps_of: Callable[[float], float],
     target: float,
@@ -151,8 +176,9 @@ def _calibrate(
     ε(σ) is close to a power law, so proposals come from the secant of log ε against log σ,
     kept strictly inside the bracket; once the bracket is narrow the proposal is nudged past
     the estimated root so that both ends close in, and after two updates of the same end a
-    geometric bisection step is taken. Returns hi, whose ε was evaluated and does not exceed
-    the target.
+    geometric bisection step is taken. When the estimated root lies within rel_tol of an end,
+    the proposal is the σ that closes the bracket at once (:func:`_closing_proposal`).
+    Returns hi, whose ε was evaluated and does not exceed the target.
     """
     cache: dict[float, float] = {}
 
@@ -206,12 +232,16 @@ def _calibrate(
         raise RuntimeError("noise calibration failed to bracket the target epsilon")
     same_side = 0
     last_side = ""
+    missed = False
     for _ in range(MAX_REFINEMENTS):
         if hi / lo <= 1.0 + rel_tol:
             break
         l_lo, l_hi = _log_eps(f(lo)), _log_eps(f(hi))
         width = math.log(hi / lo)
-        if same_side >= 2 or l_lo is None or l_hi is None or l_lo == l_hi:
+        closing = None if missed else _closing_proposal(lo, hi, l_lo, l_hi, log_t, rel_tol)
+        if closing is not None:
+            frac = math.log(closing[0] / lo) / width
+        elif same_side >= 2 or l_lo is None or l_hi is None or l_lo == l_hi:
             frac = 0.5
         else:
             frac = (l_lo - log_t) / (l_lo - l_hi)
@@ -219,8 +249,10 @@ def _calibrate(
                 nudge = 0.3 * math.log1p(rel_tol) / width
                 frac += nudge if last_side != "hi" else -nudge
             frac = min(max(frac, 0.02), 0.98)
-        sigma = lo * math.exp(frac * width)
+        sigma = closing[0] if closing is not None else lo * math.exp(frac * width)
         side = "hi" if f(sigma) <= target else "lo"
+        # a closing proposal on the wrong side of the root: the next step is the secant's
+        missed = closing is not None and side != closing[1]
         if side == "hi":
             hi = sigma
         else:

@@ -22,11 +22,15 @@ LR is increasing, the optimal tests are half-lines, and for every ε
 * add (ε < −log(1 − q)): ``δ(ε) = P0(z < t) − e^ε P1(z < t)``,
   ``h(t) = log((e^{−ε} − 1 + q)/q)``;
 
-and δ = 1 − e^ε (remove) / 0 (add) outside those ranges. t is found by Newton's method on the
-convex h (every iterate after the first lies at or above the root, so the iteration descends
-monotonically); from the final iterate t_n ≥ t and the slope bound h' ≥ s_min the root lies in
-``[t_n − (h(t_n) − target)/s_min, t_n]`` (widened by a relative 1e-12 against round-off), and δ is
-evaluated at the ends of that bracket in the direction that can only raise it
+and δ = 1 − e^ε (remove) / 0 (add) outside those ranges. t is bracketed from evaluations of h
+and h' (:func:`_bracket`): at any point z, with e = (target − h(z))/h'(z), convexity puts the
+root at or below z + e, and the curvature bound h'' ≤ V = (s_max − s_min)²/4 (h'' is the
+variance of s under the tilted law) with h' ≥ s_min puts it at or above a point about V·e²/(2h')
+below that. Start points come from a cubic Hermite table of h (one evaluation per threshold is
+then enough), Newton steps tighten any bracket wider than a relative 1e-10, and the bracket is
+widened to contain every bracket the former iteration (Newton to a step below 1e-10, then
+``[t_n − (h(t_n) − target)/s_min, t_n]``) could return, plus a relative 1e-12 and an h's
+round-off. δ is evaluated at the ends of that bracket in the direction that can only raise it
 (``P1(z > t) ≤ P1(z > t_lo)``, ``P0(z > t) ≥ P0(z > t_hi)``, ...). So the profile computed here
 is an upper bound on the profile of the discrete law, and the connect-the-dots PMF built from it
 (:func:`random_scale_pld.connect_dots_probabilities`, the same construction and argument as the
@@ -52,15 +56,21 @@ from dprc_core.accounting.hockey_stick import (
 from dprc_core.accounting.random_scale_pld import (
     StepGeometry,
     StepMechanism,
+    bisect,
     step_geometry,
     step_pld,
     step_pmf,
 )
 
 _CHUNK = 512  # thresholds per vectorised block (bounds memory to ~bins × 512 doubles)
-_NEWTON_MAX = 200  # Newton iterations per block at most (typically 5–10 from the start point)
-_NEWTON_TOL = 1e-10  # relative step below which the iteration stops (the bracket covers the rest)
+_NEWTON_MAX = 200  # Newton iterations per threshold at most (typically 1–2 from the table)
+_NEWTON_TOL = 1e-10  # relative width of the root bracket at which the iteration stops
 _BRACKET_MARGIN = 1e-12  # relative widening of the root bracket against round-off
+_H_ROUNDING = 1e-15  # relative error allowed for a computed h(z) (a few ulps of a log-sum-exp)
+_TABLE_MIN_POINTS = 512  # fewer thresholds than this are solved without a start table
+_TABLE_SPACING = 0.25  # table nodes ≤ this / (s_max − s_min) apart (start points to ~1e-6)
+_TABLE_MAX_NODES = 2048
+_WIDEN = 1.0 + 1e-6  # rounds the former iteration's widest bracket up (see _thresholds)
 
 ProfileFn = Callable[[np.ndarray, Direction], np.ndarray]
 
@@ -85,82 +95,179 @@ class _Law:
     def s_min(self) -> float:
         return float(self.s[0])
 
+    @property
+    def curvature(self) -> float:
+        """An upper bound on h'' everywhere: h''(z) is the variance of s under the tilted law
+        ∝ w_j exp(s_j z − s_j²/2), supported on [s_min, s_max], so at most (s_max − s_min)²/4
+        (Popoviciu's inequality)."""
+        return 0.25 * float(self.s[-1] - self.s[0]) ** 2
+
 
 def _h_and_slope(z: np.ndarray, law: _Law) -> tuple[np.ndarray, np.ndarray]:
     """h(z) = log Σ_j w_j exp(s_j z − s_j²/2) and h'(z), by a stable log-sum-exp (in place on
-    one (atoms, points) array: the accountant's hot loop)."""
+    one (atoms, points) array per block of points: the accountant's hot loop)."""
+    if z.size > _CHUNK:
+        parts = [_h_and_slope(z[i : i + _CHUNK], law) for i in range(0, z.size, _CHUNK)]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
     expo = np.multiply.outer(law.s, z)
     expo += (law.log_w - 0.5 * law.s * law.s)[:, None]
     top = expo.max(axis=0)
     expo -= top
     np.exp(expo, out=expo)
     total = expo.sum(axis=0)
-    return top + np.log(total), (law.s @ expo) / total
+    return top + np.log(total), _weighted_sum(law.s, expo) / total
 
 
-def _coarse(law: _Law, atoms: int = 192) -> _Law:
-    """A law of about ``atoms`` atoms (consecutive atoms merged, each group at its largest
-    scale) whose root of h only serves as the starting point of the fine iteration."""
-    group = max(1, law.s.size // atoms)
-    if group == 1:
-        return law
-    starts = np.arange(0, law.s.size, group)
-    ends = np.minimum(starts + group, law.s.size) - 1
-    w = np.add.reduceat(np.exp(law.log_w), starts)
-    return _Law(law.s[ends], np.log(w), law.inf_weight)
+def _bracket(
+    z: np.ndarray, h: np.ndarray, g: np.ndarray, target: np.ndarray, law: _Law
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """From one evaluation (h, g) = (h(z), h'(z)): a bracket [t_lo, t_hi] of the root t of
+    h(t) = target, and the Newton point z + e, e = (target − h)/g.
+
+    With d = t − z: convexity (h above its tangent at z) gives d ≤ e. For e ≥ 0 (z below the
+    root), h' ≤ g + V·u to the right (V ≥ h'' everywhere, :attr:`_Law.curvature`), so
+    target − h ≤ g·d + V·d²/2, i.e. d ≥ 2·g·e / (g + √(g² + 2·V·g·e)). For e < 0, h' ≥
+    max(g − V·u, s_min) at u to the left, so h − target ≥ Ψ(−d) with Ψ(x) = ∫₀ˣ max(g − V·u,
+    s_min) du, increasing: −d ≤ Ψ⁻¹(h − target). The bracket's width is about V·e²/(2g); it is
+    widened by a relative 1e-12 and by the round-off a computed h may carry."""
+    diff = target - h
+    e = diff / g
+    curv = law.curvature
+    s_min = law.s_min
+    if curv > 0.0:
+        # both cases at once: 2·diff / (g + √(g² + 2·V·diff)) is +below for e ≥ 0 and, for
+        # e < 0 while −d ≤ x0, minus Ψ⁻¹(h − target) = 2·gap / (g + √(g² − 2·V·gap))
+        d_lo = 2.0 * diff / (g + np.sqrt(np.maximum(g * g + (2.0 * curv) * diff, 0.0)))
+        x0 = np.maximum(g - s_min, 0.0) / curv  # where g − V·u reaches s_min
+        far = -d_lo > x0  # e < 0 beyond x0: Ψ is linear there, of slope s_min
+        if far.any():
+            xf, gf = x0[far], g[far]
+            psi0 = gf * xf - 0.5 * curv * xf * xf
+            d_lo[far] = -(xf + (-diff[far] - psi0) / s_min)
+    else:  # a single atom: h is affine, the Newton point is the root
+        d_lo = e.copy()
+    margin = (
+        _BRACKET_MARGIN * np.abs(z)
+        + (_H_ROUNDING / s_min) * np.abs(h)
+        + (_BRACKET_MARGIN + _H_ROUNDING / s_min)
+    )
+    return z + d_lo - margin, z + e + margin, z + e
 
 
-def _newton(z: np.ndarray, target: np.ndarray, law: _Law, min_steps: int) -> tuple:
-    """Newton's method on h(z) = target from ``z`` (at least ``min_steps`` steps per point);
-    returns (z_n, h(z_n)) of the last iterate evaluated, whose step was below the tolerance."""
-    z = z.copy()
-    h_last = np.empty(z.shape)
-    z_last = np.empty(z.shape)
-    active = np.ones(z.shape, dtype=bool)
-    for it in range(_NEWTON_MAX):
-        idx = np.nonzero(active)[0]
+def _solve(
+    z: np.ndarray, target: np.ndarray, law: _Law
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Brackets of the roots of h(t) = target, by Newton's method from ``z``, and h' at the
+    last point evaluated: every evaluation yields a valid bracket (:func:`_bracket`); a
+    threshold stops once its bracket is narrower than a relative 1e-10 (usually after one
+    evaluation from a table start, two or three from elsewhere: Newton's iterates after the
+    first lie at or above the root and converge quadratically)."""
+    z = np.array(z, dtype=np.float64)
+    t_lo = np.empty(z.shape)
+    t_hi = np.empty(z.shape)
+    slope = np.empty(z.shape)
+    idx = np.arange(z.size)
+    for _ in range(_NEWTON_MAX):
         if idx.size == 0:
-            return z_last, h_last
-        h, slope = _h_and_slope(z[idx], law)
-        z_last[idx], h_last[idx] = z[idx], h
-        step = (h - target[idx]) / slope
-        z[idx] = z[idx] - step
-        if it + 1 >= min_steps:
-            active[idx] = np.abs(step) > _NEWTON_TOL * (1.0 + np.abs(z[idx]))
+            return t_lo, t_hi, slope
+        h, g = _h_and_slope(z[idx], law)
+        lo, hi, nxt = _bracket(z[idx], h, g, target[idx], law)
+        t_lo[idx], t_hi[idx], slope[idx] = lo, hi, g
+        z[idx] = nxt
+        idx = idx[hi - lo > _NEWTON_TOL * (1.0 + np.abs(hi))]
     raise RuntimeError(  # pragma: no cover - Newton on a convex h with h' ≥ s_min > 0 converges
         "hidden-scale threshold iteration did not converge"
     )
 
 
+def _tangent_start(target: np.ndarray, law: _Law) -> np.ndarray:
+    """Start points without a table: the smallest of the roots of the tangents
+    log w + s·z − s²/2 of a coarse law (every ``group`` consecutive atoms merged at their
+    largest scale: a few hundred atoms). Only a start: any point is one for :func:`_solve`."""
+    group = max(1, law.s.size // 192)
+    starts = np.arange(0, law.s.size, group)
+    ends = np.minimum(starts + group, law.s.size) - 1
+    s = law.s[ends]
+    log_w = np.log(np.add.reduceat(np.exp(law.log_w), starts))
+    return np.min((target[None, :] - log_w[:, None]) / s[:, None] + 0.5 * s[:, None], axis=0)
+
+
+def _table_start(target: np.ndarray, law: _Law) -> np.ndarray:
+    """Start points for many thresholds: h and h' on nodes spanning the extreme roots, and the
+    cubic Hermite interpolant of the inverse of h between them (only a start: the brackets
+    come from the evaluations of :func:`_solve`)."""
+    ends = np.array([target.min(), target.max()])
+    end_lo, end_hi, _ = _solve(_tangent_start(ends, law), ends, law)
+    z_a, z_b = float(end_lo[0]), float(end_hi[1])
+    width = float(law.s[-1] - law.s[0])
+    nodes = int(math.ceil((z_b - z_a) * width / _TABLE_SPACING)) + 2
+    nodes = min(max(nodes, 2), _TABLE_MAX_NODES, target.size)
+    zs = np.linspace(z_a, z_b, nodes)
+    hs, gs = _h_and_slope(zs, law)
+    k = np.clip(np.searchsorted(hs, target) - 1, 0, nodes - 2)
+    span = hs[k + 1] - hs[k]
+    ok = span > 0
+    u = np.clip(np.where(ok, (target - hs[k]) / np.where(ok, span, 1.0), 0.0), 0.0, 1.0)
+    u2, u3 = u * u, u * u * u
+    start = (
+        (2 * u3 - 3 * u2 + 1) * zs[k]
+        + (u3 - 2 * u2 + u) * span / gs[k]
+        + (3 * u2 - 2 * u3) * zs[k + 1]
+        + (u3 - u2) * span / gs[k + 1]
+    )
+    return np.clip(start, z_a, z_b)
+
+
 def _thresholds(target: np.ndarray, law: _Law) -> tuple[np.ndarray, np.ndarray]:
     """A bracket [t_lo, t_hi] around the root t of h(t) = target, for each (finite) target.
 
-    The root of a coarse law's h is the starting point; then Newton on the fine h. h is convex,
-    so every fine iterate after the first lies at or above the root: the last one evaluated,
-    z_n (at least the second), satisfies t ≤ z_n, and h' ≥ s_min gives
-    t ≥ z_n − (h(z_n) − target)/s_min."""
-    coarse = _coarse(law)
-    # h(z) ≥ log w_j + s_j z − s_j²/2 for every j, so the root lies at or below this point.
-    z0 = np.min(
-        (target[None, :] - coarse.log_w[:, None]) / coarse.s[:, None] + 0.5 * coarse.s[:, None],
-        axis=0,
-    )
-    if coarse is not law:
-        z0, _ = _newton(z0, target, coarse, 1)
-    z, h = _newton(z0, target, law, 2)
-    margin = _BRACKET_MARGIN * (1.0 + np.abs(z))
-    t_lo = z - np.maximum(h - target, 0.0) / law.s_min - margin
-    return t_lo, z + margin
+    The bracket of :func:`_solve` (relative width ~1e-12) is widened on both sides by
+    W = 1e-10·(1 + |t|)·h'(t)/s_min (plus the former 1e-12 margin, rounded up): the widest
+    bracket the former iteration could return (Newton until a step below a relative 1e-10,
+    then [z_n − (h(z_n) − target)/s_min, z_n]) lies inside it, so every δ evaluated at these
+    ends is at least the former one (the profile only grows as the bracket widens). With a
+    single atom h is affine, the former iteration's second Newton step landed on the root up
+    to round-off, and twice the 1e-12 margin contains its bracket."""
+    if target.size < _TABLE_MIN_POINTS or law.curvature == 0.0:
+        start = _tangent_start(target, law)
+    else:
+        start = _table_start(target, law)
+    t_lo, t_hi, slope = _solve(start, target, law)
+    size = 1.0 + np.abs(t_hi) + 1e-6
+    if law.curvature > 0.0:
+        widen = _WIDEN * size * (_NEWTON_TOL * slope / law.s_min + _BRACKET_MARGIN)
+    else:  # h affine: the former iteration's second step was the root (up to round-off)
+        widen = 2.0 * _BRACKET_MARGIN * size
+    return t_lo - widen, t_hi + widen
+
+
+def _weighted_sum(w: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Σ_j w_j values[j, :] without BLAS: a matrix-vector product this small gains nothing
+    from OpenBLAS's threads, which on a busy machine (a server's request threads, other
+    processes) cost more than the product itself."""
+    return np.einsum("j,jk->k", w, values)
 
 
 def _phi_bar_mix(t: np.ndarray, law: _Law) -> np.ndarray:
-    """Σ_j w_j Φ̄(t − s_j) (finite atoms only)."""
-    return np.exp(law.log_w) @ special.ndtr(law.s[:, None] - t[None, :])
+    """Σ_j w_j Φ̄(t − s_j) (finite atoms only), in blocks of points."""
+    w = np.exp(law.log_w)
+    out = np.empty(t.shape)
+    for i in range(0, t.size, _CHUNK):
+        out[i : i + _CHUNK] = _weighted_sum(
+            w, special.ndtr(law.s[:, None] - t[None, i : i + _CHUNK])
+        )
+    return out
 
 
 def _phi_mix(t: np.ndarray, law: _Law) -> np.ndarray:
-    """Σ_j w_j Φ(t − s_j) (finite atoms only)."""
-    return np.exp(law.log_w) @ special.ndtr(t[None, :] - law.s[:, None])
+    """Σ_j w_j Φ(t − s_j) (finite atoms only), in blocks of points."""
+    w = np.exp(law.log_w)
+    out = np.empty(t.shape)
+    for i in range(0, t.size, _CHUNK):
+        out[i : i + _CHUNK] = _weighted_sum(
+            w, special.ndtr(t[None, i : i + _CHUNK] - law.s[:, None])
+        )
+    return out
 
 
 def _times_exp(log_factor: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -225,11 +332,7 @@ def hidden_delta(
     ``include_infinite=False`` leaves out the atom at a = +∞ (a constant q·w_∞ in the remove
     direction; used to size the loss range, that part ends up at +∞ anyway)."""
     eps = np.asarray(eps, dtype=np.float64).reshape(-1)
-    law = _Law.of(mech)
-    out = np.empty(eps.shape)
-    for start in range(0, eps.size, _CHUNK):
-        sl = slice(start, start + _CHUNK)
-        out[sl] = _delta_block(eps[sl], law, mech.q, direction, include_infinite)
+    out = _delta_block(eps, _Law.of(mech), mech.q, direction, include_infinite)
     return np.clip(out, 0.0, 1.0)
 
 
@@ -264,24 +367,12 @@ def hidden_lower_tail(t: np.ndarray, mech: StepMechanism, direction: Direction) 
     return out
 
 
-def _bisect(fn: Callable[[float], bool], lo: float, hi: float, iters: int = 60) -> float:
-    """With fn(lo) false and fn(hi) true (fn monotone), a point near the switch, from above."""
-    for _ in range(iters):
-        mid = 0.5 * (lo + hi)
-        if fn(mid):
-            hi = mid
-        else:
-            lo = mid
-        if hi - lo <= 1e-12 * max(1.0, abs(hi)):
-            break
-    return hi
-
-
 def hidden_loss_range(
     mech: StepMechanism, direction: Direction, tail: float
 ) -> tuple[float, float]:
     """[lo, hi] with δ(hi) ≤ tail (the mass above hi goes to +∞) and P(L < lo) ≤ tail (the
-    mass below lo is rounded up to lo)."""
+    mass below lo is rounded up to lo). Only accuracy depends on them: any range gives a
+    pessimistic PLD."""
     hard_lo, hard_hi = loss_bounds(mech.q, direction)
     probe = np.concatenate([-np.logspace(4, -9, 140), [0.0], np.logspace(-9, 4, 140)])
     if math.isfinite(hard_hi):
@@ -292,21 +383,21 @@ def hidden_loss_range(
         if d[idx] > tail:
             raise ValueError("privacy loss tail does not vanish below 1e4; parameters too extreme")
 
-        def small(x: float) -> bool:
-            return bool(hidden_delta(np.array([x]), mech, direction, False)[0] <= tail)
+        def small(x: np.ndarray) -> np.ndarray:
+            return hidden_delta(x, mech, direction, False) <= tail
 
-        hi = _bisect(small, probe[max(idx - 1, 0)], probe[idx])
+        hi = bisect(small, float(probe[max(idx - 1, 0)]), float(probe[idx]))[1]
     lt = hidden_lower_tail(probe, mech, direction)
     above = np.nonzero(lt > tail)[0]
     first = int(above[0]) if above.size else probe.size - 1
 
-    def heavy(x: float) -> bool:
-        return bool(hidden_lower_tail(np.array([x]), mech, direction)[0] > tail)
+    def heavy(x: np.ndarray) -> np.ndarray:
+        return hidden_lower_tail(x, mech, direction) > tail
 
     # the largest x with P(L < x) ≤ tail lies in [probe[first − 1], probe[first]]
     a = probe[max(first - 1, 0)]
     if first > 0:
-        b = _bisect(heavy, a, probe[first])
+        b = bisect(heavy, float(a), float(probe[first]))[1]
         a = b - 1e-12 * max(1.0, abs(b))
     lo = max(a, hard_lo) if math.isfinite(hard_lo) else a
     return float(min(lo, hi)), float(hi)

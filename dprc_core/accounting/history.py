@@ -55,7 +55,7 @@ from dprc_core.accounting.accountant import (
 from dprc_core.accounting.events import PrivacyEvent, check_delta
 from dprc_core.accounting.pld_builders import PreparedEvent
 from dprc_core.accounting.pld_epsilon import epsilon_from_pld
-from dprc_core.accounting.pld_self_compose import self_compose
+from dprc_core.accounting.pld_self_compose import compose, self_compose
 
 # Bytes of composed PMFs kept across calls (leaves and blocks of every history asked for).
 CACHE_BYTES = 512 << 20
@@ -176,7 +176,7 @@ def _block(
             pld = left if right is None else right
         else:
             with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-                pld = left.compose(right, tail_mass_truncation=grid.truncation)
+                pld = compose(left, right, grid.truncation)
     _CACHE.put(key, pld)
     return pld
 
@@ -202,6 +202,28 @@ def epsilon_for_history(
     pld = _block(tuple(slots), grid)
     assert pld is not None
     return epsilon_from_pld(pld, delta)
+
+
+def build_leaves(
+    slots: Sequence[PrivacyEvent | None],
+    delta: float,
+    settings: AccountingSettings = DEFAULT_SETTINGS,
+) -> None:
+    """Build and cache the leaves of the history ``slots`` (each event's PLD on the history's
+    grid) and compose no block: the costly part of a later :func:`epsilon_for_history` of the
+    same events — or of a history that differs by events in other slots, as long as the grid
+    stays — done ahead of it (a job being created builds its own leaf before it takes its
+    data set's turn, while other jobs commit and change the blocks)."""
+    delta = check_delta(delta)
+    present = [e for e in slots if e is not None]
+    if len(present) < 2:
+        return  # a single event is accounted by epsilon_for_events, no leaf
+    check_supported(present)
+    if gaussian_composition_mu(present) is not None:
+        return  # analytic
+    grid = history_grid(present, delta, settings)
+    for event in dict.fromkeys(present):
+        _block((event,), grid)
 
 
 def clear_cache() -> None:

@@ -18,6 +18,14 @@ rounding difference with scipy's summation order can only widen the range (more 
 never less). The truncated mass is added to +∞ whether or not any was truncated, exactly as
 dp_accounting does. ``tests/dprc_core/accounting/test_pld_self_compose.py`` compares the result
 with dp_accounting's on random and real PMFs.
+
+:func:`compose` is ``PrivacyLossDistribution.compose`` likewise: dp_accounting convolves the two
+PMFs and then finds the prefix and the suffix to truncate with a Python loop over the
+convolution, one element at a time until their sums exceed half the truncation (milliseconds
+on the long composed PMFs of a data set's history; a third of a budget check's block
+compositions). Here the same prefixes come from one ``numpy.cumsum`` (the same sequential
+float64 additions, so the same indices), and the rest is dp_accounting's computation: the
+composed PLD is identical.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import math
 import numpy as np
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
-from scipy import fft
+from scipy import fft, signal
 
 _ORDERS_TIMES_N = np.concatenate((np.arange(-20, 0), np.arange(1, 21))).astype(np.float64)
 _ROUND_UP = 1e-12  # relative widening of each log-MGF against summation-order round-off
@@ -121,4 +129,69 @@ def self_compose(
     return PrivacyLossDistribution(remove, _self_compose_pmf(pld._pmf_add, times, truncation))
 
 
-__all__ = ["self_compose", "self_convolve_bounds"]
+def _prefix_to_truncate(arr: np.ndarray, threshold: float) -> int:
+    """The largest prefix of ``arr`` whose sum is at most ``threshold``: the first index where
+    the running sum exceeds it (dp_accounting's loop adds the same float64s in the same
+    order as ``cumsum``), or the length when none does."""
+    above = np.cumsum(arr) > threshold
+    i = int(np.argmax(above)) if above.size else 0
+    return i if above.size and above[i] else len(arr)
+
+
+def _truncate_tails(
+    probs: np.ndarray, truncation: float, pessimistic: bool
+) -> tuple[int, np.ndarray, float]:
+    """dp_accounting's ``pld_pmf._truncate_tails`` with the prefixes found by
+    :func:`_prefix_to_truncate`: each tail of mass at most ``truncation``/2 is cut, the left
+    one added to the first element kept and the right one sent to +∞ (pessimistic)."""
+    if truncation == 0:
+        return 0, probs, 0.0
+    left = _prefix_to_truncate(probs, truncation / 2)
+    right = len(probs) - _prefix_to_truncate(np.flip(probs), truncation / 2)
+    right = max(right, left + 1)
+    left_mass = np.sum(probs[:left])
+    right_mass = np.sum(probs[right:])
+    kept = probs[left:right]
+    if pessimistic:
+        kept[0] += left_mass
+        return left, kept, float(right_mass)
+    kept[-1] += right_mass
+    return left, kept, 0.0
+
+
+def _compose_pmfs(a: pld_pmf.PLDPmf, b: pld_pmf.PLDPmf, truncation: float) -> pld_pmf.PLDPmf:
+    # pylint: disable=protected-access
+    if (
+        isinstance(a, pld_pmf.SparsePLDPmf)
+        and isinstance(b, pld_pmf.SparsePLDPmf)
+        and a.size * b.size <= pld_pmf._MAX_PMF_SPARSE_SIZE
+    ):
+        return a.compose(b, truncation)  # stays sparse: dp_accounting's own
+    da, db = a.to_dense_pmf(), b.to_dense_pmf()
+    da.validate_composable(db)
+    probs = signal.fftconvolve(da._probs, db._probs)
+    inf_mass = da._infinity_mass + db._infinity_mass - da._infinity_mass * db._infinity_mass
+    offset, probs, right_tail = _truncate_tails(probs, truncation, da._pessimistic_estimate)
+    return pld_pmf.DensePLDPmf(
+        da._discretization,
+        da._lower_loss + db._lower_loss + offset,
+        probs,
+        inf_mass + right_tail,
+        da._pessimistic_estimate,
+    )
+
+
+def compose(
+    first: PrivacyLossDistribution, second: PrivacyLossDistribution, truncation: float
+) -> PrivacyLossDistribution:
+    """``first.compose(second, tail_mass_truncation=truncation)``, the same result with the
+    truncated tails found in one pass (see the module docstring)."""
+    # pylint: disable=protected-access
+    remove = _compose_pmfs(first._pmf_remove, second._pmf_remove, truncation)
+    if first._symmetric and second._symmetric:
+        return PrivacyLossDistribution(remove)
+    add = _compose_pmfs(first._pmf_add, second._pmf_add, truncation)
+    return PrivacyLossDistribution(remove, add)
+
+
+__all__ = ["compose", "self_compose", "self_convolve_bounds"]

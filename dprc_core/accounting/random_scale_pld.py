@@ -80,30 +80,68 @@ def mixture_lower_tail(t: np.ndarray, mech: StepMechanism, direction: Direction)
     return val
 
 
-def _bisect_decreasing(fn, lo: float, hi: float, target: float, iters: int = 60) -> float:
-    """Smallest x in [lo, hi] (to tolerance) with fn(x) ≤ target, fn non-increasing."""
-    for _ in range(iters):
-        mid = 0.5 * (lo + hi)
-        if fn(mid) <= target:
-            hi = mid
-        else:
-            lo = mid
-        if hi - lo <= 1e-12 * max(1.0, abs(hi)):
-            break
-    return hi
+_TREE_DEPTH = 8  # bisection levels evaluated together (255 points a call)
+
+
+def _bisection_tree(lo: float, hi: float, levels: int) -> np.ndarray:
+    """The midpoints of the next ``levels`` levels of a bisection of [lo, hi], in heap order
+    (node i's children are 2i + 1 and 2i + 2), each computed from its interval's ends as
+    ``0.5 * (a + b)``, exactly as the sequential loop computes it."""
+    a, b = np.array([lo]), np.array([hi])
+    out = []
+    for _ in range(levels):
+        mid = 0.5 * (a + b)
+        out.append(mid)
+        a = np.column_stack([a, mid]).ravel()  # children: (a, mid) then (mid, b)
+        b = np.column_stack([mid, b]).ravel()
+    return np.concatenate(out)
+
+
+def bisect(
+    fn: Callable[[np.ndarray], np.ndarray],
+    lo: float,
+    hi: float,
+    iters: int = 60,
+    rel_tol: float | None = 1e-12,
+) -> tuple[float, float]:
+    """Bisection of a monotone, vectorised ``fn`` (false at ``lo``, true at ``hi``): up to
+    ``iters`` halvings ``mid = (lo + hi)/2`` (hi ← mid where fn is true, else lo ← mid),
+    stopping once hi − lo ≤ rel_tol·max(1, |hi|) (never, for ``rel_tol=None``); returns the
+    final (lo, hi).
+
+    The same midpoints as a one-at-a-time bisection, hence the same answer, with eight levels
+    evaluated in one call: the 255 midpoints of the next eight levels of the bisection tree
+    (:func:`_bisection_tree`) go to ``fn`` together, and the descent then reads the decisions
+    it needs (the 40 to 60 halvings of a loss range in 5 to 8 calls instead of 40 to 60)."""
+    done = 0
+    while done < iters:
+        levels = min(_TREE_DEPTH, iters - done)
+        mids = _bisection_tree(lo, hi, levels)
+        truth = np.asarray(fn(mids), dtype=bool)
+        node = 0
+        for _ in range(levels):
+            if truth[node]:
+                hi, node = float(mids[node]), 2 * node + 1
+            else:
+                lo, node = float(mids[node]), 2 * node + 2
+            done += 1
+            if rel_tol is not None and hi - lo <= rel_tol * max(1.0, abs(hi)):
+                return lo, hi
+    return lo, hi
 
 
 def loss_range(mech: StepMechanism, direction: Direction, tail: float) -> tuple[float, float]:
     """[lo, hi] with δ_mix(hi) ≤ tail (mass above hi goes to +∞) and P(L < lo) ≤ tail (mass
-    below lo is represented at the lowest support point, i.e. rounded up)."""
+    below lo is represented at the lowest support point, i.e. rounded up). Only accuracy
+    depends on them: any range gives a pessimistic PLD."""
     hard_lo, hard_hi = loss_bounds(mech.q, direction)
     probe = np.concatenate([-np.logspace(4, -9, 140), [0.0], np.logspace(-9, 4, 140)])
 
-    def delta_at(x: float) -> float:
-        return float(mixture_delta(np.array([x]), mech, direction, include_infinite=False)[0])
+    def small(x: np.ndarray) -> np.ndarray:
+        return mixture_delta(x, mech, direction, include_infinite=False) <= tail
 
-    def tail_at(x: float) -> float:
-        return float(mixture_lower_tail(np.array([x]), mech, direction)[0])
+    def heavy(x: np.ndarray) -> np.ndarray:
+        return mixture_lower_tail(x, mech, direction) > tail
 
     if math.isfinite(hard_hi):
         hi = hard_hi
@@ -112,18 +150,14 @@ def loss_range(mech: StepMechanism, direction: Direction, tail: float) -> tuple[
         idx = int(np.argmax(d <= tail))
         if d[idx] > tail:
             raise ValueError("privacy loss tail does not vanish below 1e4; parameters too extreme")
-        hi = _bisect_decreasing(delta_at, probe[max(idx - 1, 0)], probe[idx], tail)
+        hi = bisect(small, float(probe[max(idx - 1, 0)]), float(probe[idx]))[1]
     lt = mixture_lower_tail(probe, mech, direction)
     above = np.nonzero(lt > tail)[0]
     first = int(above[0]) if above.size else probe.size - 1
     # largest x with P(L < x) ≤ tail lies in [probe[first-1], probe[first]]
-    a, b = probe[max(first - 1, 0)], probe[first]
-    for _ in range(60):
-        mid = 0.5 * (a + b)
-        if tail_at(mid) <= tail:
-            a = mid
-        else:
-            b = mid
+    a = float(probe[max(first - 1, 0)])
+    if first > 0:
+        a = bisect(heavy, a, float(probe[first]), rel_tol=None)[0]
     lo = max(a, hard_lo) if math.isfinite(hard_lo) else a
     lo = min(lo, hi)
     return lo, hi

@@ -449,7 +449,7 @@ def start_run(
     model = _load_model(spec, data.classes, latest, data.train, device)
     spec = _spec_as_checkpointed(spec, resumed)
     plan, clipping = _plan(spec, model, data.units)
-    _check_same_plan(plan, resumed, latest)
+    plan = _resumable_plan(spec, plan, resumed, latest, model, data.units)
     if ranks.is_main and resumed is None:  # a plan unlikely to learn (learnability.py): say so
         verdict = warn_if_unlearnable(
             plan, spec.learning_rate, adaptive=spec.optimizer == "adam", batch_setting="batch_size"
@@ -491,17 +491,48 @@ def _spec_as_checkpointed(spec: JobSpec, resumed: ckpt_io.ResumeState | None) ->
     return spec
 
 
-def _check_same_plan(
-    plan: PrivacyPlan, resumed: ckpt_io.ResumeState | None, latest: Path | None
-) -> None:
-    """A checkpoint resumes only the plan it was written for."""
-    # a plan written before sketches were recorded had shared ones
-    written = {"sketch": SHARED_SKETCH, "unit": "example", **resumed.plan} if resumed else None
-    if resumed is not None and written != plan.to_dict():
-        raise ValueError(
-            f"the checkpoint {latest} was written for another plan ({resumed.plan}); "
-            f"this spec plans {plan.to_dict()}. Use a fresh output_dir"
-        )
+# What a newer accountant may compute differently for the same job: the ε of a σ (in the last
+# digits), hence the σ a target ε calibrates to. Everything else must be as written.
+_ACCOUNTED = ("planned_epsilon", "noise_multiplier")
+
+
+def _resumable_plan(
+    spec: JobSpec,
+    plan: PrivacyPlan,
+    resumed: ckpt_io.ResumeState | None,
+    latest: Path | None,
+    model: torch.nn.Module,
+    n: int,
+) -> PrivacyPlan:
+    """The plan a checkpoint resumes: the one it was written for. Across an accountant upgrade
+    the same job may account its σ to a slightly different ε (or calibrate a target to a
+    slightly different σ): the run then keeps the checkpoint's σ — the noise it already added
+    — with ε recomputed by this accountant, provided that ε still meets the spec's target;
+    any other difference is refused."""
+    if resumed is None:
+        return plan
+    # a plan written before sketches (or units) were recorded had shared ones (per example)
+    written = {"sketch": SHARED_SKETCH, "unit": "example", **resumed.plan}
+    now = plan.to_dict()
+    if written == now:
+        return plan
+
+    def inputs(d: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in d.items() if k not in _ACCOUNTED}
+
+    kept = plan
+    if inputs(written) == inputs(now) and written["noise_multiplier"] != plan.noise_multiplier:
+        sigma = float(written["noise_multiplier"])
+        kept, _ = _plan(dataclasses.replace(spec, noise_multiplier=sigma), model, n)
+        kept = dataclasses.replace(kept, target_epsilon=plan.target_epsilon)
+    target = plan.target_epsilon
+    fits = target is None or kept.planned_epsilon <= target
+    if inputs(written) == inputs(kept.to_dict()) and fits:
+        return kept
+    raise ValueError(
+        f"the checkpoint {latest} was written for another plan ({resumed.plan}); "
+        f"this spec plans {now}. Use a fresh output_dir"
+    )
 
 
 def _shared_randomness(spec: JobSpec, ranks: Ranks) -> tuple[int, SecureStream | None]:

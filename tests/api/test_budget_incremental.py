@@ -1,6 +1,7 @@
 """A budgeted file's composition is incremental through the service (issue 16, item 2): with
 20 jobs of distinct σ on a file, creating one more job or cancelling one composes O(log n)
-PLD blocks — counted on dp_accounting's composition, not timed — and the file's committed ε
+PLD blocks — counted on the history's block composition (``dp_accounting``'s, its truncation
+vectorised), not timed — and the file's committed ε
 stays the composition of its events (within the discretisation of a full composition)."""
 
 from __future__ import annotations
@@ -8,9 +9,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
-from dprc_core.accounting import epsilon_for_events
+from dprc_core.accounting import epsilon_for_events, history
 from dprc_core.accounting.history import clear_cache
 from tests.api.conftest import exact_job_body, exact_job_event, labelled_lines
 
@@ -34,13 +34,13 @@ def test_one_more_job_composes_log_n_blocks(server, monkeypatch):
             jobs.append(r.json())
 
         calls = {"n": 0}
-        real = PrivacyLossDistribution.compose
+        real = history.compose
 
-        def counting(self, other, tail_mass_truncation=1e-15):
+        def counting(first, second, truncation):
             calls["n"] += 1
-            return real(self, other, tail_mass_truncation=tail_mass_truncation)
+            return real(first, second, truncation)
 
-        monkeypatch.setattr(PrivacyLossDistribution, "compose", counting)
+        monkeypatch.setattr(history, "compose", counting)
         r = http.post("/v1/fine_tuning/jobs", json=exact_job_body(f.id, 0.55))
         assert r.status_code == 200, r.text
         jobs.append(r.json())

@@ -5,10 +5,11 @@ compositions made without the curve, and later targets cost few compositions."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
-from dprc_core.accounting import SubsampledGaussianEvent, noise_multiplier
+from dprc_core.accounting import SubsampledGaussianEvent, calibration, noise_multiplier
 from dprc_core.accounting.accountant import account
 from dprc_core.accounting.calibration import (
     EpsilonCurve,
@@ -72,3 +73,47 @@ def test_curve_refuses_a_non_monotone_bracket():
     assert curve2.bracket(2.5) == (1.1, 1.2)
     assert curve2.bracket(1.0) is None  # no composed σ reaches ε ≤ 1
     assert math.isclose(curve2.get(1.2) or 0.0, 2.0)
+
+
+def _burst(order_seed: int, closing: bool, monkeypatch) -> tuple[int, list[tuple[float, float]]]:
+    """Thirty calibrations of one family against a known ε(σ) (decreasing, close to σ^-4, as
+    a 20-step hidden-scale family's between ε = 2 and 3.5: neighbouring targets' σ about
+    rel_tol apart), in a shuffled order: the fresh compositions after the first, and each
+    (target, σ)."""
+    if not closing:
+        monkeypatch.setattr(calibration, "_closing_proposal", lambda *args: None)
+    curve = EpsilonCurve()
+    calls = 0
+
+    def eps_of(sigma: float) -> float:
+        nonlocal calls
+        calls += 1
+        return _known_epsilon(sigma)
+
+    targets = [2.0 + 0.05 * i for i in range(30)]
+    random.Random(order_seed).shuffle(targets)
+    answers = []
+    first = 0
+    for i, target in enumerate(targets):
+        answers.append((target, calibration._calibrate(eps_of, target, REL_TOL, 1e3, curve)))
+        if i == 0:
+            first = calls
+    monkeypatch.undo()
+    return calls - first, answers
+
+
+def _known_epsilon(sigma: float) -> float:
+    return 3.0 * sigma**-4.0 * (1.0 + 0.02 * sigma)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_closing_proposals_keep_the_contract_and_save_compositions(seed, monkeypatch):
+    """Where the curve already holds a σ within rel_tol of the root, the calibration composes
+    the σ that closes its bracket at once: every answer still meets the contract (checked on
+    the known ε(σ)), with fewer compositions than the secant steps alone."""
+    closing, answers = _burst(seed, True, monkeypatch)
+    secant, former = _burst(seed, False, monkeypatch)
+    for target, sigma in answers + former:
+        assert _known_epsilon(sigma) <= target < _known_epsilon(sigma / (1 + REL_TOL))
+    assert closing < secant
+    assert closing <= 1.5 * 29  # most later targets close in one composition

@@ -127,18 +127,18 @@ def test_one_more_job_costs_log_n_compositions(monkeypatch):
     epsilon_for_history(slots, DELTA)
     grid_before = hist.history_grid([e for e in slots if e is not None], DELTA)
     calls = {"compose": 0, "leaf": 0}
-    real_compose = PrivacyLossDistribution.compose
+    real_compose = hist.compose
     real_leaf = hist._leaf
 
-    def compose(self, other, tail_mass_truncation=1e-15):
+    def compose(first, second, truncation):
         calls["compose"] += 1
-        return real_compose(self, other, tail_mass_truncation=tail_mass_truncation)
+        return real_compose(first, second, truncation)
 
     def leaf(event, grid):
         calls["leaf"] += 1
         return real_leaf(event, grid)
 
-    monkeypatch.setattr(PrivacyLossDistribution, "compose", compose)
+    monkeypatch.setattr(hist, "compose", compose)
     monkeypatch.setattr(hist, "_leaf", leaf)
     new = PrivacyEvent(1.3, 0.05, 2)  # short: the total steps stay in their bucket
     slots.append(new)
@@ -151,6 +151,43 @@ def test_one_more_job_costs_log_n_compositions(monkeypatch):
     epsilon_for_history(slots, DELTA)
     assert calls["leaf"] == 1
     assert calls["compose"] <= 2 * math.ceil(math.log2(len(slots))), calls
+
+
+def test_built_leaves_serve_a_later_composition(monkeypatch):
+    """build_leaves builds the new event's leaf ahead and composes nothing; the history then
+    composed with other events committed meanwhile (in other slots, the grid unchanged)
+    builds only those events' leaves and equals, bit for bit, the value from scratch."""
+    rng = random.Random(11)
+    slots: list[PrivacyEvent | None] = list(_exact_history(rng, 24))
+    new = PrivacyEvent(0.8, 0.05, 3, "hutch", 32, sketch="per_example")
+    clear_cache()
+    epsilon_for_history(slots, DELTA)
+    calls = {"compose": 0, "leaf": 0}
+    real_compose, real_leaf = hist.compose, hist._leaf
+
+    def compose(first, second, truncation):
+        calls["compose"] += 1
+        return real_compose(first, second, truncation)
+
+    def leaf(event, grid):
+        calls["leaf"] += 1
+        return real_leaf(event, grid)
+
+    monkeypatch.setattr(hist, "compose", compose)
+    monkeypatch.setattr(hist, "_leaf", leaf)
+    hist.build_leaves([*slots, new], DELTA)
+    assert calls == {"compose": 0, "leaf": 1}
+    committed = PrivacyEvent(1.7, 0.05, 2)  # another job, committed meanwhile, before ours
+    later = [*slots, committed, new]
+    assert hist.history_grid([e for e in later if e is not None], DELTA) == hist.history_grid(
+        [*slots, new], DELTA
+    )
+    calls.update(compose=0, leaf=0)
+    incremental = epsilon_for_history(later, DELTA)
+    assert calls["leaf"] == 1  # the committed job's; ours was built
+    monkeypatch.undo()
+    clear_cache()
+    assert incremental == epsilon_for_history(later, DELTA)
 
 
 def test_cache_is_bounded_by_bytes(monkeypatch):

@@ -150,3 +150,36 @@ def test_the_default_lines_per_user(tiny_dir, user_file, tmp_path):
         tiny_dir, user_file, tmp_path / "o", max_examples_per_user=None, max_physical_batch_size=4
     )
     assert small.examples_per_user == 4
+
+
+def _rewrite_sigma(out: Path, factor: float) -> float:
+    """Make the last checkpoint look written by an accountant that calibrated another σ."""
+    state_file = sorted((out / "checkpoints").iterdir())[-1] / "resume" / "state.json"
+    state = json.loads(state_file.read_text())
+    state["plan"]["noise_multiplier"] *= factor
+    state_file.write_text(json.dumps(state))
+    return state["plan"]["noise_multiplier"]
+
+
+def test_a_checkpoint_from_another_accountant_resumes_with_its_own_sigma(
+    tiny_dir, user_file, tmp_path
+):
+    out = tmp_path / "upgrade"
+    stopped = run_job(user_spec(tiny_dir, user_file, out), should_stop=lambda: True)
+    assert stopped.status == "stopped"
+    sigma = _rewrite_sigma(out, 1 + 1e-9)  # a newer accountant's calibration, in the last digits
+    resumed = run_job(user_spec(tiny_dir, user_file, out))
+    assert resumed.status == "succeeded" and resumed.plan.noise_multiplier == sigma
+    own = accounting.epsilon(
+        sigma, resumed.plan.sample_rate, resumed.plan.steps, resumed.plan.delta
+    )
+    assert resumed.epsilon == pytest.approx(own, rel=1e-9) and resumed.epsilon <= 4.0
+    # a σ whose ε no longer meets the target is not kept: refused, not run
+    again = tmp_path / "too-small"
+    run_job(user_spec(tiny_dir, user_file, again), should_stop=lambda: True)
+    _rewrite_sigma(again, 0.5)
+    with pytest.raises(ValueError, match="written for another plan"):
+        run_job(user_spec(tiny_dir, user_file, again))
+    # another data set size, batch or clipping is another plan, whatever the σ
+    with pytest.raises(ValueError, match="written for another plan"):
+        run_job(user_spec(tiny_dir, user_file, out, batch_size=5))

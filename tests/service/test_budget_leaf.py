@@ -1,0 +1,62 @@
+"""A create builds its own leaf of the file's history before the file's turn
+(``service.budget.build_leaf``), composing nothing else: the snapshot in the turn then builds
+no leaf for it, and is the snapshot computed with every cache cleared — also when other jobs
+committed in between. Counted, not timed."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dprc_core.accounting import SubsampledGaussianEvent
+from dprc_core.accounting import history as hist
+from dprc_core.accounting.history import clear_cache
+from service import budget
+
+DELTA = 1.3e-3
+
+
+def _older(n: int) -> tuple[SubsampledGaussianEvent, ...]:
+    rng = random.Random(7)
+    return tuple(
+        SubsampledGaussianEvent(rng.uniform(2.0, 6.0), 0.05, rng.randint(1, 20)) for _ in range(n)
+    )
+
+
+@pytest.mark.parametrize("committed_meanwhile", [0, 2])
+def test_built_leaf_serves_the_snapshot_in_the_turn(committed_meanwhile, monkeypatch):
+    older = _older(12)
+    new = SubsampledGaussianEvent(0.8, 0.05, 20, "hutch", 32, sketch="per_example")
+    clear_cache()
+    budget.build_leaf((older, older), DELTA, new)
+    others = tuple(
+        SubsampledGaussianEvent(0.9 + 0.01 * i, 0.05, 3, "hutch", 32, sketch="per_example")
+        for i in range(committed_meanwhile)
+    )
+    events = (older + others, older + others)  # spent, committed: as the turn reads them
+    built: list[object] = []
+    real_leaf = hist._leaf
+
+    def leaf(event, grid):
+        built.append(event)
+        return real_leaf(event, grid)
+
+    monkeypatch.setattr(hist, "_leaf", leaf)
+    in_turn = budget.snapshot(events, DELTA, new)
+    assert new not in built  # built before the turn
+    monkeypatch.undo()
+    clear_cache()
+    assert in_turn == budget.snapshot(events, DELTA, new)
+
+
+def test_an_unbounded_event_is_left_to_the_snapshot():
+    """What the accountant cannot bound is not an error before the turn: the snapshot says so
+    (+inf, which fits no budget)."""
+    older = _older(3)
+    new = SubsampledGaussianEvent(0.3, 1.0, 1, "hutch", 2, sketch="per_example")
+    budget.build_leaf((older, older), DELTA, new)  # no exception
+    snap = budget.snapshot((older, older), DELTA, new)
+    assert snap is not None
+    spent, committed = snap[1]
+    assert committed == float("inf") and spent == budget.compose(list(older), DELTA)
