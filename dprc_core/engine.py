@@ -835,13 +835,7 @@ class PrivacyEngine:
                 p.grad = grad / self.expected_batch_size
             # every p.grad was assigned a tensor in the loop above
             if not all(bool(torch.isfinite(cast(torch.Tensor, p.grad)).all()) for p in self.params):
-                for p in self.params:
-                    p.grad = None
-                self._reset_batch()
-                raise FloatingPointError(
-                    "the noised update is not finite although every non-finite sample was "
-                    "dropped; the optimizer step was not taken"
-                )
+                self._refuse_non_finite_update()
 
     @torch.no_grad()
     def _add_noise_to_shards(self) -> None:
@@ -867,13 +861,17 @@ class PrivacyEngine:
         flag = torch.tensor([0.0 if finite else 1.0], device=self._comm_device)
         all_reduce_sum([flag], self.ranks)
         if float(flag) > 0:
-            for p in self.params:
-                p.grad = None
-            self._reset_batch()
-            raise FloatingPointError(
-                "the noised update is not finite although every non-finite sample was "
-                "dropped; the optimizer step was not taken"
-            )
+            self._refuse_non_finite_update()
+
+    def _refuse_non_finite_update(self) -> None:
+        """No step on a non-finite noised update: the gradients and the batch are dropped."""
+        for p in self.params:
+            p.grad = None
+        self._reset_batch()
+        raise FloatingPointError(
+            "the noised update is not finite although every non-finite sample was "
+            "dropped; the optimizer step was not taken"
+        )
 
     def _step_stats(self) -> StepStats:
         """The logical batch's statistics; with several ranks the counts and the mean loss are
