@@ -250,8 +250,8 @@ class PrivacyEngine:
         and what sharding does not take (two-pass clipping, correlated noise)."""
         self.sharded: bool = sharding.check_sharded_model(self.model, self.params)
         self._layouts: list[sharding.ShardLayout] = []
-        self._sums: dict[int, torch.Tensor] = {}  # sharded: this rank's clipped sums, whole
-        self._index = {id(p): i for i, p in enumerate(self.params)}
+        # sharded: this rank's rows of the batch's clipped sum (reduced after each micro-batch)
+        self._shard_sums: dict[int, torch.Tensor] = {}
         if not self.sharded:
             return
         if self.clipped_sum == "two_pass":
@@ -464,7 +464,7 @@ class PrivacyEngine:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps = int(state["steps"])
         self.seed = int(state["seed"])
-        self.generators = _Generators(self.seed)
+        self.generators = _Generators(self.seed, self.generators.purpose)  # sharded: per rank
         for device, gen_state in state["generators"].items():
             self.generators(device).set_state(gen_state.cpu())
         self.noise.load_state_dict(state.get("noise", {}))
@@ -540,6 +540,13 @@ class PrivacyEngine:
         ids = [-1 - i for i in range(size)] if self.sketch == PER_EXAMPLE_SKETCH else None
         losses, _ = self._norm_pass(loss_fn, batch, ids)
         del losses
+        # the micro-batch's reduction to the shards, which the others run too: zeros from here
+        sharding.reduce_into_shards(
+            lambda i: sharding.full_zeros(self.params[i]),
+            self._layouts,
+            self.ranks,
+            self._shard_sums,
+        )
 
     def _accumulate(
         self,
@@ -839,15 +846,15 @@ class PrivacyEngine:
 
     @torch.no_grad()
     def _add_noise_to_shards(self) -> None:
-        """Sharded (FSDP2): the ranks' whole clipped sums SUM-reduced, each rank keeping its
-        rows; each rank noises its rows once, from its own stream; divided by q·N they are the
+        """Sharded (FSDP2): each rank holds its rows of the batch's clipped sum (reduced after
+        each micro-batch); it noises them once, from its own stream; divided by q·N they are the
         sharded parameters' gradients (:mod:`dprc_core.sharding`)."""
-        fulls = [
-            self._sums.pop(i) if i in self._sums else sharding.full_zeros(p)
+        shards = [
+            self._shard_sums.pop(i)
+            if i in self._shard_sums
+            else torch.zeros_like(sharding.local_tensor(p))
             for i, p in enumerate(self.params)
         ]
-        shards = sharding.reduce_to_shards(fulls, self._layouts, self.ranks)
-        del fulls
         finite = True
         for index, (p, shard) in enumerate(zip(self.params, shards, strict=True)):
             noise = self.noise.sample(index, shard, self.generators(shard.device))
@@ -917,7 +924,7 @@ class PrivacyEngine:
         self._ids_seen: set[int] = set()  # example ids, or user ids, met in this batch
         self._unit = None
         self._positions = 0
-        self._sums = {}  # sharded: the clipped sums held whole until step()
+        self._shard_sums = {}  # sharded: this rank's rows of the batch's clipped sum
 
     def _check_optimizer(self) -> None:
         trainable = {id(p) for p in self.params}
@@ -934,10 +941,11 @@ class PrivacyEngine:
         self, contributions: dict[int, list], clip: torch.Tensor, keep: torch.Tensor
     ) -> None:
         drop = not bool(keep.all())
-        for p in self.params:
+
+        def clipped_sum(p: torch.Tensor) -> torch.Tensor | None:
             contribs = contributions.get(id(p))
             if not contribs:
-                continue
+                return None
             if drop:  # remove dropped samples entirely: 0 · NaN would still be NaN
                 contribs = [_zero_samples(c, keep) for c in contribs]
             w = clip.to(p.dtype)
@@ -948,11 +956,20 @@ class PrivacyEngine:
                 else:  # per-sample gradients (B, *p.shape)
                     wc = w.to(c.dtype).reshape(-1, *([1] * (c.dim() - 1)))
                     total += (c * wc).sum(0).to(p.dtype)
-            if self.sharded:  # held whole until step() reduces it to the shards
-                index = self._index[id(p)]
-                self._sums[index] = total if index not in self._sums else self._sums[index] + total
-                continue
-            p.grad = total if p.grad is None else p.grad + total
+            return total
+
+        if self.sharded:  # formed a bucket at a time and reduced to this rank's rows at once
+
+            def whole(i: int) -> torch.Tensor:
+                total = clipped_sum(self.params[i])
+                return total if total is not None else sharding.full_zeros(self.params[i])
+
+            sharding.reduce_into_shards(whole, self._layouts, self.ranks, self._shard_sums)
+            return
+        for p in self.params:
+            total = clipped_sum(p)
+            if total is not None:
+                p.grad = total if p.grad is None else p.grad + total
 
 
 def resolve_layer_methods(

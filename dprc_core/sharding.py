@@ -6,12 +6,13 @@ split; a rank may hold none). The forward and the backward all-gather the parame
 rank's hooks see whole layers and compute the per-sample norms and clipped contributions of its
 own examples exactly as without sharding.
 
-The engine forms each rank's clipped sum unsharded (book-keeping: Σ c_i·A_iᵀG_i from the stored
-layer factors), held until ``step()`` — one gradient's worth of memory per rank, the only
-unsharded state — and then, on every rank together:
+After each micro-batch (every rank runs the same number: :meth:`PrivacyEngine.pad`), the engine
+forms its clipped sum parameter by parameter (book-keeping: Σ c_i·A_iᵀG_i from the stored layer
+factors) and SUM-reduces it across the ranks a bucket at a time, each rank adding its own rows
+to its shard of the batch's clipped sum (:func:`reduce_into_shards`): no rank ever holds a
+whole gradient, only a bucket of it. At ``step()``, on every rank together:
 
-1. the ranks' clipped sums are SUM-reduced and each rank keeps its own rows
-   (:func:`reduce_to_shards`);
+1. each rank holds its rows of the logical batch's clipped sum (the sum over all ranks);
 2. each rank adds the Gaussian noise to **its rows only**, from a stream of its own (keyed by the
    secret seed, the rank — its shard — and the step; secure mode: ChaCha20 keyed HMAC(root,
    "noise/rank"), stream = parameter, per step), so every coordinate is noised exactly once, by
@@ -26,13 +27,13 @@ which Poisson sampling (a different number of micro-batches per rank, or none) c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from dprc_core.distributed import Ranks, all_reduce_sum
+from dprc_core.distributed import BUCKET_BYTES, Ranks, all_reduce_sum
 
 
 def is_dtensor(p: torch.Tensor) -> bool:
@@ -101,13 +102,36 @@ def full_zeros(p: torch.Tensor) -> torch.Tensor:
     return torch.zeros(p.shape, dtype=p.dtype, device=local.device)
 
 
-def reduce_to_shards(
-    fulls: list[torch.Tensor], layouts: list[ShardLayout], ranks: Ranks
-) -> list[torch.Tensor]:
-    """The ranks' whole-parameter sums, SUM-reduced, and this rank's rows of each (every rank
-    calls it, with every parameter, in the same order)."""
-    all_reduce_sum(fulls, ranks)
-    return [layout.local(full).clone() for full, layout in zip(fulls, layouts, strict=True)]
+def reduce_into_shards(
+    whole: Callable[[int], torch.Tensor],
+    layouts: list[ShardLayout],
+    ranks: Ranks,
+    into: dict[int, torch.Tensor],
+) -> None:
+    """SUM-reduce each parameter's whole tensor ``whole(i)`` across the ranks and add this
+    rank's rows to ``into[i]``, a bucket at a time: at most BUCKET_BYTES of whole tensors (or
+    one parameter) are alive at once, so a rank never holds a whole gradient. Every rank calls
+    it with every parameter, in the same order (the buckets are the same on every rank)."""
+    bucket: list[tuple[int, torch.Tensor]] = []
+    size = 0
+
+    def flush() -> None:
+        all_reduce_sum([full for _, full in bucket], ranks)
+        for i, full in bucket:
+            rows = layouts[i].local(full)
+            into[i] = rows.clone() if i not in into else into[i] + rows
+        bucket.clear()
+
+    for i in range(len(layouts)):
+        full = whole(i)
+        nbytes = full.numel() * full.element_size()
+        if bucket and size + nbytes > BUCKET_BYTES:
+            flush()
+            size = 0
+        bucket.append((i, full))
+        size += nbytes
+    if bucket:
+        flush()
 
 
 def as_shard_grad(local: torch.Tensor, p: torch.Tensor) -> torch.Tensor:

@@ -151,10 +151,13 @@ class NoisedOnEveryRank(PrivacyEngine):
     each coordinate gets W draws), the bug the noise test must catch."""
 
     def _add_noise_to_shards(self) -> None:
-        for i, p in enumerate(self.params):
-            full = self._sums.get(i, sharding.full_zeros(p))
-            gen = torch.Generator().manual_seed(1000 + self.ranks.rank)
-            self._sums[i] = full + self.noise.std * torch.randn(full.shape, generator=gen)
+        gen = torch.Generator().manual_seed(1000 + self.ranks.rank)
+
+        def noised(i: int) -> torch.Tensor:
+            full = sharding.full_zeros(self.params[i])
+            return full + self.noise.std * torch.randn(full.shape, generator=gen)
+
+        sharding.reduce_into_shards(noised, self._layouts, self.ranks, self._shard_sums)
         super()._add_noise_to_shards()
 
 
