@@ -13,13 +13,19 @@ Layout of ``<run>/checkpoints/step-000040/``::
                                         replaced by a reference ``{"$tensor": "engine/noise/key"}``
       state.safetensors                 the tensors of those two state dicts, by reference
       optimizer.safetensors             the optimizer's per-parameter tensors
+      rank-00001/ …                     a sharded (FSDP2) run's rank r ≥ 1: its own engine and
+                                        optimizer state (its rows' noise stream, its shard of
+                                        the optimizer state) in the same three files; rank 0's
+                                        are the folder's own (``state.json`` says ``ranks``)
 
 ``resume/`` must never leave the server: the engine's state reveals the noise that was added
 (its generators' states; in secure mode the noise, projection and sampling keys), which would
 void the guarantee. :func:`release_files` lists what may be shared.
 
 A checkpoint is written into a temporary folder and renamed into place, so a crash leaves
-either the whole checkpoint or none of it. :func:`read_resume` also reads the resume state of
+either the whole checkpoint or none of it; a sharded run's ranks write their private state into
+that folder (:func:`begin_checkpoint`, :func:`write_rank_state`) before rank 0 finishes and
+renames it (:func:`finish_checkpoint`). :func:`read_resume` also reads the resume state of
 checkpoints whose ``resume/`` holds ``rng.safetensors`` (the engine's generators, noise and
 projections and the sampler flattened into ``engine:``/``noise:``/``projections:``/``sampler:``
 keys) and a ``state.json`` without ``format``.
@@ -56,6 +62,9 @@ class ResumeState:
     sampler: dict[str, Any]  # the sampler's state_dict(), whole
     optimizer: dict[str, Any]  # the torch optimizer's state_dict()
     ledger_json: str
+    # a sharded (FSDP2) run: its number of ranks; engine and optimizer are then rank 0's, each
+    # other rank's are in resume/rank-<r>/ (read_rank_state)
+    ranks: int | None = None
 
 
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
@@ -172,17 +181,78 @@ def write_checkpoint(
     resume: ResumeState,
 ) -> Path:
     """Write the checkpoint of step ``resume.steps_done`` atomically; returns its folder."""
+    begin_checkpoint(run_dir, resume.steps_done)
+    return finish_checkpoint(
+        run_dir, model=model, tokenizer=tokenizer, metadata=metadata, resume=resume
+    )
+
+
+def temporary_dir(run_dir: str | Path, step: int) -> Path:
+    """Where the checkpoint of ``step`` is written before it is renamed into place."""
+    final = checkpoint_dir(run_dir, step)
+    return final.with_name(final.name + ".tmp")
+
+
+def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
+    """A fresh temporary folder for the checkpoint of ``step`` (one process: rank 0), its
+    ``resume/`` private before anything is written into it, whatever the umask."""
+    tmp = temporary_dir(run_dir, step)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    (tmp / "resume").mkdir(parents=True)
+    (tmp / "resume").chmod(0o700)
+    return tmp
+
+
+def rank_dir(folder: Path, rank: int) -> Path:
+    """A sharded run's rank's private state in a checkpoint (``folder``: its ``resume/``)."""
+    return folder / f"rank-{rank:05d}"
+
+
+def write_rank_state(
+    run_dir: str | Path,
+    step: int,
+    rank: int,
+    engine: dict[str, Any],
+    optimizer: dict[str, Any],
+) -> None:
+    """A sharded run's rank ``rank`` ≥ 1 writes its engine and optimizer state into the
+    checkpoint of ``step`` that rank 0 began (:func:`begin_checkpoint`) and will finish."""
+    if rank < 1:
+        raise ValueError("rank 0's state is the checkpoint's own (finish_checkpoint)")
+    folder = rank_dir(temporary_dir(run_dir, step) / "resume", rank)
+    folder.mkdir(mode=0o700)
+    folder.chmod(0o700)
+    _write_private_state(folder, {}, engine, optimizer)
+
+
+def finish_checkpoint(
+    run_dir: str | Path,
+    *,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    metadata: dict[str, Any],
+    resume: ResumeState,
+    model_state: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write the released files and rank 0's resume state into the begun checkpoint of step
+    ``resume.steps_done`` and rename it into place; returns its folder. ``model_state``: the
+    model's whole state dict when the model itself is sharded (gathered by every rank)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     final = checkpoint_dir(run_dir, resume.steps_done)
-    tmp = final.with_name(final.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    (tmp / "resume").mkdir(parents=True)
-    (tmp / "resume").chmod(0o700)  # private before anything is written into it, whatever umask
+    tmp = temporary_dir(run_dir, resume.steps_done)
+    if resume.ranks is not None:
+        missing = [r for r in range(1, resume.ranks) if not rank_dir(tmp / "resume", r).is_dir()]
+        if missing:
+            raise RuntimeError(f"the checkpoint of step {resume.steps_done} lacks ranks {missing}")
     # a Hugging Face or peft model (load_model's); save_pretrained is not an nn.Module method
-    cast(_SavesPretrained, model).save_pretrained(tmp / "model", safe_serialization=True)
+    saved = cast(_SavesPretrained, model)
+    if model_state is None:
+        saved.save_pretrained(tmp / "model", safe_serialization=True)
+    else:
+        saved.save_pretrained(tmp / "model", state_dict=model_state, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp / "model")
     (tmp / "ledger.json").write_text(resume.ledger_json)
@@ -196,22 +266,50 @@ def write_checkpoint(
 
 def _write_resume(folder: Path, resume: ResumeState) -> None:
     """``resume/``: its files 0600 (the folder is 0700 already)."""
-    opt_tensors, opt_meta = _flatten_optimizer(resume.optimizer)
-    save_file(opt_tensors, str(folder / "optimizer.safetensors"))
-    tensors: dict[str, torch.Tensor] = {}
-    state = {
-        "format": RESUME_FORMAT,
+    shared = {
         "steps_done": resume.steps_done,
         "plan": resume.plan,
         "secure_rng": resume.secure_rng,
-        "engine": _split_tensors(resume.engine, "engine", tensors),
-        "sampler": _split_tensors(resume.sampler, "sampler", tensors),
-        "optimizer": opt_meta,
+        "sampler": resume.sampler,
     }
+    if resume.ranks is not None:
+        shared["ranks"] = resume.ranks
+    _write_private_state(folder, shared, resume.engine, resume.optimizer)
+
+
+def _write_private_state(
+    folder: Path, shared: dict[str, Any], engine: dict[str, Any], optimizer: dict[str, Any]
+) -> None:
+    """state.json (+ state.safetensors) and optimizer.safetensors in ``folder``, 0600."""
+    opt_tensors, opt_meta = _flatten_optimizer(optimizer)
+    save_file(opt_tensors, str(folder / "optimizer.safetensors"))
+    tensors: dict[str, torch.Tensor] = {}
+    state: dict[str, Any] = {"format": RESUME_FORMAT}
+    for key, value in shared.items():
+        state[key] = value if key != "sampler" else _split_tensors(value, "sampler", tensors)
+        if key == "secure_rng":  # the state dicts' own key order, as before
+            state["engine"] = _split_tensors(engine, "engine", tensors)
+    if "engine" not in state:
+        state["engine"] = _split_tensors(engine, "engine", tensors)
+    state["optimizer"] = opt_meta
     save_file(tensors, str(folder / "state.safetensors"))
-    (folder / "state.json").write_text(json.dumps(state))  # the state dicts' own key order
+    (folder / "state.json").write_text(json.dumps(state))
     for private in folder.iterdir():
-        private.chmod(0o600)
+        if private.is_file():
+            private.chmod(0o600)
+
+
+def read_rank_state(ckpt: str | Path, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A sharded checkpoint's rank ``rank`` ≥ 1: (its engine state, its optimizer state)."""
+    folder = rank_dir(Path(ckpt) / "resume", rank)
+    if not (folder / "state.json").is_file():
+        raise ValueError(f"the checkpoint {ckpt} holds no private state of rank {rank}")
+    state = json.loads((folder / "state.json").read_text())
+    optimizer = _unflatten_optimizer(
+        load_file(str(folder / "optimizer.safetensors")), state["optimizer"]
+    )
+    tensors = load_file(str(folder / "state.safetensors"))
+    return _join_tensors(state["engine"], tensors), optimizer
 
 
 def read_resume(ckpt: str | Path) -> ResumeState:
@@ -236,6 +334,7 @@ def read_resume(ckpt: str | Path) -> ResumeState:
         sampler=_join_tensors(state["sampler"], tensors),
         optimizer=optimizer,
         ledger_json=ledger_json,
+        ranks=int(state["ranks"]) if state.get("ranks") is not None else None,
     )
 
 

@@ -10,9 +10,10 @@ checkpoint resumes from it (``--no-resume`` refuses a folder that is not empty).
 (``torch.distributed.run --standalone``), one rank per device (``cuda:0..N-1`` over NCCL with
 ``device: cuda``/``auto`` on a GPU host, else N CPU processes over gloo). Started by
 ``torchrun`` itself (``WORLD_SIZE`` set), ``dprc train`` joins that process group — which is
-how several hosts train one job (docs/training.md). Rank 0 prints and writes; when any rank
-dies torchrun stops the others and the command exits non-zero; rerunning it resumes from the
-last checkpoint.
+how several hosts train one job (docs/training.md). With ``sharding: fsdp`` (or
+``--sharding fsdp``) the processes shard the model (FSDP2,
+:mod:`dprc_core.training.sharded_run`). Rank 0 prints and writes; when any rank dies torchrun
+stops the others and the command exits non-zero; rerunning it resumes from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -41,10 +42,17 @@ def add_subparser(sub: Any) -> None:
         metavar="N",
         help="train on N processes of this host (data-parallel DP-SGD under torchrun)",
     )
+    train.add_argument(
+        "--sharding",
+        choices=("none", "fsdp"),
+        default=None,
+        help="fsdp: shard the model over the N processes (FSDP2: each holds 1/N of the "
+        "parameters, gradients and optimizer state); default: the spec's sharding (none)",
+    )
     train.set_defaults(func=_train)
 
 
-def load_spec(path: str | Path):
+def load_spec(path: str | Path, sharding: str | None = None):
     import yaml
 
     from dprc_core.training.runner import JobSpec
@@ -60,6 +68,8 @@ def load_spec(path: str | Path):
         if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
             data[key] = str((path.parent / data[key]).resolve())
     # a deprecated field's warning is shown (Python hides DeprecationWarning outside __main__)
+    if sharding is not None:  # --sharding overrides the spec's
+        data["sharding"] = sharding
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DeprecationWarning)
         spec = JobSpec.from_dict(data)
@@ -92,6 +102,8 @@ def _launch(args: argparse.Namespace) -> int:
         cmd.append("--no-resume")
     if args.quiet:
         cmd.append("--quiet")
+    if args.sharding is not None:
+        cmd.append(f"--sharding={args.sharding}")
     return subprocess.call(cmd)
 
 
@@ -101,13 +113,18 @@ def _train(args: argparse.Namespace) -> int:
     if args.nproc_per_node < 1:
         raise ValueError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
     if args.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
-        load_spec(args.spec)  # a bad spec fails here, once, not on every rank
+        load_spec(args.spec, args.sharding)  # a bad spec fails here, once, not on every rank
         return _launch(args)
     import torch
 
     from dprc_core.distributed import join_torchrun_group
 
-    spec = load_spec(args.spec)
+    spec = load_spec(args.spec, args.sharding)
+    if spec.sharding == "fsdp" and int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        raise ValueError(
+            "sharding: fsdp shards the model over several processes: run with "
+            "--nproc-per-node N (N >= 2), or under torchrun"
+        )
     # checked before joining the process group: every rank checks before any rank writes
     out = Path(spec.output_dir)
     if args.no_resume and out.is_dir() and any(out.iterdir()):

@@ -42,6 +42,7 @@ from dprc_core.accounting import PrivacyEvent, PrivacyLedger
 from dprc_core.clipping import Auto, Clipping, norm_from_method
 from dprc_core.distributed import (
     Ranks,
+    all_reduce_max_int,
     broadcast_bytes,
     broadcast_flag,
     broadcast_int,
@@ -55,7 +56,7 @@ from dprc_core.norm_methods import get_norm_method, method_names
 from dprc_core.seeding import derive_seed, fresh_seed
 from dprc_core.sketches import SHARED_SKETCH, check_sketch_mode
 from dprc_core.training import checkpoint as ckpt_io
-from dprc_core.training import token_store
+from dprc_core.training import sharded_run, token_store
 from dprc_core.training.data import DEFAULT_USER_FIELD, TASKS, Batches
 from dprc_core.training.learnability import warn_if_unlearnable
 from dprc_core.training.models import (
@@ -88,6 +89,7 @@ Sampler = (
 )
 
 OPTIMIZERS = ("adam", "sgd")
+SHARDINGS = ("none", "fsdp")  # how the ranks hold the model (JobSpec.sharding)
 
 
 @dataclass
@@ -143,6 +145,10 @@ class JobSpec:
     privacy_unit: str = "example"
     user_field: str = DEFAULT_USER_FIELD
     max_examples_per_user: int | None = None
+    # "fsdp": with several ranks, every decoder block and the root are fully_shard-ed (FSDP2):
+    # each rank holds 1/W of the parameters, gradients and optimizer state (docs/training.md,
+    # "Sharded models"); "none": every rank holds the whole model (data-parallel)
+    sharding: str = "none"
     # deprecated spelling of norm_method ("clipping" names the accountant's family elsewhere)
     clipping: str | None = None
 
@@ -192,6 +198,16 @@ class JobSpec:
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         self._check_privacy_unit()
+        self._check_sharding()
+
+    def _check_sharding(self) -> None:
+        if self.sharding not in SHARDINGS:
+            raise ValueError(f"sharding must be one of {SHARDINGS}, got {self.sharding!r}")
+        if self.sharding == "fsdp" and self.noise_mechanism != "gaussian":
+            raise ValueError(
+                f"sharding: fsdp takes the gaussian noise mechanism: {self.noise_mechanism}'s "
+                "correlated state is not sharded (docs/engine.md, 'Sharded models')"
+            )
 
     def _check_privacy_unit(self) -> None:
         if self.privacy_unit not in PRIVACY_UNITS:
@@ -447,6 +463,8 @@ def start_run(
     latest = ckpt_io.latest_checkpoint(out) if resume else None
     resumed = ckpt_io.read_resume(latest) if latest is not None else None
     model = _load_model(spec, data.classes, latest, data.train, device)
+    if spec.sharding == "fsdp":  # each rank keeps 1/W of the model (sharded_run.py)
+        model = sharded_run.shard_model(model, ranks, device)
     spec = _spec_as_checkpointed(spec, resumed)
     plan, clipping = _plan(spec, model, data.units)
     plan = _resumable_plan(spec, plan, resumed, latest, model, data.units)
@@ -462,7 +480,7 @@ def start_run(
     assert engine.accounting_sketch == plan.sketch
     sampler = _build_sampler(spec, plan, len(data.train), seed, ranks, root, data.users)
     if resumed is not None:
-        _restore(spec, resumed, engine, opt, sampler)
+        _restore(spec, _rank_resume(spec, resumed, latest, ranks), engine, opt, sampler)
     done = resumed.steps_done if resumed is not None else 0
     return TrainingRun(
         spec=spec,
@@ -545,6 +563,25 @@ def _shared_randomness(spec: JobSpec, ranks: Ranks) -> tuple[int, SecureStream |
     return seed, root
 
 
+def _rank_resume(
+    spec: JobSpec, resumed: ckpt_io.ResumeState, latest: Path | None, ranks: Ranks
+) -> ckpt_io.ResumeState:
+    """The resume state of this rank: the checkpoint's, or under sharding this rank's own
+    engine and optimizer state (written by the same number of ranks)."""
+    sharded = spec.sharding == "fsdp"
+    if resumed.ranks != (ranks.world_size if sharded else None):
+        written = f"sharded over {resumed.ranks} ranks" if resumed.ranks else "unsharded"
+        now = f"sharded over {ranks.world_size} ranks" if sharded else "unsharded"
+        raise ValueError(
+            f"the checkpoint {latest} was written by a run {written}; this run is {now}: "
+            "resume with the same sharding and number of ranks"
+        )
+    if not sharded or ranks.is_main:
+        return resumed
+    engine, optimizer = ckpt_io.read_rank_state(cast(Path, latest), ranks.rank)
+    return dataclasses.replace(resumed, engine=engine, optimizer=optimizer)
+
+
 def _restore(
     spec: JobSpec,
     resumed: ckpt_io.ResumeState,
@@ -558,7 +595,10 @@ def _restore(
             f"the checkpoint was written with secure_rng={not spec.secure_rng}, this "
             f"spec has secure_rng={spec.secure_rng}: resume with the same setting"
         )
-    opt.load_state_dict(resumed.optimizer)
+    if spec.sharding == "fsdp":
+        sharded_run.load_local_optimizer_state(opt, resumed.optimizer)
+    else:
+        opt.load_state_dict(resumed.optimizer)
     engine.load_state_dict(resumed.engine)
     sampler.load_state_dict(resumed.sampler)
 
@@ -780,25 +820,56 @@ class TrainingRun:
         every = self.spec.epsilon_every
         return self.epsilon_at(min(self.plan.steps, -(-self.done // every) * every))
 
+    @property
+    def sharded(self) -> bool:
+        """Whether the ranks shard the model (``sharding: fsdp``: sharded_run.py)."""
+        return self.spec.sharding == "fsdp"
+
     # -- checkpoints
     def save(self) -> Path:
-        """Write the checkpoint of the steps done: the engine's and the sampler's state dicts
-        whole in its private resume state."""
-        resume = ckpt_io.ResumeState(
+        """Write the checkpoint of the steps done (rank 0; every rank calls it): the engine's
+        and the sampler's state dicts whole in its private resume state. Sharded: every rank
+        joins the gathering of the whole model and writes its own private state."""
+        if not self.sharded:
+            if not self.ranks.is_main:
+                return ckpt_io.checkpoint_dir(self.out, self.done)
+            return ckpt_io.write_checkpoint(
+                self.out,
+                model=self.model,
+                tokenizer=self.data.tokenizer,
+                metadata=self._metadata(),
+                resume=self._resume_state(self.optimizer.state_dict()),
+            )
+        whole = sharded_run.whole_model_state(self.model)  # a collective: rank 0 gets it
+        optimizer = sharded_run.local_optimizer_state(self.optimizer.state_dict())
+        if self.ranks.is_main:
+            ckpt_io.begin_checkpoint(self.out, self.done)
+        sharded_run.barrier(self.ranks)
+        if not self.ranks.is_main:
+            engine = self.engine.state_dict()
+            ckpt_io.write_rank_state(self.out, self.done, self.ranks.rank, engine, optimizer)
+        sharded_run.barrier(self.ranks)
+        if not self.ranks.is_main:
+            return ckpt_io.checkpoint_dir(self.out, self.done)
+        return ckpt_io.finish_checkpoint(
+            self.out,
+            model=self.model,
+            tokenizer=self.data.tokenizer,
+            metadata=self._metadata(),
+            resume=self._resume_state(optimizer),
+            model_state=whole,
+        )
+
+    def _resume_state(self, optimizer: dict[str, Any]) -> ckpt_io.ResumeState:
+        return ckpt_io.ResumeState(
             steps_done=self.done,
             plan=self.plan.to_dict(),
             secure_rng=self.spec.secure_rng,
             engine=self.engine.state_dict(),
             sampler=self.sampler.state_dict(),
-            optimizer=self.optimizer.state_dict(),
+            optimizer=optimizer,
             ledger_json=self.ledger_at(self.done).to_json(),
-        )
-        return ckpt_io.write_checkpoint(
-            self.out,
-            model=self.model,
-            tokenizer=self.data.tokenizer,
-            metadata=self._metadata(),
-            resume=resume,
+            ranks=self.ranks.world_size if self.sharded else None,
         )
 
     def _metadata(self) -> dict[str, Any]:
@@ -842,8 +913,7 @@ class TrainingRun:
             stats = self._step(next(samples), loss_fn)
             stop = should_stop is not None and should_stop()
             stop = broadcast_flag(stop, self.ranks)  # rank 0's decision, on every rank
-            if self.ranks.is_main:
-                self._checkpoint_and_report(stats, stop, on_progress)
+            self._checkpoint_and_report(stats, stop, on_progress)
             if stop and self.done < self.plan.steps:
                 return "stopped"
         return "succeeded"
@@ -854,33 +924,48 @@ class TrainingRun:
         size = self.spec.max_physical_batch_size
         keys = self.data.user_keys
         if keys is None:
-            for chunk in idx.split(size):
-                batch = {k: v.to(self.device) for k, v in self.data.train.batch(chunk).items()}
-                self.engine.accumulate(loss_fn, batch, example_ids=chunk)  # sketch keys
+            chunks = [c for c in idx.split(size) if len(c)]
         else:
-            for chunk in user_micro_batches(idx, keys[idx], size):
-                batch = {k: v.to(self.device) for k, v in self.data.train.batch(chunk).items()}
+            chunks = [c for c in user_micro_batches(idx, keys[idx], size) if len(c)]
+        # sharded: as many passes as the rank with the most, agreed before the first
+        most = all_reduce_max_int(len(chunks), self.ranks) if self.sharded else len(chunks)
+        for chunk in chunks:
+            batch = {k: v.to(self.device) for k, v in self.data.train.batch(chunk).items()}
+            if keys is None:
+                self.engine.accumulate(loss_fn, batch, example_ids=chunk)  # sketch keys
+            else:
                 self.engine.accumulate(loss_fn, batch, user_ids=keys[chunk])
+        for _ in range(most - len(chunks)):
+            self.engine.pad(loss_fn, self._padding())
         stats = self.engine.step()
         self.done += 1
         if stats.batch_size - stats.dropped > 0 and math.isfinite(stats.mean_loss):
             self.losses.append(stats.mean_loss)
         return stats
 
+    def _padding(self) -> dict[str, torch.Tensor]:
+        """A sharded rank's padding micro-batch: the data set's first rows (discarded)."""
+        rows = torch.arange(min(2, len(self.data.train)))
+        return {k: v.to(self.device) for k, v in self.data.train.batch(rows).items()}
+
     def _checkpoint_and_report(
         self, stats: StepStats, stop: bool, on_progress: Callable[[Progress], None] | None
     ) -> None:
-        """Rank 0, after a step: the checkpoint when due, at the end or on stop; the progress."""
+        """After a step, on every rank: the checkpoint when due, at the end or on stop (rank 0
+        writes; sharded, every rank joins); rank 0 reports the progress."""
         every = self.spec.checkpoint_every
         due = every is not None and self.done % every == 0
         saved = None
+        valid = None
         if due or self.done == self.plan.steps or stop:
             self.last_checkpoint = self.save()
             saved = str(self.last_checkpoint)
-        if on_progress is not None:
-            on_progress(self._progress(stats, saved))
+            if self.ranks.is_main or self.sharded:  # a sharded forward is a collective
+                valid = self._valid_loss()
+        if self.ranks.is_main and on_progress is not None:
+            on_progress(self._progress(stats, saved, valid))
 
-    def _progress(self, stats: StepStats, saved: str | None) -> Progress:
+    def _progress(self, stats: StepStats, saved: str | None, valid: float | None) -> Progress:
         report = self.spec.report_train_loss
         return Progress(
             step=self.done,
@@ -891,7 +976,7 @@ class TrainingRun:
             dropped=stats.dropped,
             epsilon=self.epsilon_at(self.done) if saved else self.epsilon_bound(),
             checkpoint=saved,
-            valid_loss=self._valid_loss() if saved else None,
+            valid_loss=valid,
             envelope=self.clipping,
             sketch=self.plan.sketch,
         )
@@ -905,7 +990,7 @@ class TrainingRun:
     # -- the end
     def finish(self, status: str, started: float) -> JobResult:
         """The job's result; the final checkpoint first if none was written (rank 0)."""
-        if self.last_checkpoint is None and self.ranks.is_main:  # zero steps: steps >= 1
+        if self.last_checkpoint is None:  # zero steps: steps >= 1
             self.last_checkpoint = self.save()
         return JobResult(
             status=status,
