@@ -526,7 +526,7 @@ class PrivacyEngine:
     def pad(self, loss_fn: LossFn, batch: Any) -> None:
         """Sharded (FSDP2) models: run ``batch``'s forward and norm backward for FSDP's
         collectives and discard everything it computes (no norm, no contribution, no
-        statistic, no example id used). Every rank must call :meth:`accumulate` or
+        statistic, no example id recorded). Every rank must call :meth:`accumulate` or
         :meth:`pad` the same number of times in a logical batch — the same forward/backward
         passes — so a rank with fewer micro-batches (or none: Poisson sampling) pads with any
         non-empty batch of data. Unsharded models need no padding: a no-op."""
@@ -537,7 +537,9 @@ class PrivacyEngine:
             raise ValueError("pad() needs a non-empty batch (its rows are discarded)")
         self._open_batch()
         self._check_independence_once(loss_fn, batch, size)
-        ids = [-1 - i for i in range(size)] if self.sketch == PER_EXAMPLE_SKETCH else None
+        # per-example sketches: the rows keyed by their position (valid keys in secure mode
+        # too); no id is recorded as met, and what the projections give is discarded
+        ids = list(range(size)) if self.sketch == PER_EXAMPLE_SKETCH else None
         losses, _ = self._norm_pass(loss_fn, batch, ids)
         del losses
         # the micro-batch's reduction to the shards, which the others run too: zeros from here

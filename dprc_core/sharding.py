@@ -35,6 +35,11 @@ from torch import nn
 
 from dprc_core.distributed import BUCKET_BYTES, Ranks, all_reduce_sum
 
+# how a job's ranks hold the model (a job spec's, and a service job's, ``sharding``): "none",
+# each rank the whole model (data-parallel); "fsdp", FSDP2: each rank 1/W of the parameters,
+# gradients and optimizer state (dprc_core/training/sharded_run.py)
+SHARDINGS = ("none", "fsdp")
+
 
 def is_dtensor(p: torch.Tensor) -> bool:
     return type(p).__name__ == "DTensor" or type(getattr(p, "data", None)).__name__ == "DTensor"

@@ -66,6 +66,7 @@ class JobRequest:
     sample_rate: float
     steps_total: int
     devices: int = 1
+    sharding: str = "none"  # "fsdp": the model sharded over the devices' ranks (FSDP2)
     attempts: int = 0
     validation_file: str | None = None  # the validation file's id, if the job has one
     validation_path: Path | None = None  # its data; None when the file was deleted
@@ -103,6 +104,7 @@ def job_request(store: Store, job_id: str) -> JobRequest:
             sample_rate=job.sample_rate,
             steps_total=job.steps_total,
             devices=job.devices,
+            sharding=job.sharding,
             attempts=job.attempts,
             validation_file=valid_id,
             validation_path=validation_path,

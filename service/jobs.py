@@ -25,6 +25,8 @@ from sqlalchemy.orm import Session
 
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger
 from dprc_core.accounting.events import SHARED_SKETCH
+from dprc_core.mechanism_names import GAUSSIAN
+from dprc_core.sharding import SHARDINGS
 from dprc_core.training.models import (
     LoraSpec,
     ModelSettingError,
@@ -100,6 +102,7 @@ class JobRequest:
     metadata: dict[str, str] | None = None
     validation_file: str | None = None
     devices: int = 1
+    sharding: str = "none"  # one of SHARDINGS
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,7 @@ def create_job(
     # an allow-listed model, or one of the tenant's fine-tuned ones (then its root base)
     model = fine_tuned_models.model_for_job(store, caller, req.model)
     _check_devices(store.settings, req.devices)
+    _check_sharding(req)
     with store.sessions() as session:
         file = _training_file(session, caller, req.training_file)
         fmt, group_id = file.data_format, file.group_id
@@ -248,6 +252,34 @@ def _check_devices(settings: Settings, devices: int) -> None:
             "(DPRC_MAX_JOB_DEVICES / DPRC_WORKER_DEVICES)",
             param="devices",
             code="devices_unavailable",
+        )
+
+
+def _check_sharding(req: JobRequest) -> None:
+    """``sharding: fsdp`` shards the model over the job's ranks: it needs two of them at least,
+    and independent (Gaussian) noise: ν-DP-FTRL's correlated noise state is not sharded (the
+    engine refuses it under FSDP). The privacy plan does not depend on the sharding."""
+    if req.sharding not in SHARDINGS:
+        raise InvalidInput(
+            f"sharding={req.sharding!r}: one of {', '.join(SHARDINGS)}",
+            param="sharding",
+            code="invalid_value",
+        )
+    if req.sharding != "fsdp":
+        return
+    if req.devices < 2:
+        raise InvalidInput(
+            f"sharding=fsdp shards the model over the job's devices: it needs devices >= 2, "
+            f"the job has devices={req.devices} (on one device, leave sharding at none)",
+            param="sharding",
+            code="sharding_needs_devices",
+        )
+    if req.privacy.mechanism != GAUSSIAN:
+        raise InvalidInput(
+            f"sharding=fsdp takes the gaussian noise mechanism only: {req.privacy.mechanism}'s "
+            "correlated noise state (its noise history) is not sharded over the ranks",
+            param="sharding",
+            code="sharding_unsupported",
         )
 
 
@@ -603,6 +635,7 @@ def _insert_job(
         cancel_requested=False,
         attempts=0,
         devices=req.devices,
+        sharding=req.sharding,
         created_by=caller.key_id,
     )
     session.add(row)

@@ -114,6 +114,7 @@ def build_spec(store: Store, req: runs.JobRequest) -> JobSpec:
         max_physical_batch_size=settings.max_physical_batch_size,
         device=settings.device,
         token_store=str(token_store_dir(settings.data_dir, req.tenant_id)),
+        sharding=req.sharding,
     )
 
 

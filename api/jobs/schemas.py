@@ -98,6 +98,9 @@ NormMethodName = Literal[tuple(offered_names())]  # type: ignore[valid-type]  # 
 # how randomized clipping draws its projections (dprc_core/sketches.py)
 SketchName = Literal["shared", "per_example"]
 
+# how a job's ranks hold the model (dprc_core.sharding.SHARDINGS)
+ShardingName = Literal["none", "fsdp"]
+
 
 class Clipping(Strict):
     """How per-example norms are computed (``norm_method``) and clipped. ``method`` is the
@@ -230,6 +233,13 @@ class JobCreate(Strict):
         description="devices of one worker host the job trains on (data-parallel ranks; one "
         "Poisson batch per step split between them, the noise added once)",
     )
+    sharding: ShardingName = Field(
+        default="none",
+        description="how the job's ranks hold the model: 'none' (each rank holds the whole "
+        "model) or 'fsdp' (FSDP2: each rank holds 1/devices of the parameters, gradients and "
+        "optimizer state). fsdp needs devices >= 2 and the gaussian noise mechanism (400 "
+        "sharding_needs_devices, sharding_unsupported); the privacy plan is the same",
+    )
 
     @field_validator("suffix")
     @classmethod
@@ -282,6 +292,10 @@ class Job(BaseModel):
     cancel_requested: bool
     pause_requested: bool = False
     devices: int = 1
+    sharding: ShardingName = Field(
+        default="none",
+        description="'fsdp': the model sharded over the devices (FSDP2); 'none': whole on each",
+    )
     created_by: str | None = Field(default=None, description="the id of the key that created it")
 
 

@@ -17,6 +17,7 @@ from api.jobs.schemas import (
     JobError,
     Ledger,
     PrivacyUnit,
+    ShardingName,
 )
 from service import jobs
 from service.job_status import JobStatus
@@ -57,6 +58,7 @@ def job_request(body: JobCreate) -> jobs.JobRequest:
         metadata=body.metadata,
         validation_file=body.validation_file,
         devices=body.devices,
+        sharding=body.sharding,
     )
 
 
@@ -69,7 +71,8 @@ def _unit(unit: PrivacyUnit | str) -> UnitRequest:
 def request_hash(body: JobCreate) -> str:
     """The fingerprint an ``Idempotency-Key`` is stored with: the body's canonical JSON, the
     norm method under its one key ``method`` (the same fingerprint whichever name the request
-    used for it)."""
+    used for it); fields added since, at their defaults, are left out (a request that does not
+    name them fingerprints as it did before they existed)."""
     canonical = body.model_dump(mode="json")
     canonical["privacy"]["clipping"].pop("norm_method", None)
     # the unit in one form, and left out at its default (the fingerprint of a request sent
@@ -78,6 +81,9 @@ def request_hash(body: JobCreate) -> str:
     canonical["privacy"].pop("unit", None)
     if unit != UnitRequest():
         canonical["privacy"]["unit"] = asdict(unit)
+    # sharding left out at its default too (a request sent before sharding keeps its fingerprint)
+    if canonical.get("sharding") == "none":
+        del canonical["sharding"]
     dump = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(dump.encode()).hexdigest()
 
@@ -114,6 +120,7 @@ def job_object(row: jobs.JobRow, caller_org: str) -> Job:
         cancel_requested=row.cancel_requested,
         pause_requested=bool(row.pause_requested),
         devices=row.devices,
+        sharding=cast(ShardingName, row.sharding),
         created_by=row.created_by,
     )
 

@@ -195,6 +195,19 @@ def _job_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="report_train_loss: false (training loss is not covered by DP)",
     )
+    dev = p.add_argument_group("devices")
+    dev.add_argument(
+        "--devices",
+        type=int,
+        help="devices of one worker host the job trains on (default 1; data-parallel ranks)",
+    )
+    dev.add_argument(
+        "--sharding",
+        choices=("none", "fsdp"),
+        help="how the ranks hold the model: none (the whole model on each, the default) or "
+        "fsdp (FSDP2: each holds 1/devices of the parameters, gradients and optimizer state; "
+        "needs --devices 2 or more and Gaussian noise)",
+    )
     p.add_argument("--checkpoint-every", type=int)
     p.add_argument("--seed", type=int, help="keep a chosen seed as secret as the data")
     p.add_argument("--suffix")
@@ -341,7 +354,16 @@ def job_body(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"cannot read --body {args.body}: {exc}") from exc
         if not isinstance(body, dict):
             raise ValueError(f"--body {args.body} must hold a JSON object")
-    for name in ("model", "training_file", "validation_file", "checkpoint_every", "seed", "suffix"):
+    for name in (
+        "model",
+        "training_file",
+        "validation_file",
+        "checkpoint_every",
+        "seed",
+        "suffix",
+        "devices",
+        "sharding",
+    ):
         if getattr(args, name) is not None:
             body[name] = getattr(args, name)
     hp = body.setdefault("hyperparameters", {})
@@ -399,6 +421,7 @@ def _show_job(job: dict[str, Any]) -> None:
         "target": f"ε {number(p.get('target_epsilon'))} at δ {number(p.get('target_delta'))}",
         "noise_multiplier": p.get("noise_multiplier"),
         "sample_rate": p.get("sample_rate"),
+        "devices": _devices_words(job),
         "privacy_unit": _unit_words(p.get("unit") or {}),
         "accounted_as": _accounted_as(p.get("accountant") or {}),
         "result_files": ", ".join(job.get("result_files") or []) or None,
@@ -410,6 +433,17 @@ def _show_job(job: dict[str, Any]) -> None:
     if err:
         flat["error"] = f"{err.get('code')}: {err.get('message')}"
     print(fields(flat, list(flat)))
+
+
+def _devices_words(job: dict[str, Any]) -> str:
+    """How many devices a job trains on and how its ranks hold the model, in words (the
+    dashboard's: api/dashboard/static/job.js, devicesWords)."""
+    n = int(job.get("devices") or 1)
+    if n <= 1:
+        return "1 device"
+    if job.get("sharding") == "fsdp":
+        return f"{n} devices, model sharded (FSDP): 1/{n} of it on each"
+    return f"{n} devices, data-parallel (whole model on each)"
 
 
 def _unit_words(unit: dict[str, Any]) -> str:

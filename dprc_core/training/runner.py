@@ -54,6 +54,7 @@ from dprc_core.noise import Gaussian, NoiseMechanism, NuDPFTRL, SecureStream
 from dprc_core.noise.secure_stream import new_key
 from dprc_core.norm_methods import get_norm_method, method_names
 from dprc_core.seeding import derive_seed, fresh_seed
+from dprc_core.sharding import SHARDINGS
 from dprc_core.sketches import SHARED_SKETCH, check_sketch_mode
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training import sharded_run, token_store
@@ -89,7 +90,6 @@ Sampler = (
 )
 
 OPTIMIZERS = ("adam", "sgd")
-SHARDINGS = ("none", "fsdp")  # how the ranks hold the model (JobSpec.sharding)
 
 
 @dataclass

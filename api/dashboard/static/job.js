@@ -121,6 +121,16 @@
     return [...new Set([job.steps_done, ...marks, ...gridSteps(job.steps_total)].filter((s) => s > 0))];
   }
 
+  // how many devices the job trains on and how its ranks hold the model (the CLI's words:
+  // dprc/client/commands.py, _devices_words)
+  function devicesWords(j) {
+    const n = j.devices || 1;
+    if (n <= 1) return "1 device";
+    return j.sharding === "fsdp"
+      ? `${n} devices, model sharded (FSDP): 1/${n} of it on each`
+      : `${n} devices, data-parallel (whole model on each)`;
+  }
+
   function privacyWords(p) {
     const acc = p.accountant || {};
     const unit = p.unit || { type: "example" };
@@ -160,6 +170,7 @@
       el("dt", { text: "Model" }), el("dd", { text: job.model + (job.fine_tuned_model ? ` → ${job.fine_tuned_model}` : "") }),
       el("dt", { text: "Data set" }), el("dd", {}, el("a", { href: `/data-sets/${encodeURIComponent(job.training_file)}`, text: job.training_file })),
       el("dt", { text: "Progress" }), el("dd", { id: "progress" }, bar, `step ${job.steps_done} / ${job.steps_total}`),
+      el("dt", { text: "Devices" }), el("dd", { id: "devices", text: devicesWords(job) }),
       el("dt", { text: "ε spent" }), el("dd", { id: "epsilon-spent" }, spentWords()),
       el("dt", { text: "Created" }), el("dd", { text: when(job.created_at) }),
       job.error ? [el("dt", { text: "Error" }), el("dd", { class: "error", text: `${job.error.code}: ${job.error.message}` })] : null));

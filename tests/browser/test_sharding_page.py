@@ -1,0 +1,63 @@
+"""The job page says how many devices a job trains on and how its ranks hold the model (issue
+29), in a real browser against a real ``dprc serve`` whose largest worker has 2 devices (the
+2-device jobs stay queued: its embedded worker has one). The words are compared with the API's
+job object (the test's independent view)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.browser.conftest import Dashboard
+from tests.browser.test_dashboard import _sign_in
+
+
+@pytest.fixture(scope="module")
+def two_device_limit() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DPRC_MAX_JOB_DEVICES", "2")  # read by the server the next fixture starts
+        yield
+
+
+@pytest.fixture(scope="module")
+def dashboard(two_device_limit, dashboard) -> Dashboard:  # the conftest's, with the limit
+    return dashboard
+
+
+def test_the_job_page_says_devices_and_sharding_in_words(dashboard, new_context):
+    api = dashboard.api("sharon")
+    lines = "".join(f'{{"text": "{"ab" * (6 + i % 5)}"}}\n' for i in range(24)).encode()
+    r = api.post("/v1/files", files={"file": ("t.jsonl", lines)}, data={"purpose": "fine-tune"})
+    assert r.status_code == 200, r.text
+    shown = {}
+    for extra, words in (
+        ({"devices": 2, "sharding": "fsdp"}, "2 devices, model sharded (FSDP): 1/2 of it on each"),
+        ({"devices": 2}, "2 devices, data-parallel (whole model on each)"),
+        ({}, "1 device"),
+    ):
+        job = api.post(
+            "/v1/fine_tuning/jobs",
+            json={
+                "model": "dprc-tiny-llama",
+                "training_file": r.json()["id"],
+                "hyperparameters": {"n_epochs": 1, "batch_size": 4, "max_seq_len": 32},
+                "privacy": {"target_epsilon": 2.0, "clipping": {"method": "exact"}},
+                **extra,
+            },
+        )
+        assert job.status_code == 200, job.text
+        j = job.json()
+        assert (j["devices"], j["sharding"]) == (
+            extra.get("devices", 1),
+            extra.get("sharding", "none"),
+        )
+        shown[j["id"]] = words
+
+    page = new_context().new_page()
+    _sign_in(page, dashboard.url, dashboard.key("sharon"))
+    for job_id, words in shown.items():
+        page.goto(f"{dashboard.url}/jobs/{job_id}")
+        page.wait_for_selector("#devices")
+        assert page.locator("#devices").inner_text() == words
+    dashboard.shot(page, "job_devices")

@@ -1,0 +1,79 @@
+"""``dprc jobs create --devices N --sharding fsdp`` as a subprocess against a real ``dprc serve``
+subprocess (whose largest worker has 2 devices; its embedded worker has 1, so the jobs stay
+queued): the options become ``devices`` and ``sharding``, ``jobs get`` says them in words, the
+server's refusals reach the user, and an unknown sharding is refused by the command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from tests.dprc.client.conftest import DPRC, Served, write_lines
+from tests.serve_process import dprc_serve
+
+
+@pytest.fixture(scope="module")
+def served_two(tmp_path_factory) -> Iterator[Served]:
+    tmp = tmp_path_factory.mktemp("dprc-serve-sharding")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DPRC_")}
+    env.update(
+        DPRC_DATA_DIR=str(tmp / "data"),
+        DPRC_MAX_PHYSICAL_BATCH_SIZE="8",
+        DPRC_MAX_JOB_DEVICES="2",
+        DPRC_LOG_LEVEL="warning",
+        DPRC_REQUIRE_BUDGET="false",
+        HF_HUB_OFFLINE="1",
+    )
+    key = subprocess.run(
+        [*DPRC, "keys", "create", "--tenant", "a", "--role", "admin"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    with dprc_serve(DPRC, env, tmp / "server.log") as url:
+        client_env = {k: v for k, v in env.items() if k != "DPRC_DATA_DIR"}
+        client_env["DPRC_CLIENT_CONFIG"] = str(tmp / "client.toml")
+        yield Served(url, client_env, {"a": key})
+
+
+def _create(train_id: str, *extra: str) -> list[str]:
+    return [
+        "jobs", "create", "--model", "dprc-tiny-llama", "--training-file", train_id,
+        "--epochs", "1", "--batch-size", "8", "--max-seq-len", "32", "--target-epsilon", "2",
+        "--norm-method", "exact", *extra,
+    ]  # fmt: skip
+
+
+def test_jobs_create_with_devices_and_sharding_and_jobs_get_says_them(served_two, tmp_path):
+    served = served_two
+    lines = [{"text": ["ab", "cd", "ef"][i % 3] * (6 + i % 5)} for i in range(32)]
+    f = served.json("files", "upload", str(write_lines(tmp_path / "t.jsonl", lines)))
+
+    fsdp = served.json(*_create(f["id"], "--devices", "2", "--sharding", "fsdp"))
+    assert (fsdp["devices"], fsdp["sharding"]) == (2, "fsdp")
+    shown = served.ok("jobs", "get", fsdp["id"]).stdout
+    assert "2 devices, model sharded (FSDP): 1/2 of it on each" in shown
+
+    ddp = served.json(*_create(f["id"], "--devices", "2"))
+    assert (ddp["devices"], ddp["sharding"]) == (2, "none")
+    shown = served.ok("jobs", "get", ddp["id"]).stdout
+    assert "2 devices, data-parallel (whole model on each)" in shown
+
+    one = served.json(*_create(f["id"]))
+    assert (one["devices"], one["sharding"]) == (1, "none")
+    assert "1 device" in served.ok("jobs", "get", one["id"]).stdout
+    # the plan does not depend on the sharding
+    for key in ("noise_multiplier", "sample_rate", "steps", "planned_epsilon"):
+        assert fsdp["privacy"][key] == ddp["privacy"][key] == one["privacy"][key], key
+
+    # refused by the server, with its code: fsdp on one device
+    refused = served.run(*_create(f["id"], "--sharding", "fsdp"))
+    assert refused.returncode == 2
+    assert "HTTP 400" in refused.stderr and "sharding_needs_devices" in refused.stderr
+    # an unknown sharding: refused by the command line, before any request
+    bad = served.run(*_create(f["id"], "--devices", "2", "--sharding", "zero3"))
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
