@@ -43,6 +43,7 @@ SECTIONS = [
     ("recipes", "benchmarks/recipes.py"),
     ("user_level", "benchmarks/user_level.py --seeds 5"),
     ("distributed", "benchmarks/distributed.py"),
+    ("fsdp", "benchmarks/fsdp.py"),
     ("client_startup", "benchmarks/client_startup.py"),
     ("distributed_cuda", "benchmarks/distributed.py --device cuda"),
 ]
