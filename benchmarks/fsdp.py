@@ -108,6 +108,11 @@ SMOKE = Spec(
     hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=515, seq=8, batch=4,
     micro=2, steps=1,
 )  # fmt: skip
+CUDA = Spec(
+    hidden=1024, intermediate=2816, layers=12, heads=16, kv_heads=16, vocab=32000, seq=512,
+    batch=8, micro=2, steps=3,
+)  # fmt: skip
+CUDA_CONFIGS = ("ddp_w2", "fsdp_w2")  # on 2 GPUs
 # name: (ranks, sharded, what it is)
 CONFIGS: dict[str, tuple[int, bool, str]] = {
     "single": (1, False, "1 process, unsharded, no process group"),
@@ -162,7 +167,7 @@ class PeakRSS:
         return max(self.sampled, self.hwm)
 
 
-def build_model(spec: Spec, sharded: bool, rank: int, world: int) -> Any:
+def build_model(spec: Spec, sharded: bool, rank: int, world: int, device: str = "cpu") -> Any:
     """The Llama of ``spec``: built on the meta device, sharded (every decoder block, then the
     root) when ``sharded``, materialised with ``to_empty`` and initialised deterministically —
     each parameter from a generator seeded by its index, drawn whole one at a time, this
@@ -189,8 +194,8 @@ def build_model(spec: Spec, sharded: bool, rank: int, world: int) -> Any:
             if type(module).__name__ == "LlamaDecoderLayer":
                 fully_shard(module)
         fully_shard(model)
-    model.to_empty(device="cpu")
-    model.model.rotary_emb = LlamaRotaryEmbedding(config=cfg)  # its buffers were on meta
+    model.to_empty(device=device)
+    model.model.rotary_emb = LlamaRotaryEmbedding(config=cfg).to(device)  # buffers were on meta
     with torch.no_grad():
         for index, (_name, p) in enumerate(model.named_parameters()):
             gen = torch.Generator().manual_seed(1000 + index)
@@ -231,17 +236,21 @@ def rank_main(args: argparse.Namespace) -> None:
     from dprc_core.noise import Gaussian
 
     torch.set_num_threads(1)
-    spec = SMOKE if args.smoke else FULL
+    cuda = args.device == "cuda"
+    spec = SMOKE if args.smoke else CUDA if cuda else FULL
     grouped = "WORLD_SIZE" in os.environ  # under torchrun: a process group, W = 1 included
+    if cuda:  # one GPU a rank, NCCL (scripts/gpu_check.sh)
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if grouped:
-        torch.distributed.init_process_group("gloo")
+        torch.distributed.init_process_group("nccl" if cuda else "gloo")
     ranks = current_ranks()
     rank = torch.distributed.get_rank() if grouped else 0
     world = torch.distributed.get_world_size() if grouped else 1
     rss_start = _status("VmRSS")
 
     t0 = time.perf_counter()
-    model = build_model(spec, args.shard, rank, world)
+    device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
+    model = build_model(spec, args.shard, rank, world, device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     engine = PrivacyEngine(
         model,
@@ -259,7 +268,7 @@ def rank_main(args: argparse.Namespace) -> None:
     ids = torch.randint(0, spec.vocab, (spec.batch, spec.seq), generator=gen)
 
     def batch(rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"input_ids": ids[rows], "labels": ids[rows]}
+        return {"input_ids": ids[rows].to(device), "labels": ids[rows].to(device)}
 
     padding = batch(torch.arange(min(2, spec.batch)))
 
@@ -280,6 +289,9 @@ def rank_main(args: argparse.Namespace) -> None:
     with PeakRSS() as warm:
         warm_s, _ = one_step()
     rss_steps_start = _status("VmRSS")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     times, losses = [], []
     with PeakRSS() as steps:
         for _ in range(spec.steps):
@@ -328,6 +340,9 @@ def rank_main(args: argparse.Namespace) -> None:
         "median_step_s": statistics.median(times),
         "mean_loss": losses,
     }
+    if cuda:  # the device's peaks: the timed steps', and the whole process's
+        result["cuda_peak_steps"] = torch.cuda.max_memory_allocated()
+        result["cuda_device"] = torch.cuda.get_device_name()
     Path(args.result).with_name(f"rank{rank}.json").write_text(json.dumps(result))
     if grouped:
         torch.distributed.barrier()
@@ -345,6 +360,7 @@ def run_config(name: str, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         own = [f"--result={Path(tmp) / 'result.json'}", *(["--shard"] if sharded else [])]
         own += ["--smoke"] if args.smoke else []
+        own += [f"--device={args.device}"]
         script = str(Path(__file__).resolve())
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
         if args.allocator == "live":
@@ -704,6 +720,46 @@ def _commit() -> str:
     return (head or "?") + ("+" if dirty else "")
 
 
+def cuda_main(args: argparse.Namespace) -> None:
+    """Data-parallel and FSDP2 on 2 GPUs (NCCL): each rank's device memory peak in the timed
+    steps, its local parameters + gradients + Adam state, the step time."""
+    t0 = time.perf_counter()
+    results = {name: run_config(name, args) for name in CUDA_CONFIGS}
+    spec = SMOKE if args.smoke else CUDA
+    lines = [
+        "## FSDP2 against data-parallel on 2 GPUs (NCCL)",
+        "",
+        f"`python benchmarks/fsdp.py --device cuda`: {spec.layers} layers, hidden {spec.hidden}, "
+        f"vocabulary {spec.vocab}, float32, Adam; logical batch {spec.batch} × T = {spec.seq}, "
+        f"micro-batches ≤ {spec.micro} a rank; the median of {spec.steps} steps after one; "
+        f"{time.perf_counter() - t0:.0f} s in all.",
+        "",
+        "| configuration | rank | device | params + grads + Adam (MiB) | peak allocated, steps "
+        "(MiB) | s / step |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, res in results.items():
+        for r in res["ranks"]:
+            lines.append(
+                f"| {name} | {r['rank']} | {r.get('cuda_device', '?')} | "
+                f"{_mib(resident_bytes(r))} | {_mib(r['cuda_peak_steps'])} | "
+                f"{r['median_step_s']:.3f} |"
+            )
+    text = "\n".join(lines) + "\n"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "fsdp_cuda.json").write_text(json.dumps(results, indent=1, sort_keys=True))
+    (args.out / "fsdp_cuda.md").write_text(text)
+    print(text)
+    fsdp, ddp = results["fsdp_w2"]["ranks"], results["ddp_w2"]["ranks"]
+    print(
+        "summary: fsdp on 2 GPUs: peak "
+        + ", ".join(_mib(r["cuda_peak_steps"]) for r in fsdp)
+        + " MiB a rank, data-parallel "
+        + ", ".join(_mib(r["cuda_peak_steps"]) for r in ddp)
+        + " MiB"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
@@ -714,9 +770,19 @@ def main() -> None:
     parser.add_argument("--allocator", choices=["default", "live"], default="default")
     parser.add_argument("--live", type=Path, help="a live run's fsdp.json, shown on the page")
     parser.add_argument("--render", type=Path, help="rewrite fsdp.md from this fsdp.json")
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="cuda: data-parallel and FSDP2 on 2 GPUs over NCCL, each rank's "
+        "torch.cuda.max_memory_allocated (fsdp_cuda.json/.md in --out)",
+    )
     args = parser.parse_args()
     if args.rank_main:
         rank_main(args)
+        return
+    if args.device == "cuda":
+        cuda_main(args)
         return
     if args.render:
         report = json.loads(args.render.read_text())

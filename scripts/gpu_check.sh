@@ -10,11 +10,14 @@
 #    and first-step peaks (torch.cuda.max_memory_allocated); an OOM is a result;
 # 2. norm: the norm pass alone on the paper's 8192x2048 layer at T = 4096, hutch k=32 vs exact;
 # 3. tests: the engine's tests on CUDA where they have a CUDA path, and the data-parallel tests;
-# 4. distributed: the data-parallel benchmark over NCCL on 2 GPUs when the machine has them.
-# The dry run skips 3 and 4 (CUDA only). Every section runs under its own `timeout`. $OUT gets
+# 4. distributed: the data-parallel benchmark over NCCL on 2 GPUs when the machine has them;
+# 5. fsdp: FSDP2 against data-parallel on 2 GPUs (NCCL), each rank's max_memory_allocated
+#    (benchmarks/fsdp.py --device cuda; at most 7 min beyond the plan, which counts 1-4);
+#    skipped, and said so, on a machine with one GPU.
+# The dry run skips 3, 4 and 5 (CUDA only). Every section runs under its own `timeout`. $OUT gets
 # few files (at most 8 come back from a lent device): summary.txt, run.log, gpu.md, gpu.json,
-# tests.log, distributed_cuda.md. It uses $PY (default: the machine's python3, its own CUDA
-# build of torch); the repository goes on PYTHONPATH.
+# tests.log, distributed_cuda.md, fsdp_cuda.md, fsdp_cuda.json. It uses $PY (default: the
+# machine's python3, its own CUDA build of torch); the repository goes on PYTHONPATH.
 set -uo pipefail
 dry=0
 case "${1:-}" in
@@ -65,7 +68,8 @@ section() {
 section step "$(setting step)" "$OUT/run.log" "${bench[@]}" --section step
 section norm "$(setting norm)" "$OUT/run.log" "${bench[@]}" --section norm
 if ((dry)); then
-    echo "section tests, distributed: skipped (dry run: CUDA and NCCL only)" >>"$OUT/summary.txt"
+    echo "section tests, distributed, fsdp: skipped (dry run: CUDA and NCCL only)" \
+        >>"$OUT/summary.txt"
 else
     section tests "$(setting tests)" "$OUT/tests.log" "$PY" -m pytest -q -x -p no:cacheprovider \
         tests/dprc_core/distributed/test_ddp.py tests/dprc_core/engine/test_step_semantics.py
@@ -74,6 +78,12 @@ else
     section distributed "$(setting distributed)" "$OUT/run.log" \
         "$PY" benchmarks/distributed.py --device cuda --world "$world"
     cp docs/benchmarks/distributed_cuda.md "$OUT/" 2>/dev/null || true
+    if ((gpus >= 2)); then
+        section fsdp 420 "$OUT/run.log" "$PY" benchmarks/fsdp.py --device cuda --out "$OUT"
+    else
+        echo "section fsdp: skipped (FSDP2 over NCCL needs 2 GPUs; this machine has $gpus)" \
+            >>"$OUT/summary.txt"
+    fi
 fi
 grep -h '^summary: ' "$OUT/run.log" | sed 's/^summary: //' >>"$OUT/summary.txt"
 echo "wall: $((SECONDS - start)) s; status: $status" | tee -a "$OUT/summary.txt"
