@@ -51,7 +51,14 @@ def two_devices(tmp_path_factory) -> Iterator[Server]:
     )
 
 
-def _create(client, file_id: str, devices: int, epochs: int = 2, checkpoint_every: int = 4):
+def _create(
+    client,
+    file_id: str,
+    devices: int,
+    epochs: int = 2,
+    checkpoint_every: int = 4,
+    sharding: str = "none",
+):
     return client.fine_tuning.jobs.create(
         model="dprc-tiny-llama",
         training_file=file_id,
@@ -65,6 +72,7 @@ def _create(client, file_id: str, devices: int, epochs: int = 2, checkpoint_ever
             "privacy": {"target_epsilon": 8.0, "clipping": {"method": "hutch", "k": 16}},
             "checkpoint_every": checkpoint_every,
             "devices": devices,
+            **({"sharding": sharding} if sharding != "none" else {}),
         },
     )
 
@@ -104,15 +112,18 @@ def test_a_job_asking_for_more_devices_than_any_worker_has_is_refused(two_device
     assert not client.fine_tuning.jobs.list().data  # nothing was created
 
 
-def test_a_two_device_job_survives_a_killed_rank(two_devices):
-    client = two_devices.client(two_devices.key("ddp"))
+@pytest.mark.parametrize("sharding", ["none", "fsdp"])
+def test_a_two_device_job_survives_a_killed_rank(two_devices, sharding):
+    """Data-parallel, and FSDP2-sharded (each rank's private state resumed from the
+    checkpoint's resume/rank-<r>/)."""
+    client = two_devices.client(two_devices.key(f"ranks-{sharding}"))
     f = client.files.create(
         file=("train.jsonl", learnable_lines(48)),
         purpose="fine-tune",
         extra_body={"epsilon_budget": 9.0},
     )
-    job = _create(client, f.id, devices=2, epochs=4, checkpoint_every=3)
-    assert job.model_extra["devices"] == 2
+    job = _create(client, f.id, devices=2, epochs=4, checkpoint_every=3, sharding=sharding)
+    assert (job.model_extra["devices"], job.model_extra["sharding"]) == (2, sharding)
     deadline = time.monotonic() + 240
     while not client.fine_tuning.jobs.checkpoints.list(job.id).data:
         now = client.fine_tuning.jobs.retrieve(job.id)
