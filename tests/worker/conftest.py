@@ -61,3 +61,20 @@ def wait_for(client, job_id: str, statuses: set[str], timeout: float = 300.0):
             return job
         assert time.monotonic() < deadline, f"job {job_id} still {job.status}"
         time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def two_devices(tmp_path_factory) -> Iterator[Server]:
+    """SQLite + an embedded worker that gives a job 2 (CPU) devices."""
+    yield from _serve(
+        _settings(
+            tmp_path_factory.mktemp("dprc-devices"),
+            None,
+            embedded_worker=True,
+            lease_seconds=6,
+            sweep_seconds=1,
+            max_physical_batch_size=4,
+            worker_devices=2,
+            device="cpu",
+        )
+    )

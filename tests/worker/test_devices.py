@@ -12,14 +12,12 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
 
 from dprc_core.accounting import PrivacyLedger, epsilon
-from tests.api.conftest import Server, _serve, _settings
 from tests.dprc_core.distributed.processes import rank_pids
 from tests.worker.conftest import learnable_lines, wait_for
 from tests.worker.test_celery_worker import broker, celery_server, workers  # noqa: F401
@@ -32,23 +30,6 @@ TWO_DEVICES = {  # a Celery worker's settings: 2 CPU devices per job
     "DPRC_DEVICE": "cpu",
     "DPRC_MAX_PHYSICAL_BATCH_SIZE": "4",
 }
-
-
-@pytest.fixture(scope="module")
-def two_devices(tmp_path_factory) -> Iterator[Server]:
-    """SQLite + an embedded worker that gives a job 2 (CPU) devices."""
-    yield from _serve(
-        _settings(
-            tmp_path_factory.mktemp("dprc-devices"),
-            None,
-            embedded_worker=True,
-            lease_seconds=6,
-            sweep_seconds=1,
-            max_physical_batch_size=4,
-            worker_devices=2,
-            device="cpu",
-        )
-    )
 
 
 def _create(

@@ -333,23 +333,6 @@ def test_a_job_stored_before_0009_reads_sharding_none_and_0009_goes_down(backend
 # -- end to end: a 2-device FSDP job --------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def two_devices(tmp_path_factory) -> Iterator[Server]:
-    """SQLite + an embedded worker that gives a job 2 (CPU) devices."""
-    yield from _serve(
-        _settings(
-            tmp_path_factory.mktemp("dprc-fsdp"),
-            None,
-            embedded_worker=True,
-            lease_seconds=6,
-            sweep_seconds=1,
-            max_physical_batch_size=4,
-            worker_devices=2,
-            device="cpu",
-        )
-    )
-
-
 @pytest.mark.slow
 def test_a_two_device_fsdp_job_runs_is_charged_its_plan_and_its_checkpoint_loads_whole(
     two_devices, tmp_path

@@ -13,15 +13,17 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-import yaml
-from safetensors.torch import load_file
 
 from dprc_core.accounting import PrivacyLedger
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.runner import JobSpec, run_job
-from dprc_core.training.tiny import build_tiny_llama
 from tests.dprc_core.distributed.processes import rank_pids
+from tests.dprc_core.distributed.train_jobs import (
+    assert_same_weights,
+    final_weights,
+    tiny_job,
+    write_spec,
+)
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
@@ -29,35 +31,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> dict:
-    base = tmp_path_factory.mktemp("ddp-train")
-    model = build_tiny_llama(base / "llama", hidden=32)
-    data = base / "train.jsonl"
-    data.write_text(
-        "".join(json.dumps({"text": "ab" * (3 + i % 5) + "."}) + "\n" for i in range(48))
-    )
-    return dict(
-        model=str(model),
-        task="causal_lm",
-        train_file=str(data),
-        epochs=3,
-        batch_size=6,
-        learning_rate=1e-2,
-        max_seq_len=16,
-        seed=3,
-        target_epsilon=4.0,
-        max_physical_batch_size=2,
-        dtype="float64",
-        norm_method="hutch",
-        k=4,
-        checkpoint_every=4,
-    )
-
-
-def write_spec(folder: Path, job: dict) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "job.yaml"
-    path.write_text(yaml.safe_dump({**job, "output_dir": str(folder / "out")}))
-    return path
+    return tiny_job(tmp_path_factory.mktemp("ddp-train"), epochs=3)
 
 
 def dprc_train(spec: Path, nproc: int = 2) -> subprocess.Popen:
@@ -73,24 +47,11 @@ def dprc_train(spec: Path, nproc: int = 2) -> subprocess.Popen:
     )
 
 
-def final_weights(out: Path) -> dict[str, torch.Tensor]:
-    last = ckpt_io.latest_checkpoint(out)
-    assert last is not None
-    return load_file(str(last / "model" / "model.safetensors"))
-
-
 @pytest.fixture(scope="module")
 def single(job, tmp_path_factory) -> tuple:
     out = tmp_path_factory.mktemp("single") / "out"
     result = run_job(JobSpec.from_dict({**job, "output_dir": str(out)}))
     return result, final_weights(out)
-
-
-def assert_same_weights(got: dict, want: dict) -> None:
-    assert got.keys() == want.keys()
-    for name, w in want.items():
-        err = (got[name] - w).abs().max().item()
-        assert err <= 1e-9 * max(w.abs().max().item(), 1.0), (name, err)
 
 
 def test_two_processes_train_the_single_process_job(job, single, tmp_path):

@@ -17,15 +17,19 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from safetensors.torch import load_file
 
 from dprc_core.accounting import PrivacyLedger
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.runner import JobSpec
-from dprc_core.training.tiny import build_tiny_llama
 from tests.dprc_core.distributed.processes import rank_pids
 from tests.dprc_core.distributed.runner_scenarios import run_without_noise
+from tests.dprc_core.distributed.train_jobs import (
+    assert_same_weights,
+    final_weights,
+    tiny_job,
+    write_spec,
+)
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
@@ -35,35 +39,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> dict:
-    base = tmp_path_factory.mktemp("fsdp-train")
-    model = build_tiny_llama(base / "llama", hidden=32)
-    data = base / "train.jsonl"
-    data.write_text(
-        "".join(json.dumps({"text": "ab" * (3 + i % 5) + "."}) + "\n" for i in range(48))
-    )
-    return dict(
-        model=str(model),
-        task="causal_lm",
-        train_file=str(data),
-        epochs=2,
-        batch_size=6,
-        learning_rate=1e-2,
-        max_seq_len=16,
-        seed=3,
-        target_epsilon=4.0,
-        max_physical_batch_size=2,
-        dtype="float64",
-        norm_method="hutch",
-        k=4,
-        checkpoint_every=4,
-    )
-
-
-def write_spec(folder: Path, job: dict, **extra) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "job.yaml"
-    path.write_text(yaml.safe_dump({**job, **extra, "output_dir": str(folder / "out")}))
-    return path
+    return tiny_job(tmp_path_factory.mktemp("fsdp-train"), epochs=2)
 
 
 def dprc_train(spec: Path, *flags: str) -> subprocess.Popen:
@@ -76,19 +52,6 @@ def dprc_train(spec: Path, *flags: str) -> subprocess.Popen:
         text=True,
         start_new_session=True,
     )
-
-
-def final_weights(out: Path) -> dict[str, torch.Tensor]:
-    last = ckpt_io.latest_checkpoint(out)
-    assert last is not None
-    return load_file(str(last / "model" / "model.safetensors"))
-
-
-def assert_same_weights(got: dict, want: dict, tol: float = 1e-9) -> None:
-    assert got.keys() == want.keys()
-    for name, w in want.items():
-        err = (got[name] - w).abs().max().item()
-        assert err <= tol * max(w.abs().max().item(), 1.0), (name, err)
 
 
 def test_sharded_job_without_noise_trains_the_single_process_job(job, tmp_path):
