@@ -47,7 +47,12 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> Iterator[Served]:
-    tmp = tmp_path_factory.mktemp("dprc-serve")
+    yield from serving(tmp_path_factory.mktemp("dprc-serve"), ("a", "b"))
+
+
+def serving(tmp: Path, tenants: tuple[str, ...], **settings: str) -> Iterator[Served]:
+    """A ``dprc serve`` subprocess on a fresh data folder in ``tmp`` (``settings``: more
+    ``DPRC_*`` variables), an admin key for each tenant, and the client's environment."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DPRC_")}
     env.update(
         DPRC_DATA_DIR=str(tmp / "data"),
@@ -55,9 +60,10 @@ def served(tmp_path_factory) -> Iterator[Served]:
         DPRC_LOG_LEVEL="warning",
         DPRC_REQUIRE_BUDGET="false",  # the default policy: tests/api/test_budget_governance.py
         HF_HUB_OFFLINE="1",
+        **settings,
     )
     keys = {}
-    for tenant in ("a", "b"):
+    for tenant in tenants:
         keys[tenant] = subprocess.run(
             # admin: the tests also change budgets, which only admins may
             [*DPRC, "keys", "create", "--tenant", tenant, "--role", "admin"],

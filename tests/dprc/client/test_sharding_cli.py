@@ -5,39 +5,17 @@ server's refusals reach the user, and an unknown sharding is refused by the comm
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 
 import pytest
 
-from tests.dprc.client.conftest import DPRC, Served, write_lines
-from tests.serve_process import dprc_serve
+from tests.dprc.client.conftest import Served, serving, write_lines
 
 
 @pytest.fixture(scope="module")
 def served_two(tmp_path_factory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("dprc-serve-sharding")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DPRC_")}
-    env.update(
-        DPRC_DATA_DIR=str(tmp / "data"),
-        DPRC_MAX_PHYSICAL_BATCH_SIZE="8",
-        DPRC_MAX_JOB_DEVICES="2",
-        DPRC_LOG_LEVEL="warning",
-        DPRC_REQUIRE_BUDGET="false",
-        HF_HUB_OFFLINE="1",
-    )
-    key = subprocess.run(
-        [*DPRC, "keys", "create", "--tenant", "a", "--role", "admin"],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    with dprc_serve(DPRC, env, tmp / "server.log") as url:
-        client_env = {k: v for k, v in env.items() if k != "DPRC_DATA_DIR"}
-        client_env["DPRC_CLIENT_CONFIG"] = str(tmp / "client.toml")
-        yield Served(url, client_env, {"a": key})
+    yield from serving(tmp, ("a",), DPRC_MAX_JOB_DEVICES="2")
 
 
 def _create(train_id: str, *extra: str) -> list[str]:
