@@ -82,6 +82,9 @@ class Act:
     FILE_UPLOAD = "file.upload"
     FILE_DELETE = "file.delete"
     FILE_DOWNLOAD = "file.download"
+    FILE_APPROVE = "file.approve"  # a data owner approved a pending upload (service/approvals)
+    FILE_REJECT = "file.reject"  # ... or rejected it (its content deleted, its record kept)
+    POLICY_CHANGE = "policy.change"  # the tenant's settings (service/approvals.py)
     BUDGET_SET = "budget.set"
     BUDGET_CHANGE = "budget.change"
     BUDGET_FREEZE = "budget.freeze"  # a restore froze a data set (service/freezes.py)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
@@ -35,11 +36,11 @@ from sqlalchemy.orm import Session
 from dprc_core.training.plan import default_delta
 from service.budget import budget_values
 from service.clock import now
-from service.errors import Conflict, InvalidInput
+from service.errors import Conflict, InvalidInput, NotFound
 from service.example_hashes import HashedData
 from service.ids import new_id
 from service.settings import Settings
-from service.tables import BudgetGroup, ExampleHash
+from service.tables import BudgetGroup, ExampleHash, LegacyExampleHash
 
 EXAMPLE_UNIT, USER_UNIT = "example", "user"
 
@@ -83,18 +84,57 @@ class Placement:
     defaulted: bool
 
 
-def _existing_groups(session: Session, tenant_id: int, digests: Sequence[str]) -> list[str]:
-    found: set[str] = set()
-    for i in range(0, len(digests), LOOKUP_CHUNK):
-        chunk = digests[i : i + LOOKUP_CHUNK]
-        found.update(
-            session.scalars(
-                select(ExampleHash.group_id)
-                .where(ExampleHash.tenant_id == tenant_id, ExampleHash.digest.in_(chunk))
-                .distinct()
-            )
+def overlap(session: Session, tenant_id: int, hashed: HashedData) -> dict[str, int]:
+    """How many of the upload's distinct examples each existing budget group holds (by the
+    canonical key, and by the raw-text key where the tenant keeps hashes that could not be
+    re-keyed: :mod:`service.rekey`); groups sharing none are left out."""
+    counts: dict[str, int] = {}
+    lookups: list[tuple[Sequence[str], type[ExampleHash] | type[LegacyExampleHash]]] = [
+        (hashed.digests, ExampleHash)
+    ]
+    if hashed.legacy_digests is not None:
+        lookups.append((hashed.legacy_digests, LegacyExampleHash))
+    for digests, table in lookups:
+        for i in range(0, len(digests), LOOKUP_CHUNK):
+            chunk = digests[i : i + LOOKUP_CHUNK]
+            for group_id, k in session.execute(
+                select(table.group_id, func.count())
+                .where(table.tenant_id == tenant_id, table.digest.in_(chunk))
+                .group_by(table.group_id)
+            ):
+                counts[group_id] = counts.get(group_id, 0) + int(k)
+    return counts
+
+
+REPORT_GROUPS = 20  # groups a pending upload's report lists, most shared first
+
+
+def overlap_report(session: Session, tenant_id: int, hashed: HashedData) -> dict[str, Any]:
+    """What a data owner sees of a pending upload before deciding (:mod:`service.approvals`):
+    its distinct examples (by the canonical key) and, for each existing budget group it shares
+    examples with, how many, the group's unit and budget. Counts only: no text."""
+    counts = overlap(session, tenant_id, hashed)
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:REPORT_GROUPS]
+    groups = {
+        g.id: g
+        for g in session.scalars(
+            select(BudgetGroup).where(BudgetGroup.id.in_([gid for gid, _ in ranked]))
         )
-    return sorted(found)
+    }
+    return {
+        "distinct_examples": len(hashed.digests),
+        "groups": [
+            {
+                "budget_group": gid,
+                "shared_examples": k,
+                "privacy_unit": groups[gid].privacy_unit,
+                "epsilon_budget": groups[gid].epsilon_budget,
+                "delta": groups[gid].delta,
+            }
+            for gid, k in ranked
+        ],
+        "groups_total": len(counts),
+    }
 
 
 def _new_budget(
@@ -161,11 +201,29 @@ def _join_refusal(group: BudgetGroup, wish: BudgetWish, settings: Settings) -> s
 
 
 def place(
-    session: Session, tenant_id: int, hashed: HashedData, wish: BudgetWish, settings: Settings
+    session: Session,
+    tenant_id: int,
+    hashed: HashedData,
+    wish: BudgetWish,
+    settings: Settings,
+    *,
+    into: str | None = None,
 ) -> Placement:
     """Put an upload's examples in their group (under the tenant's lock; the caller
-    commits): a new group, or the one existing group it shares examples with."""
-    found = _existing_groups(session, tenant_id, hashed.digests)
+    commits): a new group, or the one existing group it shares examples with. ``into``: a data
+    owner's decision to join the upload to that group (it may share no example with it: a near
+    copy the hash does not see), refused when it shares examples with another group."""
+    found = sorted(overlap(session, tenant_id, hashed))
+    if into is not None and found and found != [into]:
+        others = [g for g in found if g != into]
+        raise Conflict(
+            f"this upload shares examples with data set(s) {', '.join(others[:5])}, not only "
+            f"with {into}: it can only join the group it shares examples with",
+            param="budget_group",
+            code="budget_group_conflict",
+        )
+    if into is not None:
+        found = [into]
     if len(found) > 1:
         raise Conflict(
             f"this upload shares examples with {len(found)} data sets ({', '.join(found[:5])}), "
@@ -175,9 +233,16 @@ def place(
         )
     if found:
         group = session.scalar(
-            select(BudgetGroup).where(BudgetGroup.id == found[0]).with_for_update()
+            select(BudgetGroup)
+            .where(BudgetGroup.id == found[0], BudgetGroup.tenant_id == tenant_id)
+            .with_for_update()
         )
-        assert group is not None
+        if group is None:
+            raise NotFound(
+                f"no such budget group: {found[0][:64]!r}",
+                param="budget_group",
+                code="budget_group_not_found",
+            )
         if group.privacy_unit != unit_of(hashed):
             raise Conflict(
                 f"this upload shares examples with data set {group.id}, whose budget is per "
@@ -188,10 +253,10 @@ def place(
                 param="file",
                 code="privacy_unit_conflict",
             )
-        refusal = _join_refusal(group, wish, settings)
+        refusal = None if into is not None else _join_refusal(group, wish, settings)
         if refusal is not None:
             raise Conflict(refusal, param="epsilon_budget", code="budget_group_conflict")
-        _add_digests(session, tenant_id, group, hashed)
+        add_digests(session, tenant_id, group, hashed)
         return Placement(group, joined=True, budget_set=False, defaulted=False)
     eps, d, defaulted = _new_budget(wish, accounting_size(hashed), settings)
     group = BudgetGroup(
@@ -207,16 +272,16 @@ def place(
     )
     session.add(group)
     session.flush()
-    _add_digests(session, tenant_id, group, hashed, fresh=True)
+    add_digests(session, tenant_id, group, hashed, fresh=True)
     return Placement(group, joined=False, budget_set=eps is not None, defaulted=defaulted)
 
 
-def _add_digests(
+def add_digests(
     session: Session, tenant_id: int, group: BudgetGroup, hashed: HashedData, fresh: bool = False
 ) -> None:
     """Record the digests the group does not hold yet (they are distinct; memory is a chunk's
     and a bit a digest, whatever the data set's size). ``fresh``: the tenant holds none of them
-    (:func:`_existing_groups` found no group), so all are inserted without a lookup; otherwise
+    (:func:`overlap` found no group), so all are inserted without a lookup; otherwise
     the held ones are looked up first, all before the first insert (a bitmap marks them), so
     that no lookup reads rows this transaction inserted — on PostgreSQL those are missing from
     the statistics the lookups are planned with. Its ``n_examples`` (the N of the δ ≤ 1/N rule)

@@ -2,19 +2,28 @@
 often it is uploaded (:mod:`service.budget_groups`).
 
 Each example's hash is HMAC-SHA256, keyed by a per-tenant secret (32 random bytes in
-``DPRC_DATA_DIR/secrets/tenant-<id>.key``, written 0600 once), over the text the model is
-trained on: a text line's ``text``, a chat line's messages as the worker joins them
-(``role: content`` lines), a classification line's ``text``. The label is left out on
-purpose: a relabelled copy holds the same people's text, so it shares the budget. The secret
-keeps the stored hashes from being tested against guessed lines by anyone who reads the
+``DPRC_DATA_DIR/secrets/tenant-<id>.key``, written 0600 once), over the **canonical key** of
+the text the model is trained on (:func:`canonical_text`): a text line's ``text``, a chat
+line's messages as the worker joins them (``role: content`` lines), a classification line's
+``text``, each put in Unicode NFKC, case-folded, with format and zero-width characters removed
+and whitespace runs collapsed and trimmed — so edits that a tokenizer cannot see (trailing or
+doubled spaces, no-break spaces, case, compatibility forms) give the same key. The label is left
+out on purpose: a relabelled copy holds the same people's text, so it shares the budget. The
+secret keeps the stored hashes from being tested against guessed lines by anyone who reads the
 database without the data folder.
 
-What hashing cannot catch: a copy in which each line was edited (a changed character, added
-whitespace, a different chat role): such a copy is new data to the service.
+What hashing cannot catch: a copy in which each line was edited in a way the model can see (a
+changed word, a paraphrase): such a copy is new data to the hash; a data owner approves every
+upload that is not theirs (:mod:`service.approvals`), with an overlap report.
+
+Hashes stored before the canonical key (a tenant's ``hash_version`` 1) are re-keyed from the
+files' content at start-up (:mod:`service.rekey`); where content is gone, the tenant keeps
+``legacy_hashes`` and uploads are also looked up by their raw-text hash (``legacy=True``).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
 import hmac
@@ -25,6 +34,7 @@ import secrets
 import shutil
 import tempfile
 import threading
+import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,6 +46,29 @@ from service.errors import InvalidInput
 from service.user_counts import UserCounter, UserCounts
 
 SECRETS_DIR = "secrets"
+# characters no model input shows: Unicode's format characters (category Cf: zero-width space
+# and joiners, soft hyphen, BOM, bidirectional marks) and the variation selectors (Mn, but
+# invisible); removed from the canonical key
+
+
+@functools.cache
+def _invisible() -> dict[int, None]:
+    """The translation table that drops them (built once, on first use: ~0.2 s)."""
+    codes = [c for c in range(0x110000) if unicodedata.category(chr(c)) == "Cf"]
+    codes += [*range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0)]
+    return dict.fromkeys(codes)
+
+
+def canonical_text(text: str) -> str:
+    """The canonical key of an example's text: Unicode NFKC, invisible characters removed,
+    case-folded (then NFKC again: folding can leave non-normal sequences), and every run of
+    whitespace one space, trimmed. Two texts with the same key differ only in ways that no
+    uncased tokenizer, and few cased ones, can see."""
+    text = unicodedata.normalize("NFKC", text).translate(_invisible())
+    text = unicodedata.normalize("NFKC", text.casefold())
+    return " ".join(text.split())
+
+
 _cache: dict[Path, bytes] = {}
 _guard = threading.Lock()
 
@@ -124,6 +157,28 @@ class Digests(Sequence[str]):
         for start in range(0, self._count, READ_RECORDS):
             yield from self[start : start + READ_RECORDS]
 
+    def save(self, path: Path) -> None:
+        """Write the records to ``path`` (0600, fsynced), READ_RECORDS at a time."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            for start in range(0, self._count, READ_RECORDS):
+                fh.write(self._raw(start, min(start + READ_RECORDS, self._count)))
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    @classmethod
+    def load(cls, path: Path) -> Digests:
+        """The records :meth:`save` wrote (read from the file as they are used)."""
+        return cls(path, path.stat().st_size // DIGEST_BYTES)
+
+
+def save_digests(digests: Sequence[str], path: Path) -> None:
+    """Write sorted distinct digests to ``path`` as :meth:`Digests.save` does."""
+    if isinstance(digests, Digests):
+        digests.save(path)
+        return
+    Digests(b"".join(bytes.fromhex(d) for d in digests), len(digests)).save(path)
+
 
 @dataclass(frozen=True)
 class HashedData:
@@ -135,6 +190,8 @@ class HashedData:
     format: str
     digests: Sequence[str]
     users: UserCounts | None = None
+    # the raw-text hashes (tenants with ``legacy_hashes``, looked up only, never stored)
+    legacy_digests: Sequence[str] | None = None
 
 
 def _records(run: bytes | Path) -> Iterator[bytes]:
@@ -258,13 +315,15 @@ def _hash_lines(
     spool: _DigestSpool,
     users: UserCounter,
     user_field: str | None = None,
+    legacy: _DigestSpool | None = None,
 ) -> tuple[int, str, UserCounts | None]:
     """Validate a data set in one pass over its lines (:func:`read_examples`, and the checks of
     :func:`summarize_jsonl`: two examples, two classes) while hashing its examples into
     ``spool`` and counting its users in ``users``; (number of examples, format, users).
     ``user_field``: every line must name its user there; without it a line may name its user
     in ``user_id``, and then every line must (a data set's lines all name their users or none
-    does). Memory: the current line, one digest run and the user counter's bound."""
+    does). ``legacy``: also the raw-text hashes, there. Memory: the current line, one digest run
+    (two with ``legacy``) and the user counter's bound."""
     n, fmt, first_label, classes = 0, None, None, 0
     named: int | None = None  # the first line's number, and whether it named a user
     with_users = False
@@ -292,8 +351,12 @@ def _hash_lines(
             elif name != first_label:
                 classes = 2
         mac = keyed.copy()
-        mac.update(ex.text.encode("utf-8"))
+        mac.update(canonical_text(ex.text).encode("utf-8"))
         spool.add(mac.digest())
+        if legacy is not None:
+            raw = keyed.copy()
+            raw.update(ex.text.encode("utf-8"))
+            legacy.add(raw.digest())
     if fmt is None:
         raise DataError("the file holds no examples")
     if n < MIN_EXAMPLES:
@@ -313,17 +376,21 @@ def _hash_lines(
     return n, fmt, counts
 
 
-def hash_examples(data: bytes, secret: bytes, user_field: str | None = None) -> HashedData:
+def hash_examples(
+    data: bytes, secret: bytes, user_field: str | None = None, legacy: bool = False
+) -> HashedData:
     """Validate a fine-tune JSONL file held in memory (the worker's own reader,
     :func:`dprc_core.training.data.read_examples`, with the checks of ``summarize_jsonl``) and
     hash its examples (and count its users: ``user_field``, as in :func:`_hash_lines`); a bad
     line is :class:`InvalidInput` (400, ``param: file``) naming it."""
-    spool = _DigestSpool(None)
+    spool, raw = _DigestSpool(None), (_DigestSpool(None) if legacy else None)
     try:
-        n, fmt, users = _hash_lines(io.BytesIO(data), secret, spool, UserCounter(None), user_field)
+        n, fmt, users = _hash_lines(
+            io.BytesIO(data), secret, spool, UserCounter(None), user_field, raw
+        )
     except DataError as exc:
         raise InvalidInput(str(exc), param="file", code="invalid_jsonl") from exc
-    return HashedData(n, fmt, spool.finish(), users)
+    return HashedData(n, fmt, spool.finish(), users, raw.finish() if raw else None)
 
 
 @contextmanager
@@ -333,20 +400,24 @@ def hash_file(
     spill_dir: Path,
     max_line_bytes: int | None = None,
     user_field: str | None = None,
+    legacy: bool = False,
 ) -> Iterator[HashedData]:
     """:func:`hash_examples` of a file on disk, streamed: memory is bounded by one line (at
     most ``max_line_bytes``; None: no limit) and one run of digests, whatever the file's size;
     the digests beyond one run go to a folder made in ``spill_dir`` (32 bytes an example),
     removed when the context ends. A bad line is :class:`InvalidInput` naming it."""
     spool, users = _DigestSpool(spill_dir), UserCounter(spill_dir)
+    raw = _DigestSpool(spill_dir) if legacy else None
     try:
         try:
             with open(path, "rb") as fh:
                 lines = capped_lines(fh, max_line_bytes)
-                n, fmt, counts = _hash_lines(lines, secret, spool, users, user_field)
+                n, fmt, counts = _hash_lines(lines, secret, spool, users, user_field, raw)
         except DataError as exc:
             raise InvalidInput(str(exc), param="file", code="invalid_jsonl") from exc
-        yield HashedData(n, fmt, spool.finish(), counts)
+        yield HashedData(n, fmt, spool.finish(), counts, raw.finish() if raw else None)
     finally:
         spool.close()
         users.close()
+        if raw is not None:
+            raw.close()

@@ -19,11 +19,11 @@ from sqlalchemy.orm import Session
 
 from service import audit, budget
 from service.audit import Act
-from service.budget_groups import BudgetWish, place
+from service.budget_groups import BudgetWish, overlap, overlap_report, place
 from service.clock import now
 from service.db import locked_session
 from service.errors import Conflict, InvalidInput, NotFound, TooLarge
-from service.example_hashes import HashedData, hash_file, tenant_secret
+from service.example_hashes import HashedData, hash_file, save_digests, tenant_secret
 from service.file_storage import RESULT_PURPOSE, clean_filename, storage_dir
 from service.ids import new_id
 from service.job_runs import validation_file_id
@@ -31,11 +31,13 @@ from service.job_status import ACTIVE
 from service.keys import Caller
 from service.pagination import cursor_page
 from service.private_data import remove_run_folders, remove_token_stores
-from service.roles import Action, authorize
+from service.roles import Action, allowed, authorize
 from service.store import Store
 from service.tables import BudgetGroup, Checkpoint, File, Job, Tenant, Upload
 
 UPLOAD_PURPOSES = ("fine-tune",)
+# a file's approval (service/approvals.py)
+APPROVED, PENDING, REJECTED = "approved", "pending", "rejected"
 REASON_MAX = 1000
 
 
@@ -172,7 +174,10 @@ def store_data_set(
     secret = tenant_secret(store.settings.data_dir, caller.tenant_id)
     check_user_field(user_field)
     folder = spill_dir or directory
-    with hash_file(source, secret, folder, max_line_bytes, user_field) as hashed:
+    with store.sessions() as session:
+        tenant = session.get(Tenant, caller.tenant_id)
+        legacy = bool(tenant is not None and tenant.legacy_hashes)
+    with hash_file(source, secret, folder, max_line_bytes, user_field, legacy) as hashed:
         file_id = new_id("file")
         path = directory / f"{file_id}.jsonl"
         os.replace(source, path)
@@ -215,26 +220,18 @@ def _insert_data_set(
             session.get(Tenant, caller.tenant_id, with_for_update=True)
         else:
             check_quota(session, caller, size, store.settings.tenant_storage_bytes)
+        tenant = session.get(Tenant, caller.tenant_id)
+        assert tenant is not None
+        if waits_for_approval(
+            caller, tenant, wish, store.settings, lambda: bool(overlap(session, tenant.id, hashed))
+        ):
+            return _insert_pending(
+                session, caller, path, size, filename, purpose, wish, hashed, within, audit_detail
+            )
         placed = place(session, caller.tenant_id, hashed, wish, store.settings)
         group = placed.group
-        row = File(
-            id=file_id,
-            tenant_id=caller.tenant_id,
-            filename=clean_filename(filename),
-            purpose=purpose,
-            bytes=size,
-            created_at=now(),
-            storage_path=str(path),
-            n_examples=hashed.n_examples,
-            data_format=hashed.format,
-            user_field=hashed.users.field if hashed.users else None,
-            n_users=hashed.users.n_users if hashed.users else None,
-            max_lines_per_user=hashed.users.max_lines_per_user if hashed.users else None,
-            group_id=group.id,
-            unbudgeted=wish.unbudgeted,
-            deleted=False,
-            created_by=caller.key_id,
-        )
+        row = _file_row(caller, path, size, filename, purpose, hashed, wish)
+        row.group_id = group.id
         session.add(row)
         session.flush()
         if within is not None:
@@ -276,6 +273,117 @@ def _insert_data_set(
             joined=placed.joined,
             defaulted=placed.defaulted,
         )
+
+
+def waits_for_approval(
+    caller: Caller,
+    tenant: Tenant,
+    wish: BudgetWish,
+    settings: Any,
+    shares: Callable[[], bool],
+) -> bool:
+    """Whether an upload waits for a data owner's approval (:mod:`service.approvals`) rather
+    than going to its budget group at once. Only a data owner (or an admin) sets a new data
+    set's budget, or a trainer where the tenant lets trainers budget their own uploads; their
+    upload goes to its group when it names a budget, when one applies without being named
+    (the tenant's default, or no budget required by the server's policy), or when it shares
+    examples with an existing group (``shares()``: it joins that budget). Everything else
+    waits — a trainer's upload, and an upload of new data that names no budget where one is
+    required (the Uploads API's parts without extra fields). Validation-only data
+    (``unbudgeted``) mints no budget and is stored at once."""
+    if wish.unbudgeted:
+        return False
+    if not (allowed(caller.role, Action.SET_BUDGET) or tenant.trainers_set_budgets):
+        return True
+    applies = settings.default_epsilon_budget is not None or not settings.require_budget
+    return not (wish.named or applies or shares())
+
+
+def pending_digests(path: Path) -> tuple[Path, Path]:
+    """Where a pending upload's canonical and raw-text digests wait for the owner's decision:
+    beside its content (sorted 32-byte records, 0600)."""
+    return path.with_suffix(".digests"), path.with_suffix(".raw-digests")
+
+
+def _file_row(
+    caller: Caller,
+    path: Path,
+    size: int,
+    filename: str | None,
+    purpose: str,
+    hashed: HashedData,
+    wish: BudgetWish,
+) -> File:
+    return File(
+        id=path.stem,
+        tenant_id=caller.tenant_id,
+        filename=clean_filename(filename),
+        purpose=purpose,
+        bytes=size,
+        created_at=now(),
+        storage_path=str(path),
+        n_examples=hashed.n_examples,
+        data_format=hashed.format,
+        user_field=hashed.users.field if hashed.users else None,
+        n_users=hashed.users.n_users if hashed.users else None,
+        max_lines_per_user=hashed.users.max_lines_per_user if hashed.users else None,
+        group_id=None,
+        unbudgeted=wish.unbudgeted,
+        deleted=False,
+        created_by=caller.key_id,
+    )
+
+
+def _insert_pending(
+    session: Session,
+    caller: Caller,
+    path: Path,
+    size: int,
+    filename: str | None,
+    purpose: str,
+    wish: BudgetWish,
+    hashed: HashedData,
+    within: Callable[[Session, File], None] | None = None,
+    audit_detail: dict[str, Any] | None = None,
+) -> DataSet:
+    """Store an upload that waits for a data owner: its row without a group, the budget it
+    asked for, the overlap report, its digests beside its content (removed on any failure)."""
+    digests_path, raw_path = pending_digests(path)
+    try:
+        save_digests(hashed.digests, digests_path)
+        if hashed.legacy_digests is not None:
+            save_digests(hashed.legacy_digests, raw_path)
+        row = _file_row(caller, path, size, filename, purpose, hashed, wish)
+        row.approval = PENDING
+        row.requested_budget = (
+            {"epsilon": wish.epsilon_budget, "delta": wish.delta} if wish.named else None
+        )
+        row.overlap_report = overlap_report(session, caller.tenant_id, hashed)
+        session.add(row)
+        session.flush()
+        if within is not None:
+            within(session, row)
+        audit.record(
+            session,
+            caller,
+            Act.FILE_UPLOAD,
+            row.id,
+            {
+                "filename": row.filename,
+                "bytes": row.bytes,
+                "n_examples": row.n_examples,
+                "n_users": row.n_users,
+                "approval": PENDING,
+                "requested_budget": row.requested_budget,
+                **(audit_detail or {}),
+            },
+        )
+        session.commit()
+    except BaseException:
+        digests_path.unlink(missing_ok=True)
+        raw_path.unlink(missing_ok=True)
+        raise
+    return DataSet(row, None, None)
 
 
 def storage_used(session: Session, tenant_id: int) -> int:
@@ -335,6 +443,20 @@ def check_quota(
 # -- reads ------------------------------------------------------------------------------------
 
 
+def pending_approval(row: File, param: str) -> Conflict:
+    """409 ``pending_approval``: the file waits for a data owner's decision."""
+    asked = row.requested_budget or {}
+    eps = asked.get("epsilon")
+    wanted = f" (its uploader asked for epsilon={eps:g})" if eps else ""
+    return Conflict(
+        f"file {row.id} is pending approval{wanted}: a data owner (a data_owner or admin key "
+        f"of the tenant) approves it first: POST /v1/files/{row.id}/approve (dprc files "
+        "approve), or rejects it",
+        param=param,
+        code="pending_approval",
+    )
+
+
 def _not_found(file_id: str) -> NotFound:
     return NotFound(f"no such file: {file_id[:64]!r}", param="file_id", code="file_not_found")
 
@@ -367,12 +489,23 @@ def list_files(
     after: str | None,
     order: str,
     include_deleted: bool = False,
+    approval: str | None = None,
 ) -> tuple[list[DataSet], bool]:
+    """A page of the tenant's files; ``approval``: only those in that state (``pending``: a
+    data owner's queue)."""
     authorize(caller, Action.READ)
+    if approval is not None and approval not in (APPROVED, PENDING, REJECTED):
+        raise InvalidInput(
+            f"approval must be one of {APPROVED}, {PENDING}, {REJECTED}; got {approval[:40]!r}",
+            param="approval",
+            code="invalid_value",
+        )
     with store.sessions() as session:
         q = select(File).where(File.tenant_id == caller.tenant_id)
-        if not include_deleted:
+        if not include_deleted and approval != REJECTED:
             q = q.where(File.deleted.is_(False))
+        if approval is not None:
+            q = q.where(File.approval == approval)
         if purpose:
             q = q.where(File.purpose == purpose)
         rows, more = cursor_page(session, q, File, after, limit, "file", descending=order == "desc")
@@ -444,6 +577,8 @@ def delete(store: Store, caller: Caller, file_id: str) -> str:
         session.commit()
     remove_token_stores(store.settings.data_dir, caller.tenant_id, path)  # before its content
     path.unlink(missing_ok=True)
+    for digests in pending_digests(path):  # a pending upload's (it never joined a group)
+        digests.unlink(missing_ok=True)
     remove_run_folders(store.settings.data_dir, jobs)  # what was derived from it
     return file_id
 
@@ -454,6 +589,8 @@ def delete(store: Store, caller: Caller, file_id: str) -> str:
 def _data_set_group(session: Session, caller: Caller, file_id: str) -> tuple[File, BudgetGroup]:
     """The file (deleted ones too) and its budget group, the group's row locked."""
     row = get_row(session, caller, file_id, deleted=True)
+    if row.approval == PENDING:
+        raise pending_approval(row, "file_id")
     if row.purpose not in UPLOAD_PURPOSES or row.group_id is None:
         raise InvalidInput(
             "only fine-tune data sets carry a budget", param="file_id", code="invalid_value"

@@ -33,7 +33,7 @@ from dprc_core.training.models import (
     check_max_seq_len,
     check_trainable,
 )
-from service import audit, budget, fine_tuned_models, job_runs, lifecycle, planning
+from service import audit, budget, files, fine_tuned_models, job_runs, lifecycle, planning
 from service import model_registry as models
 from service.audit import Act
 from service.clock import now
@@ -454,6 +454,8 @@ def _training_file(session: Session, caller: Caller, file_id: str) -> File:
         raise NotFound(
             f"no such file: {file_id[:64]!r}", param="training_file", code="file_not_found"
         )
+    if file.approval == files.PENDING:
+        raise files.pending_approval(file, "training_file")
     if file.purpose != "fine-tune" or file.n_examples is None or file.group_id is None:
         raise InvalidInput(
             f"file {file.id} is not a fine-tune data set",
@@ -490,6 +492,8 @@ def _check_validation_file(
             raise NotFound(
                 f"no such file: {req.validation_file[:64]!r}", param=param, code="file_not_found"
             )
+        if file.approval == files.PENDING:
+            raise files.pending_approval(file, param)
         if file.purpose != "fine-tune" or file.n_examples is None:
             raise InvalidInput(
                 f"file {file.id} is not a fine-tune data set", param=param, code="invalid_file"

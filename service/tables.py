@@ -39,6 +39,17 @@ class Tenant(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
+    # policy: trainers may budget their own uploads (off: a trainer's upload waits for a data
+    # owner's approval; service/approvals.py). Set by an admin, audited.
+    trainers_set_budgets: Mapped[bool] = mapped_column(
+        Boolean, default=False, server_default=false()
+    )
+    # how its example hashes are keyed: 1 the raw text, 2 the canonical key
+    # (service/example_hashes.py::canonical_text); service/rekey.py moves 1 to 2 at start-up
+    hash_version: Mapped[int] = mapped_column(Integer, default=2, server_default="1")
+    # some raw-text hashes could not be re-keyed (their file's content is gone): uploads are
+    # also looked up by their raw-text hashes
+    legacy_hashes: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class ApiKey(Base):
@@ -50,7 +61,8 @@ class ApiKey(Base):
     prefix: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[int] = mapped_column(BigInteger)
     revoked_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    # admin | trainer | viewer (service/roles.py); keys made before roles existed are admins
+    # admin | data_owner | trainer | viewer (service/roles.py); keys made before roles existed
+    # are admins
     role: Mapped[str] = mapped_column(String(16), default="trainer", server_default="admin")
     name: Mapped[str | None] = mapped_column(String(128), nullable=True)
     # the key that created it over HTTP (None: created on the server's shell)
@@ -99,6 +111,21 @@ class ExampleHash(Base):
     group_id: Mapped[str] = mapped_column(ForeignKey("budget_groups.id"), index=True)
 
     __table_args__ = (UniqueConstraint("tenant_id", "digest", name="uq_example_hash"),)
+
+
+class LegacyExampleHash(Base):
+    """A raw-text hash (before the canonical key) whose file's content was gone when the tenant
+    was re-keyed (service/rekey.py): uploads are still looked up by it, so a re-upload of that
+    data finds its group. Never added to."""
+
+    __tablename__ = "legacy_example_hashes"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"))
+    digest: Mapped[str] = mapped_column(String(64))
+    group_id: Mapped[str] = mapped_column(ForeignKey("budget_groups.id"), index=True)
+
+    __table_args__ = (UniqueConstraint("tenant_id", "digest", name="uq_legacy_example_hash"),)
 
 
 class AuditEntry(Base):
@@ -179,6 +206,15 @@ class File(Base):
     deleted: Mapped[bool] = mapped_column(Boolean, default=False)
     deleted_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     created_by: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    # a data owner's approval (service/approvals.py): "approved" (in its budget group),
+    # "pending" (no group yet, not trainable), "rejected" (content deleted, record kept)
+    approval: Mapped[str] = mapped_column(String(16), default="approved", server_default="approved")
+    # what the uploader asked for (pending uploads): {"epsilon", "delta"}; and the overlap
+    # report computed at upload (counts per existing budget group)
+    requested_budget: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    overlap_report: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    decided_by: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    decided_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class Upload(Base):

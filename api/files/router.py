@@ -13,9 +13,17 @@ from fastapi.responses import FileResponse
 from api.app_state import get_store
 from api.errors import StrictInputRoute
 from api.files import views
-from api.files.schemas import BudgetHistory, BudgetRequest, FileDeleted, FileList, FileObject
+from api.files.schemas import (
+    ApproveRequest,
+    BudgetHistory,
+    BudgetRequest,
+    FileDeleted,
+    FileList,
+    FileObject,
+    RejectRequest,
+)
 from api.keys.dependencies import CallerDep
-from service import files
+from service import approvals, files
 from service.budget_groups import BudgetWish
 from service.errors import InvalidInput
 
@@ -114,6 +122,10 @@ def upload_file(
             param=unknown[0][:40],
             code="unknown_field",
         )
+    given = {"epsilon_budget": epsilon_budget, "delta": delta, "unbudgeted": unbudgeted}
+    for name, value in given.items():
+        if name in fields and value is None:  # sent empty: FastAPI reads it as absent
+            raise InvalidInput(f"{name} is empty", param=name, code="invalid_value")
     wish = BudgetWish(
         epsilon_budget=_form_number(epsilon_budget, "epsilon_budget", upper=100, upper_open=False),
         delta=_form_number(delta, "delta", upper=1, upper_open=True),
@@ -136,9 +148,10 @@ def list_files(
     after: Annotated[str | None, Query(max_length=128)] = None,
     order: Literal["asc", "desc"] = "desc",
     include_deleted: bool = False,
+    approval: Literal["approved", "pending", "rejected"] | None = None,
 ) -> FileList:
     rows, has_more = files.list_files(
-        get_store(request), caller, purpose, limit, after, order, include_deleted
+        get_store(request), caller, purpose, limit, after, order, include_deleted, approval
     )
     data = [views.file_object(r) for r in rows]
     return FileList(
@@ -178,6 +191,34 @@ def set_budget(
         get_store(request), caller, file_id, body.epsilon_budget, body.delta, body.reason
     )
     return views.file_object(changed)
+
+
+@router.post("/{file_id}/approve", response_model=FileObject)
+def approve_file(
+    file_id: str, body: ApproveRequest, request: Request, caller: CallerDep
+) -> FileObject:
+    """A data owner approves a pending upload: a new budget, or joined to a budget group."""
+    decided = approvals.approve(
+        get_store(request),
+        caller,
+        file_id,
+        approvals.Decision(
+            reason=body.reason or "",
+            epsilon_budget=body.epsilon_budget,
+            delta=body.delta,
+            budget_group=body.budget_group,
+            unit=body.unit,
+        ),
+    )
+    return views.file_object(decided)
+
+
+@router.post("/{file_id}/reject", response_model=FileObject)
+def reject_file(
+    file_id: str, body: RejectRequest, request: Request, caller: CallerDep
+) -> FileObject:
+    """A data owner rejects a pending upload: its content is deleted, its record kept."""
+    return views.file_object(approvals.reject(get_store(request), caller, file_id, body.reason))
 
 
 @router.get("/{file_id}/budget/history", response_model=BudgetHistory)

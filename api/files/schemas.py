@@ -32,6 +32,42 @@ class Budget(BaseModel):
     )
 
 
+class OverlapGroup(BaseModel):
+    budget_group: str
+    shared_examples: int = Field(description="distinct examples (canonical key) both hold")
+    privacy_unit: str
+    epsilon_budget: float | None
+    delta: float | None
+
+
+class OverlapReport(BaseModel):
+    """What the pending upload shares with the tenant's budget groups, by the canonical key
+    of each example (docs/governance.md, "What catches an edited copy")."""
+
+    distinct_examples: int
+    groups: list[OverlapGroup] = Field(description="most shared first (at most 20)")
+    groups_total: int
+
+
+class RequestedBudget(BaseModel):
+    epsilon: float | None = None
+    delta: float | None = None
+
+
+class Approval(BaseModel):
+    """A data owner's decision on the upload (docs/governance.md, "Who sets a budget")."""
+
+    status: Literal["approved", "pending", "rejected"]
+    requested_budget: RequestedBudget | None = Field(
+        default=None, description="what the uploader asked for (a pending upload's)"
+    )
+    report: OverlapReport | None = Field(
+        default=None, description="computed at upload: its overlap with existing data sets"
+    )
+    decided_by: str | None = Field(default=None, description="the key that decided")
+    decided_at: int | None = None
+
+
 class FileObject(BaseModel):
     id: str
     object: Literal["file"] = "file"
@@ -80,6 +116,10 @@ class FileObject(BaseModel):
     )
     deleted_at: int | None = None
     created_by: str | None = Field(default=None, description="the id of the key that uploaded it")
+    approval: Approval = Field(
+        default_factory=lambda: Approval(status="approved"),
+        description="pending: a data owner decides its budget before any job trains on it",
+    )
 
 
 class FileList(BaseModel):
@@ -113,6 +153,29 @@ class BudgetRequest(BaseModel):
         max_length=1000,
         description="required: why the budget changes (kept in the audit log)",
     )
+
+
+class ApproveRequest(BaseModel):
+    """A data owner's approval of a pending upload: a new budget (``epsilon_budget``, ``delta``)
+    or an existing budget group to join (``budget_group``), with a reason."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    epsilon_budget: Epsilon | None = None
+    delta: Delta | None = Field(default=None, description="default: 1/N^1.1 rounded down")
+    budget_group: str | None = Field(default=None, max_length=64)
+    unit: Literal["example", "user"] | None = Field(
+        default=None,
+        description="the privacy unit the owner confirms: it must be the upload's (per user "
+        "when its lines name their users)",
+    )
+    reason: str | None = Field(default=None, max_length=1000, description="required")
+
+
+class RejectRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str | None = Field(default=None, max_length=1000, description="required")
 
 
 class BudgetPoint(BaseModel):

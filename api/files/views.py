@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Literal, cast
 
-from api.files.schemas import Budget, BudgetHistory, BudgetPoint, FileObject
+from api.files.schemas import (
+    Approval,
+    Budget,
+    BudgetHistory,
+    BudgetPoint,
+    FileObject,
+    OverlapReport,
+    RequestedBudget,
+)
 from service.budget import Budget as DomainBudget
 from service.budget import History
 from service.files import DataSet
@@ -46,6 +54,13 @@ def file_object(data_set: DataSet) -> FileObject:
         deleted=f.deleted,
         deleted_at=f.deleted_at,
         created_by=f.created_by,
+        approval=Approval(
+            status=cast(Literal["approved", "pending", "rejected"], f.approval),
+            requested_budget=RequestedBudget(**f.requested_budget) if f.requested_budget else None,
+            report=OverlapReport(**f.overlap_report) if f.overlap_report else None,
+            decided_by=f.decided_by,
+            decided_at=f.decided_at,
+        ),
     )
 
 

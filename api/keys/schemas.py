@@ -14,5 +14,5 @@ class Me(BaseModel):
     object: str = "api_key"
     key_id: str
     tenant: str
-    role: str = Field(description="admin | trainer | viewer (docs/governance.md)")
+    role: str = Field(description="admin | data_owner | trainer | viewer (docs/governance.md)")
     storage: Storage = Field(description="the tenant's storage: bytes used and its quota")

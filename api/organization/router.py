@@ -20,8 +20,10 @@ from api.organization.schemas import (
     AuditLogList,
     BudgetGroupAcknowledge,
     BudgetGroupObject,
+    PolicyChange,
+    PolicyObject,
 )
-from service import audit, freezes, keys
+from service import approvals, audit, freezes, keys
 from service.errors import InvalidInput
 
 router = APIRouter(prefix="/v1/organization", tags=["organization"])
@@ -114,3 +116,20 @@ def acknowledge_budget_group(
         )
     state = freezes.acknowledge(get_store(request), caller, group_id, body.reason)
     return views.budget_group(state)
+
+
+@router.get("/policy", response_model=PolicyObject)
+def get_policy(request: Request, caller: CallerDep) -> PolicyObject:
+    """Whether the tenant's trainers may budget their own uploads."""
+    return PolicyObject(
+        trainers_set_budgets=approvals.policy(get_store(request), caller).trainers_set_budgets
+    )
+
+
+@router.post("/policy", response_model=PolicyObject)
+def set_policy(body: PolicyChange, request: Request, caller: CallerDep) -> PolicyObject:
+    """Let trainers budget their own uploads, or not (admins; audited with a reason)."""
+    changed = approvals.set_policy(
+        get_store(request), caller, body.trainers_set_budgets, body.reason
+    )
+    return PolicyObject(trainers_set_budgets=changed.trainers_set_budgets)

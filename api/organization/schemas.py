@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 
 class ApiKeyCreate(BaseModel):
@@ -15,7 +15,7 @@ class ApiKeyCreate(BaseModel):
     model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
 
     role: str | None = Field(
-        default=None, description="admin | trainer | viewer (default: trainer)"
+        default=None, description="admin | data_owner | trainer | viewer (default: trainer)"
     )
     name: str | None = Field(default=None, description="a label, 1 to 128 characters")
 
@@ -93,3 +93,20 @@ class BudgetGroupObject(BaseModel):
     frozen: bool
     frozen_reason: str | None = Field(description="why no new job may train on it")
     frozen_at: int | None
+
+
+class PolicyObject(BaseModel):
+    """The tenant's policy on who budgets uploads (docs/governance.md)."""
+
+    object: Literal["organization.policy"] = "organization.policy"
+    trainers_set_budgets: bool = Field(
+        description="true: a trainer's upload is budgeted at once, as a data owner's; false "
+        "(the default): it waits for a data owner's approval"
+    )
+
+
+class PolicyChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    trainers_set_budgets: StrictBool
+    reason: str | None = Field(default=None, max_length=1000, description="required")

@@ -1,7 +1,8 @@
 """Budgets that bind the people who spend them (docs/governance.md), over uvicorn on
-PostgreSQL and SQLite with the default policy (a budget is required): only an admin moves a
-budget, with a reason, audited; uploads that share examples share one budget, also after a
-deletion; uploads name their budget strictly."""
+PostgreSQL and SQLite with the default policy (a budget is required): only a data owner or an
+admin sets or moves a budget, with a reason, audited; uploads that share examples share one
+budget, also after a deletion; uploads name their budget strictly. (A trainer's upload waits
+for a data owner: tests/api/test_upload_approval.py.)"""
 
 from __future__ import annotations
 
@@ -52,8 +53,12 @@ def _audit(http, **params) -> list[dict]:
 
 def test_only_an_admin_moves_a_budget_with_a_reason(gov):
     admin, trainer = gov.key("owner", "admin"), gov.key("owner", "trainer")
-    with gov.http(admin) as adm, gov.http(trainer) as tr:
-        f = _upload(tr, _lines(100), epsilon_budget="1").json()
+    with (
+        gov.http(admin) as adm,
+        gov.http(trainer) as tr,
+        gov.http(gov.key("owner", "data_owner")) as own,
+    ):
+        f = _upload(own, _lines(100), epsilon_budget="1").json()
         assert f["budget"]["epsilon"] == 1.0 and f["created_by"] is not None
         job = tr.post("/v1/fine_tuning/jobs", json=exact_job_body(f["id"], 0.9))
         assert job.status_code == 200, job.text
@@ -111,7 +116,7 @@ def test_only_an_admin_moves_a_budget_with_a_reason(gov):
 
 
 def test_uploads_that_share_examples_share_one_budget(gov):
-    key = gov.key("sharing", "trainer")
+    key = gov.key("sharing", "admin")  # an admin holds the data owner's rights
     with gov.http(key) as http:
         first = _upload(http, _lines(100), epsilon_budget="2").json()
         assert first["joined_budget_group"] is False
@@ -145,7 +150,7 @@ def test_uploads_that_share_examples_share_one_budget(gov):
 
 
 def test_delete_then_reupload_keeps_the_spent_epsilon(gov):
-    key = gov.key("deleter", "trainer")
+    key = gov.key("deleter", "admin")
     with gov.http(key) as http:
         f = _upload(http, _lines(100), epsilon_budget="3").json()
         job = http.post("/v1/fine_tuning/jobs", json=exact_job_body(f["id"], 2.0)).json()
@@ -173,10 +178,15 @@ def test_delete_then_reupload_keeps_the_spent_epsilon(gov):
 
 
 def test_an_upload_names_its_budget_strictly(gov):
-    key = gov.key("strict", "trainer")
+    key = gov.key("strict", "admin")  # an admin holds the data owner's rights
     with gov.http(key) as http:
-        err = _error(_upload(http, _lines(50)), 400)
-        assert err["code"] == "budget_required" and err["param"] == "epsilon_budget"
+        # naming no budget where one is required: the upload waits for a decision (it was 400
+        # budget_required before data owners approved uploads)
+        waiting = _upload(http, _lines(50, tag="unnamed"))
+        assert waiting.status_code == 200, waiting.text
+        assert waiting.json()["approval"]["status"] == "pending"
+        assert waiting.json()["budget"] is None
+        assert http.delete(f"/v1/files/{waiting.json()['id']}").status_code == 200
         assert _error(_upload(http, _lines(50), epsilon_budget=""), 400)["param"] == (
             "epsilon_budget"
         )
@@ -222,8 +232,9 @@ def test_a_default_budget_applies_to_uploads_that_name_none(pg_url, tmp_path_fac
     for srv in _serve(_settings(tmp, None, require_budget=True, default_epsilon_budget=4.0)):
         trainer = srv.key("defaulted", "trainer")
         client = srv.client(trainer)
-        # the official client's plain upload: the tenant's default budget, echoed
-        f = client.files.create(file=("d.jsonl", _lines(100)), purpose="fine-tune")
+        # the official client's plain upload by a data owner: the tenant's default, echoed
+        owner = srv.client(srv.key("defaulted", "data_owner"))
+        f = owner.files.create(file=("d.jsonl", _lines(100)), purpose="fine-tune")
         assert f.model_extra["budget"]["epsilon"] == 4.0
         assert f.model_extra["budget_default"] is True
         # the openai client's job flow still works with a trainer key
