@@ -327,7 +327,8 @@ def job_plan(store: Store, caller: Caller, req: jobs.JobRequest) -> JobPlanPrevi
         assert group is not None
         events = budget.group_events(session, group)
         eps_b, delta_b = group.epsilon_budget, group.delta
-    plan = planning.make_plan(jobs.plan_request(req), n, store.settings.default_k)
+        deltas = jobs.plan_deltas(session, group)
+    plan = planning.make_plan(jobs.plan_request(req), n, store.settings.default_k, **deltas)
     fit = None
     if eps_b is not None and delta_b is not None:
         fit = budget.plan_fit(events, eps_b, delta_b, plan.event())

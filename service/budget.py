@@ -149,6 +149,15 @@ def group_units(session: Session, group: BudgetGroup) -> int:
     return int(users or 0) or group.n_examples
 
 
+def group_delta(session: Session, group: BudgetGroup) -> float:
+    """The δ a group states its ε's at: its budget's, else (no budget) 1/N^1.1 rounded down of
+    its units (:func:`group_units`). A job's default δ (service/planning.py), so that the job
+    and its data set state one (ε, δ)."""
+    if group.delta is not None:
+        return group.delta
+    return default_delta(group_units(session, group))
+
+
 def group_jobs(session: Session, group_id: str) -> list[Job]:
     """The jobs of every file of the group in creation order (the slots of its budget's
     history)."""
@@ -462,7 +471,7 @@ def history(session: Session, group: BudgetGroup) -> History:
     """The group's composed ε after each of its jobs, in creation order: at job i, the
     composition (:func:`compose`, never a sum) of the spent and committed events of jobs
     1..i."""
-    delta = group.delta if group.delta is not None else default_delta(group_units(session, group))
+    delta = group_delta(session, group)
     spent: list[PrivacyEvent | None] = []
     committed: list[PrivacyEvent | None] = []
     points: list[HistoryPoint] = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import secrets
 import threading
 import time
@@ -27,6 +28,7 @@ from dprc_core.accounting import PrivacyEvent, PrivacyLedger
 from dprc_core.accounting.events import SHARED_SKETCH
 from dprc_core.mechanism_names import GAUSSIAN
 from dprc_core.sharding import SHARDINGS
+from dprc_core.training.data import DataError, label_names, read_examples
 from dprc_core.training.models import (
     LoraSpec,
     ModelSettingError,
@@ -120,8 +122,9 @@ class Idempotency:
 def privacy_of(row: JobRow) -> dict[str, Any]:
     """The job's ``privacy`` object: what creation stored, with ``epsilon_spent``, the norm
     method under both its names (``norm_method``, and ``method``, its deprecated name, as
-    stored) and the sketch of a job stored before sketches were offered (shared, migration
-    0004)."""
+    stored), the sketch of a job stored before sketches were offered (shared, migration
+    0004) and ``warnings`` (computed on read: ``delta_large`` when δ > 1/(10·N),
+    :func:`service.planning.delta_warnings`)."""
     privacy = dict(row.privacy)
     privacy["epsilon_spent"] = row.epsilon_spent
     clipping = privacy["clipping"] = dict(privacy.get("clipping") or {})
@@ -130,6 +133,13 @@ def privacy_of(row: JobRow) -> dict[str, Any]:
     clipping.setdefault("sketch", SHARED_SKETCH)
     accountant = privacy["accountant"] = dict(privacy.get("accountant") or {})
     accountant.setdefault("sketch", row.accounting_sketch)
+    unit = str((privacy.get("unit") or {}).get("type", "example"))
+    size, delta = privacy.get("dataset_size"), privacy.get("target_delta")
+    privacy["warnings"] = (
+        planning.delta_warnings(float(delta), int(size), unit)
+        if size is not None and delta is not None
+        else []
+    )
     return privacy
 
 
@@ -185,8 +195,12 @@ def create_job(
     with store.sessions() as session:
         file = _training_file(session, caller, req.training_file)
         fmt, group_id = file.data_format, file.group_id
+        train = _StoredData.of(file)
         unit = resolve_unit(file, req.privacy.unit, store.settings, mechanism=req.privacy.mechanism)
         assert group_id is not None
+        group = budget.group_of(session, file)
+        assert group is not None
+        deltas = plan_deltas(session, group)
     if fmt not in FORMATS_FOR_TASK[model.task]:
         raise InvalidInput(
             f"model {model.name!r} ({model.task}) needs lines of format "
@@ -195,8 +209,10 @@ def create_job(
             code="invalid_file",
         )
     if req.validation_file is not None:
-        _check_validation_file(store, caller, req, FORMATS_FOR_TASK[model.task])
-    plan = planning.make_plan(plan_request(req), unit.n, store.settings.default_k)
+        valid = _check_validation_file(store, caller, req, FORMATS_FOR_TASK[model.task])
+        if model.task == "classification":
+            _check_validation_labels(train, valid)
+    plan = planning.make_plan(plan_request(req), unit.n, store.settings.default_k, **deltas)
     check_model_settings(models.ensure_local(model), model.task, req.hyperparameters)
     privacy_event = plan.event()  # built before the locks (ν-DP-FTRL's needs its sensitivity)
     # The budget's composition (seconds of accountant work on a long history) runs outside
@@ -412,6 +428,15 @@ def _reserve_and_insert(
     """Under the locks: reserve the job's planned event on the group (or refuse it) and insert
     it with its Idempotency-Key and its audit entry, in one commit."""
     plan = new.plan
+    if group.epsilon_budget is not None and group.delta is not None:
+        if plan.target_delta > group.delta:  # the budget's δ was lowered since the plan
+            session.rollback()
+            raise InvalidInput(
+                f"the delta of the data set's budget changed to {group.delta:g} while this job "
+                f"was planned at delta={plan.target_delta:g}: send the request again",
+                param="privacy.target_delta",
+                code="invalid_delta",
+            )
     budget.reserve(
         session, group, new.privacy_event, known, plan.planned_epsilon, plan.target_delta
     )
@@ -472,12 +497,78 @@ def _training_file(session: Session, caller: Caller, file_id: str) -> File:
     return file
 
 
+@dataclass(frozen=True)
+class _StoredData:
+    """Where a data set's lines are and how to read them (copied out of its row)."""
+
+    id: str
+    path: str
+    bytes: int
+    user_field: str | None
+
+    @classmethod
+    def of(cls, file: File) -> _StoredData:
+        return cls(file.id, file.storage_path, int(file.bytes), file.user_field)
+
+
+# The largest data set whose labels job creation reads (both files, once each: the labels of
+# a file are cached by path, size and modification time); above it the worker still refuses
+# a validation label the training file lacks (invalid_validation_file, when the job runs).
+LABEL_CHECK_MAX_BYTES = 32 * 1024 * 1024
+
+
+@functools.lru_cache(maxsize=64)
+def _labels_cached(path: str, user_field: str | None, _size: int, _mtime_ns: int) -> frozenset:
+    with open(path, "rb") as f:  # a binary file iterates lines at b"\n", as the worker reads
+        return frozenset(
+            str(ex.label)
+            for ex in read_examples(f, "classification", user_field)
+            if ex.label is not None
+        )
+
+
+def _labels(data: _StoredData) -> frozenset[str] | None:
+    """The distinct labels of a classification data set as the worker compares them
+    (:func:`dprc_core.training.data.label_names`: ``1`` and ``"1"`` are one class); None when
+    it is too large to read here or cannot be read (the worker then checks)."""
+    if data.bytes > LABEL_CHECK_MAX_BYTES:
+        return None
+    try:
+        stat = os.stat(data.path)
+        return _labels_cached(data.path, data.user_field, stat.st_size, stat.st_mtime_ns)
+    except (OSError, DataError):
+        return None
+
+
+def _check_validation_labels(train: _StoredData, valid: _StoredData) -> None:
+    """400 ``invalid_validation_file`` naming a label of the classification validation file
+    that the training file lacks: the worker's classifier has the training file's classes
+    only, so the job would fail when it first scores the validation file."""
+    classes, wanted = _labels(train), _labels(valid)
+    if classes is None or wanted is None:
+        return
+    missing = label_names(list(wanted - classes))
+    if not missing:
+        return
+    known = label_names(list(classes))
+    shown = ", ".join(repr(c) for c in known[:20]) + (", ..." if len(known) > 20 else "")
+    raise InvalidInput(
+        f"validation file {valid.id} has the label {missing[0]!r}"
+        + (f" (and {len(missing) - 1} more labels)" if len(missing) > 1 else "")
+        + f", which training file {train.id} does not have: the model learns the training "
+        f"file's classes only ({shown})",
+        param="validation_file",
+        code="invalid_validation_file",
+    )
+
+
 def _check_validation_file(
     store: Store, caller: Caller, req: JobRequest, formats: tuple[str, ...]
-) -> None:
+) -> _StoredData:
     """The validation file: the caller's fine-tune data set (else 404), of a format the model's
     task reads, not the training file (its loss would be a non-private statistic of the training
-    data) and without a privacy budget (valid_loss is not a DP release of it)."""
+    data) and without a privacy budget (valid_loss is not a DP release of it); where its lines
+    are."""
     assert req.validation_file is not None
     param = "validation_file"
     with store.sessions() as session:
@@ -519,6 +610,7 @@ def _check_validation_file(
                 param=param,
                 code="invalid_file",
             )
+        return _StoredData.of(file)
 
 
 def _check_active_jobs(session: Session, caller: Caller, limit: int) -> None:
@@ -536,6 +628,16 @@ def _check_active_jobs(session: Session, caller: Caller, limit: int) -> None:
             "wait for one to end or cancel one",
             code="too_many_active_jobs",
         )
+
+
+def plan_deltas(session: Session, group: BudgetGroup) -> dict[str, float | None]:
+    """The δ's :func:`service.planning.make_plan` takes from the training file's budget group:
+    the default (the δ the group states ε's at) and the largest a job may name (its budget's
+    δ; None without a budget)."""
+    return {
+        "group_delta": budget.group_delta(session, group),
+        "budget_delta": group.delta if group.epsilon_budget is not None else None,
+    }
 
 
 def plan_request(req: JobRequest) -> planning.PlanRequest:

@@ -7,8 +7,11 @@ runner computes:
   examples seen, steps·B, at least n_epochs·N; the runner executes exactly ``steps`` noisy
   steps and the ledger records every one of them, so the accounted steps are never fewer than
   the steps run (the runner refuses a plan whose steps differ).
-- δ defaults to 1/N^1.1 rounded down to two significant digits (never above 1/N); a δ above
-  1/N is refused.
+- δ defaults to the δ of the training file's budget group (its budget's δ; a group without a
+  budget: 1/N_group^1.1 rounded down), the δ its data set's page states ε at, so that a job,
+  its ledger, its checkpoints and its data set state one (ε, δ) (:func:`_steps_and_delta`).
+  Without a group (a caller that names none): 1/N^1.1 rounded down to two significant digits.
+  A δ above 1/N is refused, and so is a δ above the budget's δ.
 - σ = ``dprc_core.accounting.noise_multiplier`` with the dimension-free envelope (rank=None).
   ``auto`` clipping is planned as ``hutch`` (conservative: the service has no model at
   creation); a run whose every layer resolves to exact norms is re-accounted as exact by the
@@ -263,7 +266,18 @@ def _calibrated(
     return plan
 
 
-def make_plan(req: PlanRequest, n: int, default_k: int) -> JobPlan:
+def make_plan(
+    req: PlanRequest,
+    n: int,
+    default_k: int,
+    *,
+    group_delta: float | None = None,
+    budget_delta: float | None = None,
+) -> JobPlan:
+    """The job's plan on ``n`` units. ``group_delta``: the δ its budget group states ε's at
+    (:func:`service.budget.group_delta`), the default δ; ``budget_delta``: the group's budget's
+    δ (None: the group has no budget), the largest δ a job may name."""
+    deltas = (group_delta, budget_delta)
     n_epochs = DEFAULT_EPOCHS if req.n_epochs == "auto" else req.n_epochs
     batch = min(DEFAULT_BATCH, n) if req.batch_size == "auto" else req.batch_size
     if batch > n:
@@ -275,10 +289,10 @@ def make_plan(req: PlanRequest, n: int, default_k: int) -> JobPlan:
             code="invalid_value",
         )
     if req.mechanism == "nu_dpftrl":
-        return _nu_dpftrl_plan(req, n, n_epochs, batch)
+        return _nu_dpftrl_plan(req, n, n_epochs, batch, deltas)
     _check_sketch(req)
     steps = planned_steps(n, batch, n_epochs)
-    delta = _steps_and_delta(steps, n, req.target_delta)
+    delta = _steps_and_delta(steps, n, req.target_delta, *deltas)
     method = req.method
     entry = get_norm_method(method)  # the registry says what each method needs
     if not entry.randomized:
@@ -333,6 +347,33 @@ def make_plan(req: PlanRequest, n: int, default_k: int) -> JobPlan:
     )
 
 
+# δ above 1/(DELTA_WARNING_FACTOR·N) is warned about (issue 40): allowed (δ ≤ 1/N is the rule),
+# but on a small data set such a δ is a sizable chance of failure for the whole data set.
+DELTA_WARNING_FACTOR = 10
+DELTA_LARGE = "delta_large"
+
+
+def delta_warnings(delta: float, n: int, unit: str = "example") -> list[dict[str, str]]:
+    """The warnings of a δ for an accounting size ``n`` (examples, or users for user-level DP):
+    ``delta_large`` when δ > 1/(10·N) — a mechanism may release each unit whole with
+    probability δ, about N·δ of them in expectation. A job object (``privacy.warnings``), the
+    CLI and the dashboard show it."""
+    if n <= 0 or delta <= 1 / (DELTA_WARNING_FACTOR * n):
+        return []
+    units = "users" if unit == "user" else "examples"
+    return [
+        {
+            "code": DELTA_LARGE,
+            "message": f"delta={delta:g} is above 1/(10*N) = "
+            f"{1 / (DELTA_WARNING_FACTOR * n):.2g} for N = {n} {units}: delta is the "
+            "probability the guarantee may fail, up to releasing each of the "
+            f"{units} whole, N*delta = {n * delta:.2g} of them in expectation. On a data set "
+            "this small, name a smaller delta (privacy.target_delta, or the data set's budget "
+            "delta)",
+        }
+    ]
+
+
 def job_sketch(method: str, mechanism: str, sketch: str | None) -> str:
     """The sketch a job runs with: as asked, else the library's default — per-example
     projections for a randomized method, shared (nothing drawn) for exact norms and for
@@ -370,8 +411,27 @@ def _check_sketch(req: PlanRequest) -> None:
         )
 
 
-def _steps_and_delta(steps: int, n: int, target_delta: float | None) -> float:
-    """Refuse too many steps; δ: the request's (at most 1/N) or 1/N^1.1 rounded down."""
+def _steps_and_delta(
+    steps: int,
+    n: int,
+    target_delta: float | None,
+    group_delta: float | None = None,
+    budget_delta: float | None = None,
+) -> float:
+    """Refuse too many steps; δ: the request's (at most 1/N and at most the budget's δ), else
+    the group's δ, else 1/N^1.1 rounded down.
+
+    One δ (issue 40): a job's default δ is its budget group's (``group_delta``), not one of its
+    own training file's N, so the job's page, its ledger, its checkpoints' metadata and its data
+    set's page state ε at the same δ. The budget composes every job's *event* (σ, q, steps) at
+    the group's δ whatever δ a job names (service/budget.py), so the group's charge is sound for
+    any job δ; a job's δ only says at which δ its own ε is printed. A job may name a smaller δ
+    (its ε at that δ is larger than at the budget's: still an upper bound of what it states); a
+    larger one is refused (400 ``invalid_delta`` naming ``privacy.target_delta``): its printed
+    ε would be smaller than the ε it costs the budget at the budget's δ, the two numbers the
+    issue saw disagree. A group's δ above 1/N of this file (a budget set when the group was
+    smaller than the file that joined it later) is no default: the file's 1/N^1.1 (smaller than
+    the group's δ, so again an upper bound) is used instead."""
     if steps > MAX_STEPS:
         raise InvalidInput(
             f"this job would run {steps} steps (at most {MAX_STEPS})",
@@ -379,11 +439,29 @@ def _steps_and_delta(steps: int, n: int, target_delta: float | None) -> float:
             code="invalid_value",
         )
     if target_delta is None:
+        if group_delta is not None and group_delta <= 1 / n:
+            return group_delta
         return default_delta(n)
-    return check_delta_for(n, target_delta, "privacy.target_delta")
+    delta = check_delta_for(n, target_delta, "privacy.target_delta")
+    if budget_delta is not None and delta > budget_delta:
+        raise InvalidInput(
+            f"privacy.target_delta={delta:g} is above the delta of the data set's budget "
+            f"({budget_delta:g}): the budget charges every job at its delta, so a job's "
+            "epsilon at a larger delta would understate what it costs. Name a delta at most "
+            f"{budget_delta:g}, or leave target_delta out (the budget's delta)",
+            param="privacy.target_delta",
+            code="invalid_delta",
+        )
+    return delta
 
 
-def _nu_dpftrl_plan(req: PlanRequest, n: int, n_epochs: int, batch: int) -> JobPlan:
+def _nu_dpftrl_plan(
+    req: PlanRequest,
+    n: int,
+    n_epochs: int,
+    batch: int,
+    deltas: tuple[float | None, float | None] = (None, None),
+) -> JobPlan:
     if req.method != "exact" or req.k is not None:
         raise InvalidInput(
             "correlated noise (nu_dpftrl) needs privacy.clipping.method = 'exact' (and no k): "
@@ -393,7 +471,7 @@ def _nu_dpftrl_plan(req: PlanRequest, n: int, n_epochs: int, batch: int) -> JobP
         )
     _check_sketch(req)
     steps = planned_steps(n, batch, n_epochs, "nu_dpftrl")
-    delta = _steps_and_delta(steps, n, req.target_delta)
+    delta = _steps_and_delta(steps, n, req.target_delta, *deltas)
     nu, bands = float(req.nu or 0.0), req.bands
     lib = _calibrated(
         n,

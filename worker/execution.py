@@ -35,6 +35,7 @@ from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.data import DataError
 from dprc_core.training.models import LoraSpec, ModelLoadError
 from dprc_core.training.runner import (
+    JobResult,
     JobSpec,
     Progress,
     mechanism_fields,
@@ -309,7 +310,7 @@ def _run_attempt(
     progress and checkpoints recorded in the store as they come."""
     req = runs.job_request(store, job_id)
     spec = _attempt_spec(store, req)
-    on_progress = _progress_recorder(store, job_id)
+    on_progress = _progress_recorder(store, req)
     should_stop = _stop_check(store, job_id, beat, stop)
     result: Any
 
@@ -318,7 +319,7 @@ def _run_attempt(
 
     if req.devices > 1:
         prepare_data_stores(spec, on_event)  # once, before the ranks open it
-        result = run_on_ranks(spec, req.devices, on_progress, should_stop)
+        result = run_on_ranks(spec, req.devices, on_progress, should_stop, on_event)
     else:
         result = run_job(spec, on_progress=on_progress, should_stop=should_stop, on_event=on_event)
     if result.steps != req.steps_total:
@@ -326,7 +327,34 @@ def _run_attempt(
             "plan_mismatch",
             f"the runner planned {result.steps} steps, the job {req.steps_total}",
         )
+    if isinstance(result, JobResult):
+        check_sampling(req, result.plan.dataset_size, result.plan.sample_rate)
+    else:
+        check_sampling(req, result.units, result.sample_rate)
     return spec, result
+
+
+def check_sampling(req: runs.JobRequest, units: int | None, sample_rate: float | None) -> None:
+    """The runner's N (examples, or users) and sampling rate q against the job's plan, which
+    the budget charged (``privacy.dataset_size``, ``sample_rate``): a runner that read another
+    N from the training file (a file changed on disk, a different user key) samples at another
+    q than the one accounted for. Checked at the first step, before it is recorded, and at the
+    end; ``None``: not reported (a runner before they were)."""
+    planned_n = req.privacy.get("dataset_size")
+    unit = str((req.privacy.get("unit") or {}).get("type", "example"))
+    if units is not None and planned_n is not None and int(units) != int(planned_n):
+        raise JobFailure(
+            "plan_mismatch",
+            f"the runner reads N={units} {unit}s from the training file, the job was planned "
+            f"and charged for N={planned_n} (sampling rate {req.sample_rate:g}); the training "
+            "data changed since the job was created",
+        )
+    if sample_rate is not None and float(sample_rate) != req.sample_rate:
+        raise JobFailure(
+            "plan_mismatch",
+            f"the runner samples at q={sample_rate!r}, the job was planned and charged at "
+            f"q={req.sample_rate!r}",
+        )
 
 
 def _attempt_spec(store: Store, req: runs.JobRequest) -> JobSpec:
@@ -362,15 +390,20 @@ def _attempt_spec(store: Store, req: runs.JobRequest) -> JobSpec:
     return spec
 
 
-def _progress_recorder(store: Store, job_id: str) -> Callable[[Progress], None]:
-    """The runner's progress callback: the accounting the runner resolved (first progress;
+def _progress_recorder(store: Store, req: runs.JobRequest) -> Callable[[Progress], None]:
+    """The runner's progress callback: the runner's N and q against the plan and the
+    accounting the runner resolved (first progress: :func:`check_sampling`,
     :func:`service.job_runs.record_accounting`), each step's metrics, and each checkpoint's
     archive."""
 
-    accounted = False
+    accounted = sampled = False
+    job_id = req.id
 
     def on_progress(p: Progress) -> None:
-        nonlocal accounted
+        nonlocal accounted, sampled
+        if not sampled:  # before the step is recorded
+            check_sampling(req, p.units, p.sample_rate)
+            sampled = True
         if not accounted and p.envelope is not None and p.sketch is not None:
             # before the step is recorded: the job is charged what the runner accounts
             try:

@@ -59,11 +59,33 @@ def rank(control: Path) -> int:
             f.write(json.dumps(p.__dict__) + "\n")
             f.flush()
 
+    def on_event(message: str) -> None:
+        # the runner's warnings (a resume keeping its checkpoint's σ, a plan unlikely to learn)
+        # become job events, as a one-device job's; the data's progress was told when the
+        # worker prepared the stores (prepare_data_stores)
+        if not message.startswith("Warning: "):
+            return
+        with (control / "events.jsonl").open("a") as f:
+            f.write(json.dumps({"message": message}) + "\n")
+            f.flush()
+
     try:
-        result = run_job(spec, on_progress=on_progress if main else None, should_stop=stop.exists)
+        result = run_job(
+            spec,
+            on_progress=on_progress if main else None,
+            should_stop=stop.exists,
+            on_event=on_event if main else None,
+        )
         if main:
             (control / "result.json").write_text(
-                json.dumps({"status": result.status, "steps": result.steps})
+                json.dumps(
+                    {
+                        "status": result.status,
+                        "steps": result.steps,
+                        "units": result.plan.dataset_size,
+                        "sample_rate": result.plan.sample_rate,
+                    }
+                )
             )
         return 0
     except Exception as exc:

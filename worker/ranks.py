@@ -9,6 +9,8 @@ writing the checkpoints). They talk through files in the job's private run folde
 * ``progress.jsonl`` — rank 0 appends one :class:`~dprc_core.training.runner.Progress` per step;
   the worker turns each line into the same progress, checkpoint and event records a
   single-device job makes;
+* ``events.jsonl`` — rank 0 appends the runner's event lines (``on_event``: e.g. a resume that
+  keeps its checkpoint's noise multiplier); the worker records each as a job event;
 * ``stop`` — the worker creates it when the job must stop (cancel, pause, shutdown, lost
   lease); rank 0 reads it between steps and every rank stops after the same checkpoint;
 * ``result.json`` (rank 0, on a clean end) or ``error.json`` (a rank's Python error: the job
@@ -37,11 +39,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dprc_core.training.runner import JobSpec, Progress
 
 POLL_SECONDS = 0.2
-FILES = ("progress.jsonl", "stop", "result.json", "error.json")
+FILES = ("progress.jsonl", "events.jsonl", "stop", "result.json", "error.json")
 PR_SET_PDEATHSIG = 1
 
 
@@ -51,6 +54,8 @@ class RanksResult:
 
     status: str  # "succeeded" | "stopped"
     steps: int
+    units: int | None = None  # the plan's N (examples, or users)
+    sample_rate: float | None = None  # the plan's q
 
 
 class RanksDied(RuntimeError):
@@ -82,9 +87,10 @@ def run_on_ranks(
     devices: int,
     on_progress: Callable[[Progress], None],
     should_stop: Callable[[], bool],
+    on_event: Callable[[str], None] | None = None,
 ) -> RanksResult:
     """Run ``spec`` on ``devices`` ranks; returns when they end. Raises :class:`RankFailure`
-    or :class:`RanksDied`."""
+    or :class:`RanksDied`. ``on_event``: rank 0's runner events (``events.jsonl``)."""
     control = control_dir(spec)
     control.mkdir(mode=0o700, parents=True, exist_ok=True)
     for name in FILES:
@@ -99,7 +105,7 @@ def run_on_ranks(
             start_new_session=True,  # its own process group: signalled as one on the way out
         )
     try:
-        return _watch(proc, control, on_progress, should_stop)
+        return _watch(proc, control, on_progress, should_stop, on_event)
     finally:
         _kill_tree(proc)
 
@@ -109,11 +115,18 @@ def _watch(
     control: Path,
     on_progress: Callable[[Progress], None],
     should_stop: Callable[[], bool],
+    on_event: Callable[[str], None] | None = None,
 ) -> RanksResult:
-    offset = 0
+    offset = events = 0
     stop = control / "stop"
+
+    def event(line: dict) -> None:
+        if on_event is not None:
+            on_event(str(line["message"]))
+
     while True:
         ended = proc.poll() is not None
+        events = _forward_lines(control / "events.jsonl", events, event)
         offset = _forward_progress(control / "progress.jsonl", offset, on_progress)
         if ended:
             break
@@ -123,7 +136,12 @@ def _watch(
     result, error = control / "result.json", control / "error.json"
     if result.exists() and proc.returncode == 0:
         data = json.loads(result.read_text())
-        return RanksResult(status=data["status"], steps=int(data["steps"]))
+        return RanksResult(
+            status=data["status"],
+            steps=int(data["steps"]),
+            units=data.get("units"),
+            sample_rate=data.get("sample_rate"),
+        )
     if error.exists():
         data = json.loads(error.read_text())
         raise RankFailure(data["code"], data["message"])
@@ -133,6 +151,11 @@ def _watch(
 
 def _forward_progress(path: Path, offset: int, on_progress: Callable[[Progress], None]) -> int:
     """Hand every complete new line of ``path`` to ``on_progress``; the new offset."""
+    return _forward_lines(path, offset, lambda line: on_progress(Progress(**line)))
+
+
+def _forward_lines(path: Path, offset: int, handle: Callable[[Any], None]) -> int:
+    """Hand every complete new JSON line of ``path`` to ``handle``; the new offset."""
     if not path.exists():
         return offset
     with path.open("rb") as f:
@@ -141,7 +164,7 @@ def _forward_progress(path: Path, offset: int, on_progress: Callable[[Progress],
     end = chunk.rfind(b"\n") + 1  # a line rank 0 is still writing waits for the next poll
     for line in chunk[:end].splitlines():
         if line.strip():
-            on_progress(Progress(**json.loads(line)))
+            handle(json.loads(line))
     return offset + end
 
 

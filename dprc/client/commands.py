@@ -429,6 +429,8 @@ def _show_job(job: dict[str, Any]) -> None:
         "created": when(job["created_at"]),
         "finished": when(job.get("finished_at")),
     }
+    for i, warning in enumerate(p.get("warnings") or []):  # e.g. delta_large (docs/api.md)
+        flat[f"warning{i + 1 if i else ''}"] = f"{warning.get('code')}: {warning.get('message')}"
     err = job.get("error")
     if err:
         flat["error"] = f"{err.get('code')}: {err.get('message')}"

@@ -320,6 +320,10 @@ class Progress:
     # sketch model; a service compares them with what it charged (service.job_runs)
     envelope: str | None = None
     sketch: str | None = None
+    # the plan's N (examples, or users) and sampling rate q: a service compares them with the
+    # plan it charged (worker/execution.py)
+    units: int | None = None
+    sample_rate: float | None = None
 
 
 @dataclass
@@ -467,7 +471,7 @@ def start_run(
         model = sharded_run.shard_model(model, ranks, device)
     spec = _spec_as_checkpointed(spec, resumed)
     plan, clipping = _plan(spec, model, data.units)
-    plan = _resumable_plan(spec, plan, resumed, latest, model, data.units)
+    plan = _resumable_plan(spec, plan, resumed, latest, model, data.units, on_event)
     if ranks.is_main and resumed is None:  # a plan unlikely to learn (learnability.py): say so
         verdict = warn_if_unlearnable(
             plan, spec.learning_rate, adaptive=spec.optimizer == "adam", batch_setting="batch_size"
@@ -521,12 +525,15 @@ def _resumable_plan(
     latest: Path | None,
     model: torch.nn.Module,
     n: int,
+    on_event: Callable[[str], None] | None = None,
 ) -> PrivacyPlan:
     """The plan a checkpoint resumes: the one it was written for. Across an accountant upgrade
     the same job may account its σ to a slightly different ε (or calibrate a target to a
     slightly different σ): the run then keeps the checkpoint's σ — the noise it already added
     — with ε recomputed by this accountant, provided that ε still meets the spec's target;
-    any other difference is refused."""
+    any other difference is refused. Keeping a σ other than the spec's (named, or calibrated
+    now) is said in a ``Warning:`` line to ``on_event`` (a service job's events; `dprc
+    train` prints it, even with --quiet)."""
     if resumed is None:
         return plan
     # a plan written before sketches (or units) were recorded had shared ones (per example)
@@ -546,10 +553,28 @@ def _resumable_plan(
     target = plan.target_epsilon
     fits = target is None or kept.planned_epsilon <= target
     if inputs(written) == inputs(kept.to_dict()) and fits:
+        if on_event is not None and kept.noise_multiplier != plan.noise_multiplier:
+            on_event(_sigma_kept_message(spec, plan, kept, resumed.steps_done))
         return kept
     raise ValueError(
         f"the checkpoint {latest} was written for another plan ({resumed.plan}); "
         f"this spec plans {now}. Use a fresh output_dir"
+    )
+
+
+def _sigma_kept_message(spec: JobSpec, plan: PrivacyPlan, kept: PrivacyPlan, step: int) -> str:
+    """What a resume that keeps the checkpoint's σ instead of the spec's says."""
+    named = (
+        f"the spec's noise multiplier {plan.noise_multiplier:.6g}"
+        if spec.noise_multiplier is not None
+        else f"the noise multiplier {plan.noise_multiplier:.6g} calibrated now for the target "
+        f"epsilon {plan.target_epsilon:g}"
+    )
+    return (
+        f"Warning: resuming from the checkpoint at step {step} with its noise multiplier "
+        f"{kept.noise_multiplier:.6g}, not {named}: the steps that ran added noise at the "
+        f"checkpoint's, so the run keeps it (planned epsilon {kept.planned_epsilon:.6g} at delta "
+        f"{kept.delta:g})"
     )
 
 
@@ -979,6 +1004,8 @@ class TrainingRun:
             valid_loss=valid,
             envelope=self.clipping,
             sketch=self.plan.sketch,
+            units=self.plan.dataset_size,
+            sample_rate=self.plan.sample_rate,
         )
 
     def _valid_loss(self) -> float | None:

@@ -5,6 +5,17 @@
   const base = `/v1/files/${encodeURIComponent(id)}`;
   const summary = document.getElementById("file-summary");
 
+  // the budget's δ against this file's N (its users for a per-user budget): above 1/(10·N) it is
+  // warned about, as a job's privacy.warnings does (service/planning.py, delta_warnings)
+  function deltaWarning(f) {
+    const b = f.budget;
+    const n = b && (b.unit === "user" ? f.n_users : f.n_examples);
+    if (!b || !n || b.delta <= 1 / (10 * n)) return [];
+    const units = b.unit === "user" ? "users" : "examples";
+    return [el("p", { class: "warning", id: "delta-warning", "data-warning": "delta_large",
+      text: `delta_large: the budget's δ ${num(b.delta, 3)} is above 1/(10·N) = ${num(1 / (10 * n), 2)} for N = ${n} ${units}: δ is the probability the guarantee may fail, up to releasing each of the ${units} whole (N·δ = ${num(n * b.delta, 2)} in expectation). An admin may set a smaller δ.` })];
+  }
+
   async function load() {
     const [f, history] = await Promise.all([api(base), api(`${base}/budget/history`)]);
     document.getElementById("file-name").textContent = f.filename;
@@ -13,6 +24,7 @@
       ...(f.budget_group ? [el("p", { class: "muted small", id: "budget-group", "data-group": f.budget_group,
         text: `Budget group ${f.budget_group}: every upload that shares an example with this one shares this budget.` })] : []),
       ...(f.deleted ? [el("p", { class: "muted", id: "file-deleted", text: `Content deleted ${when(f.deleted_at)}; its budget and history remain.` })] : []),
+      ...deltaWarning(f),
       ...(f.budget ? [dprc.budgetBar(f.budget), dprc.budgetWords(f.budget)]
         : [el("p", { class: "muted", text: `No privacy budget; ε below is at the default δ ${num(history.delta, 3)}.` })]));
     const t = (p) => (p.created_at - f.created_at) / 60;

@@ -142,6 +142,7 @@
         : `(ε = ${num(p.target_epsilon)}, δ = ${num(p.target_delta, 3)})-differential privacy at most, for adding or removing one example of the data set (planned ε ${num(p.planned_epsilon)}).`],
       ...(perUser ? [["Privacy unit", `one user: each line names its user in "${unit.field}"; ${unit.n_users} users, the largest with ${unit.max_lines_per_user} lines. A sampled user contributes at most ${unit.max_examples_per_user} of their lines a step, and the sum of their gradients is clipped as one.`]] : []),
       ["δ", `${num(p.target_delta, 3)}: the small probability allowed for the guarantee to fail; at most 1/N for N = ${p.dataset_size} ${units}.`],
+      ...(p.warnings || []).map((w) => ["Warning", `${w.code}: ${w.message}`]),
       ["Noise σ", `${num(p.noise_multiplier)} × the clipping norm ${num(p.max_grad_norm)}: the standard deviation of the Gaussian noise added once per batch to the summed, clipped gradients.`],
       ["Noise mechanism", p.noise.mechanism === "gaussian"
         ? "Gaussian (DP-SGD): independent noise at each step."
@@ -154,7 +155,8 @@
       ["Accounted as", `${acc.clipping || "exact"}${acc.k ? `, k = ${acc.k}` : ""}${(acc.clipping || "exact") === "exact" ? "" : acc.sketch === "per_example" ? ", per-example sketches (hidden-scale model)" : ", shared sketch"} (${acc.sampling || "—"} sampling, ${acc.adjacency || "—"}).`],
       ["Training loss", p.report_train_loss ? "reported: it is computed on the private data and is not covered by the guarantee." : "not reported."],
     ];
-    document.getElementById("privacy-words").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]));
+    document.getElementById("privacy-words").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", { text: k }),
+      el("dd", k === "Warning" ? { text: v, class: "warning", "data-warning": v.split(":")[0] } : { text: v })]));
   }
 
   function render() {

@@ -211,3 +211,28 @@ def test_nu_dpftrl_with_randomized_clipping_is_refused(tiny_dir, train_file, tmp
                 batch_size=12,
             )
         )
+
+
+def test_dprc_train_says_when_a_resume_keeps_the_checkpoints_sigma(
+    tiny_dir, train_file, tmp_path, capsys
+):
+    from dprc_core.cli import main
+
+    out = tmp_path / "sigma"
+    stopped = run_job(
+        spec(tiny_dir, train_file, out, noise_multiplier=1.0, checkpoint_every=2),
+        should_stop=lambda: True,
+    )
+    assert stopped.status == "stopped" and stopped.steps_done == 1
+    (tmp_path / "job.yaml").write_text(
+        f"model: {tiny_dir}\ntask: causal_lm\ntrain_file: {train_file}\noutput_dir: {out}\n"
+        "epochs: 1.5\nbatch_size: 8\nlearning_rate: 0.01\nmax_seq_len: 16\nseed: 3\n"
+        "noise_multiplier: 1.1\nmax_physical_batch_size: 4\ncheckpoint_every: 2\n"
+    )
+    assert main(["train", str(tmp_path / "job.yaml"), "--quiet"]) == 0
+    said = capsys.readouterr()
+    assert json.loads(said.out)["noise_multiplier"] == 1.0  # the checkpoint's σ, kept
+    assert (
+        "Warning: resuming from the checkpoint at step 1 with its noise multiplier 1, not the "
+        "spec's noise multiplier 1.1" in said.err
+    )
