@@ -92,8 +92,17 @@ class Client:
             extra_body=extra or None,
         )
 
-    def list_files(self, purpose: str | None = None) -> list[dict[str, Any]]:
-        return self._get("/files", purpose=purpose)["data"]
+    def list_files(
+        self, purpose: str | None = None, approval: str | None = None
+    ) -> list[dict[str, Any]]:
+        return self._get("/files", purpose=purpose, approval=approval)["data"]
+
+    def approve(self, file_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A data owner's approval of a pending upload (docs/governance.md)."""
+        return self._post(f"/files/{file_id}/approve", body)
+
+    def reject(self, file_id: str, reason: str) -> dict[str, Any]:
+        return self._post(f"/files/{file_id}/reject", {"reason": reason})
 
     def get_file(self, file_id: str) -> dict[str, Any]:
         return self._call(self.sdk.files.retrieve, file_id)

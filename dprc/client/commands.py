@@ -88,6 +88,31 @@ def _add_files(sub: Any, common: argparse.ArgumentParser) -> None:
     bud.add_argument("--delta", type=float)
     bud.add_argument("--reason", help="why the budget changes (required with --set / --delta)")
     bud.set_defaults(func=_files_budget)
+    pending = fsub.add_parser(
+        "pending", parents=[common], help="uploads waiting for a data owner's approval"
+    )
+    pending.set_defaults(func=_files_pending)
+    appr = fsub.add_parser(
+        "approve",
+        parents=[common],
+        help="approve a pending upload (data owners): a new budget, or --join a budget group",
+    )
+    appr.add_argument("file_id")
+    how = appr.add_mutually_exclusive_group(required=True)
+    how.add_argument("--epsilon-budget", type=float, help="the new data set's budget")
+    how.add_argument("--join", metavar="BUDGET_GROUP", help="join this budget group (bg-…)")
+    appr.add_argument("--delta", type=float, help="δ of the new budget (default: 1/N^1.1)")
+    appr.add_argument(
+        "--unit", choices=["example", "user"], help="confirm the privacy unit (the upload's own)"
+    )
+    appr.add_argument("--reason", required=True, help="why (kept in the audit log)")
+    appr.set_defaults(func=_files_approve)
+    rej = fsub.add_parser(
+        "reject", parents=[common], help="reject a pending upload: its content is deleted"
+    )
+    rej.add_argument("file_id")
+    rej.add_argument("--reason", required=True, help="why (kept in the audit log)")
+    rej.set_defaults(func=_files_reject)
     dl = fsub.add_parser("download", parents=[common], help="download a file's content")
     dl.add_argument("file_id")
     dl.add_argument("-o", "--output", help="path (default: the file's name; - for stdout)")
@@ -248,7 +273,29 @@ FILE_COLUMNS = [
     ("USERS", lambda f: f.get("n_users")),
     ("FORMAT", lambda f: f.get("format")),
     ("BUDGET", _budget),
+    ("APPROVAL", lambda f: (f.get("approval") or {}).get("status", "approved")),
     ("CREATED", lambda f: when(f["created_at"])),
+]
+
+
+def _overlap_words(f: dict[str, Any]) -> str:
+    """A pending upload's overlap report in a line: the groups it shares examples with."""
+    report = (f.get("approval") or {}).get("report") or {}
+    groups = report.get("groups") or []
+    if not groups:
+        return "shares no example with a budget group"
+    parts = [f"{g['shared_examples']} with {g['budget_group']}" for g in groups]
+    return "shares " + ", ".join(parts)
+
+
+PENDING_COLUMNS = [
+    ("ID", lambda f: f["id"]),
+    ("FILENAME", lambda f: f["filename"]),
+    ("EXAMPLES", lambda f: f.get("n_examples")),
+    ("USERS", lambda f: f.get("n_users")),
+    ("ASKED", lambda f: ((f.get("approval") or {}).get("requested_budget") or {}).get("epsilon")),
+    ("BY", lambda f: f.get("created_by")),
+    ("OVERLAP", _overlap_words),
 ]
 JOB_COLUMNS = [
     ("ID", lambda j: j["id"]),
@@ -263,6 +310,8 @@ JOB_COLUMNS = [
 
 def _show_file(f: dict[str, Any]) -> None:
     print(table([f], FILE_COLUMNS))
+    if (f.get("approval") or {}).get("status") == "pending":
+        print(f"pending a data owner's approval: {_overlap_words(f)}")
 
 
 # -- login and files --------------------------------------------------------------------------
@@ -297,6 +346,37 @@ def _files_list(args: argparse.Namespace) -> int:
 def _files_get(args: argparse.Namespace) -> int:
     f = _client(args).get_file(args.file_id)
     _print_json(f) if args.json else _show_file(f)
+    return 0
+
+
+def _files_pending(args: argparse.Namespace) -> int:
+    data = _client(args).list_files(approval="pending")
+    _print_json(data) if args.json else print(table(data, PENDING_COLUMNS))
+    return 0
+
+
+def _files_approve(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"reason": args.reason}
+    if args.join is not None:
+        if args.delta is not None:
+            raise ValueError(
+                "--delta goes with --epsilon-budget: a joined upload takes the group's"
+            )
+        body["budget_group"] = args.join
+    else:
+        body["epsilon_budget"] = args.epsilon_budget
+        if args.delta is not None:
+            body["delta"] = args.delta
+    if args.unit is not None:
+        body["unit"] = args.unit
+    f = _client(args).approve(args.file_id, body)
+    _print_json(f) if args.json else _show_file(f)
+    return 0
+
+
+def _files_reject(args: argparse.Namespace) -> int:
+    f = _client(args).reject(args.file_id, args.reason)
+    _print_json(f) if args.json else print(f"rejected {f['id']}: its content is deleted")
     return 0
 
 

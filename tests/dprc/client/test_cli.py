@@ -213,3 +213,56 @@ def test_accountant_through_the_server_equals_the_library(served):
     refused = served.run("accountant", "epsilon", "--sigma", "0", "--delta", "1e-5", "-q",
                          "0.01", "--steps", "10", "--server")  # fmt: skip
     assert refused.returncode == 2 and "HTTP 400" in refused.stderr
+
+
+def test_a_data_owner_decides_pending_uploads_from_the_command_line(served, tmp_path):
+    """``dprc files pending | approve | reject``: a trainer's upload waits; the queue shows its
+    overlap; approve (a new budget, or --join) and reject reach the server, refusals too."""
+    import httpx
+
+    def key(role: str) -> str:
+        r = httpx.post(
+            f"{served.url}/v1/organization/api_keys",
+            json={"role": role},
+            headers={"Authorization": f"Bearer {served.keys['a']}"},
+        )
+        assert r.status_code == 200, r.text
+        return r.json()["key"]
+
+    trainer, owner = key("trainer"), key("data_owner")
+    base = served.json(
+        "files",
+        "upload",
+        str(_train(tmp_path / "base.jsonl", tag=" owned")),
+        "--epsilon-budget",
+        "9",
+    )
+    up = served.ok(
+        "files", "upload", str(_train(tmp_path / "t.jsonl", tag=" OWNED")), "--epsilon-budget",
+        "9", DPRC_API_KEY=trainer,
+    ).stdout  # fmt: skip
+    assert "pending" in up and f"with {base['budget_group']}" in up
+    fresh = served.json(
+        "files", "upload", str(_train(tmp_path / "n.jsonl", tag=" new")), DPRC_API_KEY=trainer
+    )
+    queue = served.ok("files", "pending", DPRC_API_KEY=owner).stdout
+    assert fresh["id"] in queue and "shares no example" in queue
+    pending = {f["id"]: f for f in served.json("files", "pending", DPRC_API_KEY=owner)}
+    copy_id = next(i for i in pending if i != fresh["id"])
+    # a trainer cannot decide; a reason is required by the command line
+    denied = served.run("files", "approve", copy_id, "--join", base["budget_group"],
+                        "--reason", "x", DPRC_API_KEY=trainer)  # fmt: skip
+    assert denied.returncode == 2 and "permission_denied" in denied.stderr
+    no_reason = served.run("files", "reject", fresh["id"], DPRC_API_KEY=owner)
+    assert no_reason.returncode == 2 and "--reason" in no_reason.stderr
+    # a fresh budget on data that shares examples is refused, joining is not
+    refused = served.run("files", "approve", copy_id, "--epsilon-budget", "9", "--reason", "x",
+                         DPRC_API_KEY=owner)  # fmt: skip
+    assert refused.returncode == 2 and "budget_group_conflict" in refused.stderr
+    joined = served.json("files", "approve", copy_id, "--join", base["budget_group"],
+                         "--reason", "same data", DPRC_API_KEY=owner)  # fmt: skip
+    assert joined["budget_group"] == base["budget_group"]
+    assert joined["approval"]["status"] == "approved"
+    out = served.ok("files", "reject", fresh["id"], "--reason", "not ours", DPRC_API_KEY=owner)
+    assert f"rejected {fresh['id']}" in out.stdout
+    assert served.json("files", "pending", DPRC_API_KEY=owner) == []
