@@ -51,14 +51,18 @@ def main() -> int:
     else:
         env.pop("DPRC_DATABASE_URL", None)
     dprc = [sys.executable, "-m", "dprc.cli"]
-    key = subprocess.run(
-        [*dprc, "keys", "create", "--tenant", "schemathesis"],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    ).stdout.strip()
+
+    def new_key(role: str) -> str:
+        return subprocess.run(
+            [*dprc, "keys", "create", "--tenant", "schemathesis", "--role", role],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        ).stdout.strip()
+
+    key, owner = new_key("trainer"), new_key("data_owner")  # the owner budgets the seed file
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
@@ -75,7 +79,7 @@ def main() -> int:
         lines = "\n".join(json.dumps({"text": f"t{i}", "label": i % 2}) for i in range(50))
         r = httpx.post(
             f"{base}/v1/files",
-            headers=headers,
+            headers={"Authorization": f"Bearer {owner}"},
             files={"file": ("seed.jsonl", lines.encode())},
             data={"purpose": "fine-tune", "epsilon_budget": "8"},
         )

@@ -236,7 +236,7 @@ def test_a_lost_data_volume_freezes_every_data_set(tmp_path, monkeypatch):
     assert "the data volume is not the one the backup was taken from" in said
     assert f"frozen: {group}: " in said
     with serving(_settings(new, None, require_budget=True)) as srv:
-        again = _upload(srv.client(trainer), data, epsilon=None)  # the restored key hashes it
+        again = _upload(srv.client(admin), data, epsilon=None)  # the restored key hashes it
         assert again.model_extra["joined_budget_group"] is True
         assert again.model_extra["budget_group"] == group
         with srv.http(trainer) as http:

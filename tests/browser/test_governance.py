@@ -95,3 +95,69 @@ def test_keys_and_audit_pages(dashboard, new_context):
     trainer.goto(f"{dashboard.url}/jobs")
     assert trainer.url == f"{dashboard.url}/sign-in"
     assert watch.errors == [] and trainer_watch.errors == []
+
+
+def test_a_data_owner_approves_a_trainers_upload_on_the_data_sets_page(dashboard, new_context):
+    """The data-sets page: one card per budget group with its uploads inside; a trainer's
+    upload waits in the queue (no decision form for the trainer), with its overlap; the data
+    owner joins one copy to its group and rejects another; both decisions are audited."""
+    api = dashboard.api("olga")
+    owned = api.post(
+        "/v1/files",
+        files={"file": ("owned.jsonl", _lines(30, " olga").encode())},
+        data={"purpose": "fine-tune", "epsilon_budget": "4"},
+    ).json()
+    group = owned["budget_group"]
+    trainer_key, owner_key = dashboard.key("olga", "trainer"), dashboard.key("olga", "data_owner")
+    trainer = new_context().new_page()
+    trainer_watch = Watch(trainer)
+    _sign_in(trainer, dashboard.url, trainer_key)
+    trainer.goto(f"{dashboard.url}/data-sets")
+    trainer.set_input_files(
+        "#upload-file",
+        files=[{"name": "copy.jsonl", "mimeType": "application/jsonl",
+                "buffer": _lines(30, " OLGA").encode()}],
+    )  # fmt: skip
+    trainer.click("#upload-submit")
+    trainer.wait_for_selector("#uploaded")
+    assert "waits for a data owner" in trainer.locator("#uploaded").inner_text()
+    copy_id = trainer.locator("#uploaded").get_attribute("data-file-id")
+    card = trainer.locator(f"#pending article[data-file-id='{copy_id}']")
+    card.wait_for()
+    assert f"15 of its 15 examples with {group}" in card.locator(".overlap").inner_text()
+    assert card.locator("form.decide").count() == 0  # a trainer does not decide
+    other = api.post(
+        "/v1/files",
+        files={"file": ("other.jsonl", _lines(12, " junk").encode())},
+        data={"purpose": "fine-tune"},
+        headers={"Authorization": f"Bearer {trainer_key}"},
+    ).json()
+
+    page = new_context().new_page()
+    watch = Watch(page)
+    _sign_in(page, dashboard.url, owner_key)
+    page.goto(f"{dashboard.url}/data-sets")
+    card = page.locator(f"#pending article[data-file-id='{copy_id}']")
+    card.wait_for()
+    assert card.locator("select.join").input_value() == group  # the group it copies
+    card.locator("input.reason").fill("same study, re-exported")
+    card.locator("button.approve").click()
+    joined = page.locator(
+        f"#files article[data-budget-group='{group}'] li[data-file-id='{copy_id}']"
+    )
+    joined.wait_for()
+    # one card for the group, both uploads inside
+    assert page.locator(f"#files article[data-budget-group='{group}'] li").count() == 2
+    dashboard.shot(page, "data_sets_queue")
+    junk = page.locator(f"#pending article[data-file-id='{other['id']}']")
+    junk.locator("input.reason").fill("not ours")
+    page.once("dialog", lambda dialog: dialog.accept())
+    junk.locator("button.reject").click()
+    junk.wait_for(state="detached")
+    assert api.get(f"/v1/files/{other['id']}").json()["approval"]["status"] == "rejected"
+    decided = api.get("/v1/organization/audit_logs", params={"limit": 1000}).json()["data"]
+    assert {(e["action"], e["resource"]) for e in decided} >= {
+        ("file.approve", copy_id),
+        ("file.reject", other["id"]),
+    }
+    assert watch.errors == [] and trainer_watch.errors == []
