@@ -30,6 +30,11 @@ class Budget(BaseModel):
         description="what each ε protects: one example (line), or one user with all their "
         "lines (the data set's lines name their users; docs/privacy_unit.md)",
     )
+    warnings: list[dict[str, str]] = Field(
+        default_factory=list,
+        description="e.g. delta_large: δ above 1/(10·N) for this file's N (its examples, or its "
+        "users for a per-user budget), as a job's privacy.warnings",
+    )
 
 
 class OverlapGroup(BaseModel):

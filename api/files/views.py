@@ -14,15 +14,18 @@ from api.files.schemas import (
     OverlapReport,
     RequestedBudget,
 )
-from service.budget import Budget as DomainBudget
 from service.budget import History
 from service.files import DataSet
+from service.planning import delta_warnings
 
 
-def _budget(b: DomainBudget | None) -> Budget | None:
+def _budget(data_set: DataSet) -> Budget | None:
+    b, f = data_set.budget, data_set.row
     if b is None:
         return None
+    n = f.n_users if b.unit == "user" else f.n_examples
     return Budget(
+        warnings=delta_warnings(b.delta, n or 0, b.unit),
         epsilon=b.epsilon,
         delta=b.delta,
         spent=b.spent,
@@ -46,7 +49,7 @@ def file_object(data_set: DataSet) -> FileObject:
         user_field=f.user_field,
         n_users=f.n_users,
         max_lines_per_user=f.max_lines_per_user,
-        budget=_budget(data_set.budget),
+        budget=_budget(data_set),
         budget_group=data_set.group_id,
         joined_budget_group=data_set.joined,
         budget_default=data_set.defaulted,

@@ -92,6 +92,9 @@ def test_a_trainers_upload_waits_for_a_data_owner(srv):
     with srv.http(trainer) as tr, srv.http(owner) as own, srv.http(admin) as adm:
         base = _ok(_upload(own, _jsonl(rows), epsilon_budget="2"))
         assert base["approval"]["status"] == "approved" and base["budget"]["epsilon"] == 2.0
+        # its default δ (1/40^1.1 = 0.0173) is above 1/(10·40): the file says so
+        assert base["budget"]["delta"] > 1 / 400
+        assert [w["code"] for w in base["budget"]["warnings"]] == ["delta_large"]
         # a trainer's upload, even naming a budget, mints nothing: it waits
         asked = _ok(_upload(tr, _jsonl(_rows(30, "fresh")), epsilon_budget="50"))
         assert asked["approval"]["status"] == "pending" and asked["budget"] is None
@@ -156,6 +159,7 @@ def test_a_trainers_upload_waits_for_a_data_owner(srv):
             )
         )
         assert approved["budget"]["epsilon"] == 1.5 and approved["budget"]["delta"] == 1e-3
+        assert approved["budget"]["warnings"] == []  # 1e-3 <= 1/(10·30)
         assert approved["budget_group"] not in (None, base["budget_group"])
         _ok(tr.post("/v1/fine_tuning/jobs", json=exact_job_body(asked["id"], 0.5)))
         # a rejected upload: content gone, record kept

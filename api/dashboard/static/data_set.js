@@ -13,7 +13,7 @@
     if (!b || !n || b.delta <= 1 / (10 * n)) return [];
     const units = b.unit === "user" ? "users" : "examples";
     return [el("p", { class: "warning", id: "delta-warning", "data-warning": "delta_large",
-      text: `delta_large: the budget's δ ${num(b.delta, 3)} is above 1/(10·N) = ${num(1 / (10 * n), 2)} for N = ${n} ${units}: δ is the probability the guarantee may fail, up to releasing each of the ${units} whole (N·δ = ${num(n * b.delta, 2)} in expectation). An admin may set a smaller δ.` })];
+      text: `delta_large: the budget's δ ${num(b.delta, 3)} is above 1/(10·N) = ${num(1 / (10 * n), 2)} for N = ${n} ${units}: δ is the probability the guarantee may fail, up to releasing each of the ${units} whole (N·δ = ${num(n * b.delta, 2)} in expectation). A data owner or an admin may set a smaller δ.` })];
   }
 
   async function load() {
