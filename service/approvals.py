@@ -32,7 +32,7 @@ from service.budget_groups import BudgetWish, accounting_size, place, unit_of
 from service.clock import now
 from service.db import locked_session
 from service.errors import Conflict, InvalidInput
-from service.example_hashes import Digests, HashedData
+from service.example_hashes import DIGEST_BYTES, Digests, HashedData
 from service.files import (
     APPROVED,
     PENDING,
@@ -91,7 +91,7 @@ def _pending_row(session: Session, caller: Caller, file_id: str) -> File:
 def _hashed(row: File) -> HashedData:
     """The pending upload as :func:`service.budget_groups.place` takes it, from its row and
     the digests saved beside its content."""
-    digests_path, raw_path = pending_digests(Path(row.storage_path))
+    digests_path, raw_path, users_path, pairs_path = pending_digests(Path(row.storage_path))
     if not digests_path.exists():
         raise Conflict(
             f"the example hashes of pending file {row.id} are gone (its folder was changed "
@@ -110,6 +110,8 @@ def _hashed(row: File) -> HashedData:
         Digests.load(digests_path),
         users,
         Digests.load(raw_path) if raw_path.exists() else None,
+        Digests.load(users_path) if users else None,
+        Digests.load(pairs_path, 2 * DIGEST_BYTES) if users else None,
     )
 
 

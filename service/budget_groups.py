@@ -18,6 +18,9 @@ The rules, applied under the tenant's lock (uploads of a tenant take turns):
 * shared examples with one group without a budget: joins it only when the upload asks for no
   budget either; else 409 (an admin sets that group's budget first);
 * shared examples with several groups: 409 naming them (the service never merges budgets);
+* a person is one unit (:mod:`service.user_groups`): an upload naming a user a group holds
+  (same field, same id) shares that group, as a shared example does; one that holds a line of a
+  per-user group under another user is 409 ``user_mapping_conflict``;
 * the privacy unit: a group's budget is per user when its first file names its users
   (user-level DP, docs/privacy_unit.md), else per example; an upload whose unit differs from
   the group it shares examples with is 409 ``privacy_unit_conflict`` (one budget cannot be
@@ -41,6 +44,7 @@ from service.example_hashes import HashedData
 from service.ids import new_id
 from service.settings import Settings
 from service.tables import BudgetGroup, ExampleHash, LegacyExampleHash
+from service.user_groups import add_pairs, check_mapping, user_overlap
 
 EXAMPLE_UNIT, USER_UNIT = "example", "user"
 
@@ -114,7 +118,11 @@ def overlap_report(session: Session, tenant_id: int, hashed: HashedData) -> dict
     its distinct examples (by the canonical key) and, for each existing budget group it shares
     examples with, how many, the group's unit and budget. Counts only: no text."""
     counts = overlap(session, tenant_id, hashed)
-    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:REPORT_GROUPS]
+    users = user_overlap(session, tenant_id, hashed)
+    for gid in users:
+        counts.setdefault(gid, 0)
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], -users.get(kv[0], 0), kv[0]))
+    ranked = ranked[:REPORT_GROUPS]
     groups = {
         g.id: g
         for g in session.scalars(
@@ -127,6 +135,7 @@ def overlap_report(session: Session, tenant_id: int, hashed: HashedData) -> dict
             {
                 "budget_group": gid,
                 "shared_examples": k,
+                "shared_users": users.get(gid, 0),
                 "privacy_unit": groups[gid].privacy_unit,
                 "epsilon_budget": groups[gid].epsilon_budget,
                 "delta": groups[gid].delta,
@@ -213,7 +222,9 @@ def place(
     commits): a new group, or the one existing group it shares examples with. ``into``: a data
     owner's decision to join the upload to that group (it may share no example with it: a near
     copy the hash does not see), refused when it shares examples with another group."""
-    found = sorted(overlap(session, tenant_id, hashed))
+    found = sorted(
+        set(overlap(session, tenant_id, hashed)) | set(user_overlap(session, tenant_id, hashed))
+    )
     if into is not None and found and found != [into]:
         others = [g for g in found if g != into]
         raise Conflict(
@@ -256,6 +267,8 @@ def place(
         refusal = None if into is not None else _join_refusal(group, wish, settings)
         if refusal is not None:
             raise Conflict(refusal, param="epsilon_budget", code="budget_group_conflict")
+        if group.privacy_unit == USER_UNIT:
+            check_mapping(session, tenant_id, group, hashed)
         add_digests(session, tenant_id, group, hashed)
         return Placement(group, joined=True, budget_set=False, defaulted=False)
     eps, d, defaulted = _new_budget(wish, accounting_size(hashed), settings)
@@ -310,6 +323,7 @@ def add_digests(
         ]
         if rows:
             session.execute(insert(ExampleHash), rows)
+    add_pairs(session, tenant_id, group, hashed)
     distinct = session.scalar(
         select(func.count()).select_from(ExampleHash).where(ExampleHash.group_id == group.id)
     )

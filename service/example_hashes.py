@@ -39,7 +39,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, overload
+from typing import IO, Any, overload
 
 from dprc_core.training.data import DEFAULT_USER_FIELD, DataError, read_examples
 from service.errors import InvalidInput
@@ -117,9 +117,10 @@ class Digests(Sequence[str]):
     memory (``source`` bytes) or in a file (``source`` a path), so that millions of them cost
     32 bytes each (in memory or on disk), not a string each. Slices read only their records."""
 
-    def __init__(self, source: bytes | Path, count: int):
+    def __init__(self, source: bytes | Path, count: int, width: int = DIGEST_BYTES):
         self._source = source
         self._count = count
+        self.width = width  # bytes a record (a user-level upload's pairs: 64)
 
     def __len__(self) -> int:
         return self._count
@@ -128,10 +129,10 @@ class Digests(Sequence[str]):
         if stop <= start:
             return b""
         if isinstance(self._source, bytes):
-            return self._source[start * DIGEST_BYTES : stop * DIGEST_BYTES]
+            return self._source[start * self.width : stop * self.width]
         with open(self._source, "rb") as fh:
-            fh.seek(start * DIGEST_BYTES)
-            return fh.read((stop - start) * DIGEST_BYTES)
+            fh.seek(start * self.width)
+            return fh.read((stop - start) * self.width)
 
     @overload
     def __getitem__(self, index: int) -> str: ...
@@ -145,7 +146,8 @@ class Digests(Sequence[str]):
             if step != 1:
                 return [self[i] for i in range(start, stop, step)]
             raw = self._raw(start, stop)
-            return [raw[i : i + DIGEST_BYTES].hex() for i in range(0, len(raw), DIGEST_BYTES)]
+            w = self.width
+            return [raw[i : i + w].hex() for i in range(0, len(raw), w)]
         i = operator.index(index)
         if i < 0:
             i += self._count
@@ -167,9 +169,9 @@ class Digests(Sequence[str]):
             os.fsync(fh.fileno())
 
     @classmethod
-    def load(cls, path: Path) -> Digests:
+    def load(cls, path: Path, width: int = DIGEST_BYTES) -> Digests:
         """The records :meth:`save` wrote (read from the file as they are used)."""
-        return cls(path, path.stat().st_size // DIGEST_BYTES)
+        return cls(path, path.stat().st_size // width, width)
 
 
 def save_digests(digests: Sequence[str], path: Path) -> None:
@@ -177,7 +179,8 @@ def save_digests(digests: Sequence[str], path: Path) -> None:
     if isinstance(digests, Digests):
         digests.save(path)
         return
-    Digests(b"".join(bytes.fromhex(d) for d in digests), len(digests)).save(path)
+    raw = b"".join(bytes.fromhex(d) for d in digests)
+    Digests(raw, len(digests), len(raw) // max(len(digests), 1) or DIGEST_BYTES).save(path)
 
 
 @dataclass(frozen=True)
@@ -192,24 +195,28 @@ class HashedData:
     users: UserCounts | None = None
     # the raw-text hashes (tenants with ``legacy_hashes``, looked up only, never stored)
     legacy_digests: Sequence[str] | None = None
+    # lines that name users: the users' keyed digests, and (example digest + user digest) pairs
+    # as 128 hex characters (service/user_groups.py)
+    user_digests: Sequence[str] | None = None
+    pairs: Sequence[str] | None = None
 
 
-def _records(run: bytes | Path) -> Iterator[bytes]:
-    """The 32-byte records of a sorted run, read READ_RECORDS at a time."""
+def _records(run: bytes | Path, width: int) -> Iterator[bytes]:
+    """The ``width``-byte records of a sorted run, read READ_RECORDS at a time."""
     if isinstance(run, bytes):
-        for i in range(0, len(run), DIGEST_BYTES):
-            yield run[i : i + DIGEST_BYTES]
+        for i in range(0, len(run), width):
+            yield run[i : i + width]
         return
     with open(run, "rb") as fh:
-        while block := fh.read(READ_RECORDS * DIGEST_BYTES):
-            for i in range(0, len(block), DIGEST_BYTES):
-                yield block[i : i + DIGEST_BYTES]
+        while block := fh.read(READ_RECORDS * width):
+            for i in range(0, len(block), width):
+                yield block[i : i + width]
 
 
-def _distinct(runs: list[bytes | Path]) -> Iterator[bytes]:
+def _distinct(runs: list[bytes | Path], width: int) -> Iterator[bytes]:
     """The distinct records of sorted runs, in order (a k-way merge)."""
     last = b""
-    for record in heapq.merge(*(_records(r) for r in runs)):
+    for record in heapq.merge(*(_records(r, width) for r in runs)):
         if record != last:
             yield record
             last = record
@@ -220,8 +227,9 @@ class _DigestSpool:
     ``spill_dir``, runs beyond the first are written to a folder made in it (removed by
     :meth:`close`); without one they stay in memory as 32-byte records."""
 
-    def __init__(self, spill_dir: Path | None):
+    def __init__(self, spill_dir: Path | None, width: int = DIGEST_BYTES):
         self._spill_dir = spill_dir
+        self._width = width
         self._folder: Path | None = None
         self._pending: set[bytes] = set()
         self._runs: list[bytes | Path] = []
@@ -248,14 +256,15 @@ class _DigestSpool:
         return self._folder / name
 
     def finish(self) -> Digests:
+        w = self._width
         if not self._runs:  # one run: in memory
-            return Digests(b"".join(sorted(self._pending)), len(self._pending))
+            return Digests(b"".join(sorted(self._pending)), len(self._pending), w)
         if self._pending:
             self._flush()
         if self._spill_dir is None:
-            out = b"".join(_distinct(self._runs))
+            out = b"".join(_distinct(self._runs, w))
             self._runs = []
-            return Digests(out, len(out) // DIGEST_BYTES)
+            return Digests(out, len(out) // w, w)
         runs = self._runs
         passes = 0
         while len(runs) > MAX_FAN_IN:  # merge groups first: memory is MAX_FAN_IN blocks
@@ -267,16 +276,16 @@ class _DigestSpool:
             ]
         path = self._merged(runs, "digests")
         self._runs = []
-        return Digests(path, path.stat().st_size // DIGEST_BYTES)
+        return Digests(path, path.stat().st_size // w, w)
 
     def _merged(self, runs: list[bytes | Path], name: str) -> Path:
         """Merge sorted runs into one file of distinct sorted records; the runs are deleted."""
         path = self._file(name)
         with open(path, "wb") as fh:
             block = bytearray()
-            for record in _distinct(runs):
+            for record in _distinct(runs, self._width):
                 block += record
-                if len(block) >= READ_RECORDS * DIGEST_BYTES:
+                if len(block) >= READ_RECORDS * self._width:
                     fh.write(block)
                     block.clear()
             fh.write(block)
@@ -309,13 +318,48 @@ def capped_lines(stream: IO[bytes], max_line_bytes: int | None) -> Iterator[byte
         yield line
 
 
+class _Spools:
+    """What one pass over an upload collects: its examples' digests (canonical key), their
+    raw-text digests (``legacy``), and for a data set whose lines name users the users' keyed
+    digests and each line's (example, user) pair (64-byte records: :mod:`service.user_groups`)."""
+
+    def __init__(self, spill_dir: Path | None, legacy: bool):
+        self.digests = _DigestSpool(spill_dir)
+        self.legacy = _DigestSpool(spill_dir) if legacy else None
+        self.users = _DigestSpool(spill_dir)
+        self.pairs = _DigestSpool(spill_dir, 2 * DIGEST_BYTES)
+
+    def finish(self, n: int, fmt: str, counts: UserCounts | None) -> HashedData:
+        return HashedData(
+            n,
+            fmt,
+            self.digests.finish(),
+            counts,
+            self.legacy.finish() if self.legacy is not None else None,
+            self.users.finish() if counts is not None else None,
+            self.pairs.finish() if counts is not None else None,
+        )
+
+    def close(self) -> None:
+        for spool in (self.digests, self.legacy, self.users, self.pairs):
+            if spool is not None:
+                spool.close()
+
+
+def user_digest(keyed: Any, field: str, user: str) -> bytes:
+    """A user's keyed digest in its namespace (the field naming users): HMAC over the field and
+    the id, so that the store never holds a guessable id."""
+    mac = keyed.copy()
+    mac.update(b"dprc/user\0" + field.encode("utf-8") + b"\0" + user.encode("utf-8"))
+    return bytes(mac.digest())
+
+
 def _hash_lines(
     lines: Iterable[bytes],
     secret: bytes,
-    spool: _DigestSpool,
+    spools: _Spools,
     users: UserCounter,
     user_field: str | None = None,
-    legacy: _DigestSpool | None = None,
 ) -> tuple[int, str, UserCounts | None]:
     """Validate a data set in one pass over its lines (:func:`read_examples`, and the checks of
     :func:`summarize_jsonl`: two examples, two classes) while hashing its examples into
@@ -352,11 +396,16 @@ def _hash_lines(
                 classes = 2
         mac = keyed.copy()
         mac.update(canonical_text(ex.text).encode("utf-8"))
-        spool.add(mac.digest())
-        if legacy is not None:
+        digest = mac.digest()
+        spools.digests.add(digest)
+        if spools.legacy is not None:
             raw = keyed.copy()
             raw.update(ex.text.encode("utf-8"))
-            legacy.add(raw.digest())
+            spools.legacy.add(raw.digest())
+        if ex.user is not None:
+            who = user_digest(keyed, user_field or DEFAULT_USER_FIELD, ex.user)
+            spools.users.add(who)
+            spools.pairs.add(digest + who)
     if fmt is None:
         raise DataError("the file holds no examples")
     if n < MIN_EXAMPLES:
@@ -383,14 +432,12 @@ def hash_examples(
     :func:`dprc_core.training.data.read_examples`, with the checks of ``summarize_jsonl``) and
     hash its examples (and count its users: ``user_field``, as in :func:`_hash_lines`); a bad
     line is :class:`InvalidInput` (400, ``param: file``) naming it."""
-    spool, raw = _DigestSpool(None), (_DigestSpool(None) if legacy else None)
+    spools = _Spools(None, legacy)
     try:
-        n, fmt, users = _hash_lines(
-            io.BytesIO(data), secret, spool, UserCounter(None), user_field, raw
-        )
+        n, fmt, users = _hash_lines(io.BytesIO(data), secret, spools, UserCounter(None), user_field)
     except DataError as exc:
         raise InvalidInput(str(exc), param="file", code="invalid_jsonl") from exc
-    return HashedData(n, fmt, spool.finish(), users, raw.finish() if raw else None)
+    return spools.finish(n, fmt, users)
 
 
 @contextmanager
@@ -406,18 +453,15 @@ def hash_file(
     most ``max_line_bytes``; None: no limit) and one run of digests, whatever the file's size;
     the digests beyond one run go to a folder made in ``spill_dir`` (32 bytes an example),
     removed when the context ends. A bad line is :class:`InvalidInput` naming it."""
-    spool, users = _DigestSpool(spill_dir), UserCounter(spill_dir)
-    raw = _DigestSpool(spill_dir) if legacy else None
+    spools, users = _Spools(spill_dir, legacy), UserCounter(spill_dir)
     try:
         try:
             with open(path, "rb") as fh:
                 lines = capped_lines(fh, max_line_bytes)
-                n, fmt, counts = _hash_lines(lines, secret, spool, users, user_field, raw)
+                n, fmt, counts = _hash_lines(lines, secret, spools, users, user_field)
         except DataError as exc:
             raise InvalidInput(str(exc), param="file", code="invalid_jsonl") from exc
-        yield HashedData(n, fmt, spool.finish(), counts, raw.finish() if raw else None)
+        yield spools.finish(n, fmt, counts)
     finally:
-        spool.close()
+        spools.close()
         users.close()
-        if raw is not None:
-            raw.close()

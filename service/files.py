@@ -34,6 +34,7 @@ from service.private_data import remove_run_folders, remove_token_stores
 from service.roles import Action, allowed, authorize
 from service.store import Store
 from service.tables import BudgetGroup, Checkpoint, File, Job, Tenant, Upload
+from service.user_groups import user_overlap
 
 UPLOAD_PURPOSES = ("fine-tune",)
 # a file's approval (service/approvals.py)
@@ -223,7 +224,14 @@ def _insert_data_set(
         tenant = session.get(Tenant, caller.tenant_id)
         assert tenant is not None
         if waits_for_approval(
-            caller, tenant, wish, store.settings, lambda: bool(overlap(session, tenant.id, hashed))
+            caller,
+            tenant,
+            wish,
+            store.settings,
+            lambda: (
+                bool(overlap(session, tenant.id, hashed))
+                or bool(user_overlap(session, tenant.id, hashed))
+            ),
         ):
             return _insert_pending(
                 session, caller, path, size, filename, purpose, wish, hashed, within, audit_detail
@@ -299,10 +307,16 @@ def waits_for_approval(
     return not (wish.named or applies or shares())
 
 
-def pending_digests(path: Path) -> tuple[Path, Path]:
-    """Where a pending upload's canonical and raw-text digests wait for the owner's decision:
-    beside its content (sorted 32-byte records, 0600)."""
-    return path.with_suffix(".digests"), path.with_suffix(".raw-digests")
+def pending_digests(path: Path) -> tuple[Path, Path, Path, Path]:
+    """Where a pending upload's digests wait for the owner's decision, beside its content
+    (sorted records, 0600): its examples' (canonical key), their raw-text ones (tenants with
+    legacy hashes), its users' and its (example, user) pairs (per-user data)."""
+    return (
+        path.with_suffix(".digests"),
+        path.with_suffix(".raw-digests"),
+        path.with_suffix(".user-digests"),
+        path.with_suffix(".pair-digests"),
+    )
 
 
 def _file_row(
@@ -348,11 +362,12 @@ def _insert_pending(
 ) -> DataSet:
     """Store an upload that waits for a data owner: its row without a group, the budget it
     asked for, the overlap report, its digests beside its content (removed on any failure)."""
-    digests_path, raw_path = pending_digests(path)
+    paths = pending_digests(path)
     try:
-        save_digests(hashed.digests, digests_path)
-        if hashed.legacy_digests is not None:
-            save_digests(hashed.legacy_digests, raw_path)
+        kept = (hashed.digests, hashed.legacy_digests, hashed.user_digests, hashed.pairs)
+        for digests, target in zip(kept, paths, strict=True):
+            if digests is not None:
+                save_digests(digests, target)
         row = _file_row(caller, path, size, filename, purpose, hashed, wish)
         row.approval = PENDING
         row.requested_budget = (
@@ -380,8 +395,8 @@ def _insert_pending(
         )
         session.commit()
     except BaseException:
-        digests_path.unlink(missing_ok=True)
-        raw_path.unlink(missing_ok=True)
+        for target in paths:
+            target.unlink(missing_ok=True)
         raise
     return DataSet(row, None, None)
 

@@ -113,6 +113,26 @@ class ExampleHash(Base):
     __table_args__ = (UniqueConstraint("tenant_id", "digest", name="uq_example_hash"),)
 
 
+class ExampleUser(Base):
+    """A line of a per-user data set: its example's keyed hash and its user's (keyed over the
+    field naming users and the id), and the budget group holding them. A group's lines keep
+    their users (a re-upload may not rename, split or merge them), and an upload naming a
+    person the group holds joins it (service/user_groups.py)."""
+
+    __tablename__ = "example_users"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"))
+    digest: Mapped[str] = mapped_column(String(64))
+    user_digest: Mapped[str] = mapped_column(String(64))
+    group_id: Mapped[str] = mapped_column(ForeignKey("budget_groups.id"), index=True)
+
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "digest", "user_digest", name="uq_example_user"),
+        Index("ix_example_users_user", "tenant_id", "user_digest"),
+    )
+
+
 class LegacyExampleHash(Base):
     """A raw-text hash (before the canonical key) whose file's content was gone when the tenant
     was re-keyed (service/rekey.py): uploads are still looked up by it, so a re-upload of that

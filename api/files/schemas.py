@@ -40,6 +40,10 @@ class Budget(BaseModel):
 class OverlapGroup(BaseModel):
     budget_group: str
     shared_examples: int = Field(description="distinct examples (canonical key) both hold")
+    shared_users: int = Field(
+        default=0,
+        description="users (same field, same id) both name: a person's budget follows them",
+    )
     privacy_unit: str
     epsilon_budget: float | None
     delta: float | None

@@ -240,3 +240,67 @@ def test_the_uploads_api_lands_pending_and_the_owner_approves(srv, tmp_path):
         extra_body={"privacy": {"target_epsilon": 1.0, "clipping": {"method": "exact"}}},
     )
     assert job.status in ("validating_files", "queued")
+
+
+def _user_rows(users: int, per_user: int, tag: str) -> list[dict]:
+    return [
+        {
+            "text": f"{tag} entry {j} of person {u} about their sleep",
+            "label": j % 2,
+            "user_id": f"p{u}",
+        }
+        for u in range(users)
+        for j in range(per_user)
+    ]
+
+
+def _user_job(file_id: str, epsilon: float) -> dict:
+    body = exact_job_body(file_id, epsilon)
+    body["privacy"]["unit"] = "user"
+    return body
+
+
+def test_a_person_is_one_unit_across_uploads(srv):
+    """Issue 40, points 4 and 8: remapped, split or merged users cannot re-enter a per-user
+    group, and a person's lines in two files that share no line are one budget group, so a
+    job on each composes in one budget."""
+    with srv.http(srv.key("people", "admin")) as http:
+        rows = _user_rows(30, 4, "diary")
+        first = _ok(_upload(http, _jsonl(rows), epsilon_budget="6"))
+        assert first["budget"]["unit"] == "user" and first["n_users"] == 30
+        group = first["budget_group"]
+        # the same lines, one pseudo-user per line: the group would be divided among 120
+        one_each = [{**r, "user_id": f"line{i}"} for i, r in enumerate(rows)]
+        err = _error(_upload(http, _jsonl(one_each)), 409)
+        assert err["code"] == "user_mapping_conflict" and group in err["message"]
+        # each person split in two 2-line pseudo-users
+        split = [{**r, "user_id": f"{r['user_id']}-{i % 4 // 2}"} for i, r in enumerate(rows)]
+        assert _error(_upload(http, _jsonl(split)), 409)["code"] == "user_mapping_conflict"
+        # two people merged into one, even with a new case of the text
+        merged = [
+            {
+                **r,
+                "text": r["text"].upper(),
+                "user_id": "p0" if r["user_id"] == "p1" else r["user_id"],
+            }
+            for r in rows
+        ]
+        assert _error(_upload(http, _jsonl(merged)), 409)["code"] == "user_mapping_conflict"
+        # the same mapping again (a subset): joins, and the group's users do not grow
+        subset = _ok(_upload(http, _jsonl(rows[:60])))
+        assert subset["budget_group"] == group and subset["n_users"] == 15
+        # the same people with new lines (no line shared): the same data set
+        later = _ok(_upload(http, _jsonl(_user_rows(30, 3, "later"))))
+        assert later["budget_group"] == group and later["joined_budget_group"] is True
+        # other people with new lines: a data set of their own
+        others = [{**r, "user_id": f"q{r['user_id']}"} for r in _user_rows(30, 3, "other")]
+        fresh = _ok(_upload(http, _jsonl(others), epsilon_budget="6"))
+        assert fresh["budget_group"] != group
+        # a job on each of the two files of one person's group composes in one budget
+        before = _ok(http.get(f"/v1/files/{first['id']}"))["budget"]["committed"]
+        _ok(http.post("/v1/fine_tuning/jobs", json=_user_job(first["id"], 2.0)))
+        mid = _ok(http.get(f"/v1/files/{first['id']}"))["budget"]["committed"]
+        _ok(http.post("/v1/fine_tuning/jobs", json=_user_job(later["id"], 2.0)))
+        after = _ok(http.get(f"/v1/files/{first['id']}"))["budget"]["committed"]
+        assert before == 0 and 0 < mid < after
+        assert _ok(http.get(f"/v1/files/{fresh['id']}"))["budget"]["committed"] == 0

@@ -4,8 +4,9 @@ A file records its approval ("approved", "pending", "rejected"), the budget its 
 for, the overlap report computed at upload and who decided it when; a tenant records whether
 its trainers may budget their own uploads, how its example hashes are keyed (1: raw text,
 2: canonical text, re-keyed at start-up by service/rekey.py) and whether raw-text hashes that
-could not be re-keyed remain (in legacy_example_hashes, looked up by uploads). Existing files
-are approved (they were budgeted at upload).
+could not be re-keyed remain (in legacy_example_hashes, looked up by uploads); a per-user data
+set's lines keep their users (example_users: the example's and the user's keyed hashes).
+Existing files are approved (they were budgeted at upload).
 
 Revision ID: 0010
 Revises: 0009
@@ -35,6 +36,19 @@ def upgrade() -> None:
         sa.UniqueConstraint("tenant_id", "digest", name="uq_legacy_example_hash"),
     )
     op.create_index("ix_legacy_example_hashes_group_id", "legacy_example_hashes", ["group_id"])
+    op.create_table(
+        "example_users",
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True),
+        sa.Column("tenant_id", sa.Integer(), sa.ForeignKey("tenants.id"), nullable=False),
+        sa.Column("digest", sa.String(length=64), nullable=False),
+        sa.Column("user_digest", sa.String(length=64), nullable=False),
+        sa.Column(
+            "group_id", sa.String(length=40), sa.ForeignKey("budget_groups.id"), nullable=False
+        ),
+        sa.UniqueConstraint("tenant_id", "digest", "user_digest", name="uq_example_user"),
+    )
+    op.create_index("ix_example_users_group_id", "example_users", ["group_id"])
+    op.create_index("ix_example_users_user", "example_users", ["tenant_id", "user_digest"])
     with op.batch_alter_table("tenants") as batch:
         batch.add_column(
             sa.Column(
@@ -58,6 +72,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_index("ix_example_users_user", table_name="example_users")
+    op.drop_index("ix_example_users_group_id", table_name="example_users")
+    op.drop_table("example_users")
     op.drop_index("ix_legacy_example_hashes_group_id", table_name="legacy_example_hashes")
     op.drop_table("legacy_example_hashes")
     with op.batch_alter_table("files") as batch:
