@@ -61,3 +61,20 @@ def test_user_level_data_set_and_job_pages_say_per_user(dashboard, new_context):
     assert "each user joins each batch independently" in words
     assert "each user's summed gradient is scaled" in words
     dashboard.shot(page, "job_user_level")
+
+    # the new-job page: a per-user data set selects the user unit; the job created from the
+    # form is a user-level job with the lines a user may give a step
+    page.goto(f"{dashboard.url}/jobs/new?file={f['id']}")
+    page.wait_for_selector("#plan")
+    assert page.locator("#unit").input_value() == "user"
+    assert page.locator("#batch-words").inner_text() == "Batch size (expected, users)"
+    page.select_option("#model", "dprc-tiny-llama")
+    page.fill("#target_epsilon", "1")
+    page.fill("#n_epochs", "1")
+    page.fill("#batch_size", "4")
+    page.fill("#max_seq_len", "32")
+    page.fill("#max_examples_per_user", "3")
+    page.click("#submit-job")
+    page.wait_for_url(f"{dashboard.url}/jobs/ftjob-*")
+    made = api.get(f"/v1/fine_tuning/jobs/{page.url.rsplit('/', 1)[1]}").json()["privacy"]
+    assert made["unit"]["type"] == "user" and made["unit"]["max_examples_per_user"] == 3

@@ -20,6 +20,10 @@
     if ($("sketch").value) privacy.clipping.sketch = $("sketch").value;  // else the API's default
     if (intOrNull("k") !== null) privacy.clipping.k = intOrNull("k");
     if (intOrNull("target_delta") !== null) privacy.target_delta = intOrNull("target_delta");
+    if ($("unit").value === "user") {
+      privacy.unit = { type: "user" };
+      if (intOrNull("max_examples_per_user") !== null) privacy.unit.max_examples_per_user = intOrNull("max_examples_per_user");
+    }
     const out = { model: $("model").value, training_file: $("training_file").value, hyperparameters: hp, privacy };
     if (intOrNull("checkpoint_every") !== null) out.checkpoint_every = intOrNull("checkpoint_every");
     return out;
@@ -70,6 +74,21 @@
     }
   }
 
+  // a data set whose lines name their users trains per user: the unit follows the data set
+  let filesById = new Map();
+  function unitFollowsFile() {
+    const f = filesById.get($("training_file").value);
+    if (f) $("unit").value = f.n_users != null ? "user" : "example";
+    unitWords();
+  }
+  function unitWords() {
+    const user = $("unit").value === "user";
+    $("max_examples_per_user").disabled = !user;
+    $("batch-words").textContent = user ? "Batch size (expected, users)" : "Batch size (expected, examples)";
+  }
+  $("training_file").addEventListener("change", unitFollowsFile);
+  $("unit").addEventListener("change", unitWords);
+
   let timer = null;
   const later = () => { errorBox.hidden = true; clearTimeout(timer); timer = setTimeout(update, 350); };
   $("job-form").addEventListener("input", later);
@@ -92,12 +111,15 @@
 
   (async () => {
     try {
-      const [files, models] = await Promise.all([api("/v1/files?purpose=fine-tune"), api("/v1/models")]);
-      $("training_file").replaceChildren(...files.data.map((f) => el("option", { value: f.id,
-        text: `${f.filename} (${f.n_examples} ${f.format}${f.budget ? `, ε left ${num(f.budget.remaining)}` : ""})` })));
+      const [files, models] = await Promise.all([api("/v1/files?purpose=fine-tune&approval=approved"), api("/v1/models")]);
+      const trainable = files.data.filter((f) => !f.unbudgeted);
+      filesById = new Map(trainable.map((f) => [f.id, f]));
+      $("training_file").replaceChildren(...trainable.map((f) => el("option", { value: f.id,
+        text: `${f.filename} (${f.n_users != null ? `${f.n_users} users, ` : ""}${f.n_examples} ${f.format}${f.budget ? `, ε${f.budget.unit === "user" ? " per user" : ""} left ${num(f.budget.remaining)}` : ""})` })));
       $("model").replaceChildren(...models.data.map((m) => el("option", { value: m.id, text: `${m.id} (${m.task})` })));
       const want = new URLSearchParams(location.search).get("file");
-      if (want && files.data.some((f) => f.id === want)) $("training_file").value = want;
+      if (want && filesById.has(want)) $("training_file").value = want;
+      unitFollowsFile();
       update();
     } catch (err) { dprc.showError(preview, err); }
   })();
