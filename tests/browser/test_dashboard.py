@@ -107,7 +107,7 @@ def test_upload_create_follow_download_cancel(dashboard, new_context, tmp_path):
     file_id = page.locator("#uploaded").get_attribute("data-file-id")
     listed = api.get(f"/v1/files/{file_id}").json()
     assert listed["n_examples"] == 48 and listed["budget"]["epsilon"] == 9.0
-    bar = page.locator(f"article[data-file-id='{file_id}'] svg.bar rect.remaining")
+    bar = page.locator(f"#files article:has(li[data-file-id='{file_id}']) svg.bar rect.remaining")
     assert float(bar.get_attribute("data-epsilon")) == pytest.approx(9.0)
 
     # 2. the new-job form: a refusal in place, then the preview against the accountant
@@ -232,7 +232,7 @@ def test_upload_create_follow_download_cancel(dashboard, new_context, tmp_path):
     ) == len(hist["data"])
     dashboard.shot(page, "data_set")
     page.goto(f"{dashboard.url}/data-sets")
-    page.wait_for_selector(f"article[data-file-id='{file_id}'] .budget-words")
+    page.wait_for_selector(f"#files article:has(li[data-file-id='{file_id}']) .budget-words")
     dashboard.shot(page, "data_sets")
 
     # 6. a second job, cancelled from its page after the confirmation

@@ -28,9 +28,11 @@ def served(request, tmp_path_factory) -> Iterator[Server]:
     yield from serve_embedded(request, tmp_path_factory, "ft")
 
 
-def _train(client, tag: str, hp: dict = HP, **extra):
+def _train(client, tag: str, hp: dict = HP, uploader=None, **extra):
+    """Upload a data set (by ``uploader``, a data owner, when ``client`` is a trainer's: a
+    trainer's upload waits for approval) and train on it with ``client``."""
     lines = learnable_lines(24).replace(b'"}', f' {tag}"}}'.encode())
-    f = client.files.create(
+    f = (uploader or client).files.create(
         file=(f"{tag}.jsonl", lines), purpose="fine-tune", extra_body={"epsilon_budget": 9.0}
     )
     job = client.fine_tuning.jobs.create(
@@ -54,9 +56,10 @@ def _archive_weights(client, job) -> dict:
 def test_a_succeeded_job_names_a_model_its_tenant_lists_and_trains_on(served):
     tenant = f"Acme Labs {served.settings.data_dir.name}"
     alice = served.client(served.key(tenant, role="trainer"))
+    owner = served.client(served.key(tenant, role="data_owner"))
     bob = served.client(served.key(f"other {served.settings.data_dir.name}"))
 
-    first = _train(alice, "first", model="dprc-tiny-llama", suffix="first_run")
+    first = _train(alice, "first", model="dprc-tiny-llama", suffix="first_run", uploader=owner)
     slug = re.sub(r"[^a-z0-9-]+", "-", tenant.lower()).strip("-")
     name = f"ft:dprc-tiny-llama:{slug}:first_run:{first.id}"
     assert first.fine_tuned_model == name
@@ -79,7 +82,7 @@ def test_a_succeeded_job_names_a_model_its_tenant_lists_and_trains_on(served):
     assert refused.value.body["code"] == "model_not_found"
 
     # the fine-tuned model is the base of a later job, which starts from its released weights
-    second = _train(alice, "second", model=name)
+    second = _train(alice, "second", model=name, uploader=owner)
     assert second.model == name
     assert second.fine_tuned_model == f"ft:dprc-tiny-llama:{slug}::{second.id}"  # root base
     unpacked = load_file(served.settings.models_dir / "fine-tuned" / first.id / "model.safetensors")
@@ -97,7 +100,7 @@ def test_a_succeeded_job_names_a_model_its_tenant_lists_and_trains_on(served):
     assert name not in {m.id for m in alice.models.list().data}
     with pytest.raises(openai.NotFoundError):
         alice.models.retrieve(name)
-    again = alice.files.create(
+    again = owner.files.create(
         file=("c.jsonl", learnable_lines(24).replace(b'"}', b' third"}')),
         purpose="fine-tune",
         extra_body={"epsilon_budget": 5},
