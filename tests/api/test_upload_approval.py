@@ -304,3 +304,29 @@ def test_a_person_is_one_unit_across_uploads(srv):
         after = _ok(http.get(f"/v1/files/{first['id']}"))["budget"]["committed"]
         assert before == 0 and 0 < mid < after
         assert _ok(http.get(f"/v1/files/{fresh['id']}"))["budget"]["committed"] == 0
+
+
+def test_concurrent_decisions_on_one_upload_take_turns(srv):
+    """Four owners decide the same pending upload at once: one decision lands, the others are
+    409 not_pending; one audit entry; no 5xx."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    trainer, owner = srv.key("race", "trainer"), srv.key("race", "data_owner")
+    with srv.http(trainer) as tr:
+        f = _ok(_upload(tr, _jsonl(_rows(20, "race"))))
+
+    def decide(i: int) -> int:
+        with srv.http(owner) as http:
+            if i % 2:
+                return http.post(
+                    f"/v1/files/{f['id']}/reject", json={"reason": f"r{i}"}
+                ).status_code
+            body = {"epsilon_budget": 1 + i, "reason": f"a{i}"}
+            return http.post(f"/v1/files/{f['id']}/approve", json=body).status_code
+
+    with ThreadPoolExecutor(4) as pool:
+        codes = sorted(pool.map(decide, range(4)))
+    assert codes == [200, 409, 409, 409], codes
+    with srv.http(srv.key("race", "admin")) as adm:
+        log = _ok(adm.get("/v1/organization/audit_logs", params={"resource": f["id"]}))["data"]
+    assert len([e for e in log if e["action"] in ("file.approve", "file.reject")]) == 1
