@@ -8,6 +8,8 @@ import json
 import tarfile
 import time
 
+import pytest
+
 from dprc_core.accounting import PrivacyLedger, epsilon
 from tests.worker.conftest import learnable_lines, wait_for
 
@@ -280,3 +282,30 @@ def test_a_nu_dpftrl_job_runs_through_the_service(embedded):
     assert abs(eps - want) <= 1e-9 * want
     budget = client.files.retrieve(f.id).model_extra["budget"]
     assert budget["reserved"] == 0 and abs(budget["spent"] - want) <= 1e-6 * want
+
+
+def test_a_chunked_upload_is_trained_on_once_a_data_owner_approves_it(embedded, tmp_path):
+    """Issue 40: the official client's ``upload_file_chunked`` (no extra fields) of a trainer
+    lands pending; a data owner approves it; the job trains to success and its ε is what the
+    approved budget was charged (one job: the group's spent is the job's, at the one δ)."""
+    path = tmp_path / "big.jsonl"
+    path.write_bytes(learnable_lines(48).replace(b'"}', b' chunked"}'))
+    trainer = embedded.client(embedded.key("chunks", "trainer"))
+    done = trainer.uploads.upload_file_chunked(
+        file=path, mime_type="text/jsonl", purpose="fine-tune", part_size=512
+    )
+    assert done.file is not None
+    f = trainer.files.retrieve(done.file.id)
+    assert f.model_extra["approval"]["status"] == "pending"
+    owner = embedded.client(embedded.key("chunks", "data_owner"))
+    approved = owner.post(
+        f"/files/{f.id}/approve", body={"epsilon_budget": 9.0, "reason": "ok"}, cast_to=object
+    )
+    assert approved["budget"]["epsilon"] == 9.0
+    job = wait_for(trainer, _create(trainer, f.id).id, {"succeeded", "failed", "cancelled"})
+    assert job.status == "succeeded", job.model_extra.get("error") or job
+    budget = trainer.files.retrieve(f.id).model_extra["budget"]
+    privacy = job.model_extra["privacy"]
+    assert budget["delta"] == privacy["target_delta"]
+    assert budget["spent"] == pytest.approx(privacy["epsilon_spent"], rel=1e-6)
+    assert 0 < budget["spent"] <= 9.0
