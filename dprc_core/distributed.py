@@ -181,6 +181,27 @@ def check_same_on_all_ranks(what: str, fingerprint: str, ranks: Ranks) -> None:
         )
 
 
+def all_gather_ints(values: Sequence[int], ranks: Ranks) -> list[list[int]]:
+    """Every rank's ``values`` (int64), in rank order, on every rank: one all-gather of their
+    lengths, then one of the values padded to the longest (none when every rank has none)."""
+    if not ranks.distributed:
+        return [[int(v) for v in values]]
+    dist, device = torch.distributed, ranks.device
+    mine = torch.tensor([int(v) for v in values], dtype=torch.int64, device=device)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(ranks.world_size)]
+    count = torch.tensor([mine.numel()], dtype=torch.int64, device=device)
+    dist.all_gather(sizes, count, group=ranks.group)
+    lengths = [int(n.item()) for n in sizes]
+    longest = max(lengths)
+    if longest == 0:
+        return [[] for _ in lengths]
+    padded = torch.zeros(longest, dtype=torch.int64, device=device)
+    padded[: mine.numel()] = mine
+    parts = [torch.empty_like(padded) for _ in lengths]
+    dist.all_gather(parts, padded, group=ranks.group)
+    return [part[:n].tolist() for part, n in zip(parts, lengths, strict=True)]
+
+
 def parameter_fingerprint(params: Sequence[torch.Tensor]) -> str:
     """Shapes and dtypes of the trainable parameters, in order (not their values)."""
     text = ";".join(f"{tuple(p.shape)}:{p.dtype}" for p in params)

@@ -35,6 +35,7 @@ from dprc_core.clipping import (
     norm_from_method,
 )
 from dprc_core.distributed import (
+    all_gather_ints,
     all_reduce_sum,
     broadcast_int,
     broadcast_object,
@@ -494,7 +495,9 @@ class PrivacyEngine:
         micro-batch — is clipped to ``max_grad_norm`` as one sample (exact or sketched norms;
         per-example sketches are keyed by the user id), and a user's rows must all be in one
         micro-batch of the logical batch (a user met again is refused: it would be clipped
-        twice). ``expected_batch_size`` is then the expected number of users per step.
+        twice; with several ranks, on one rank too: :meth:`step` refuses a user, or an example
+        id, that two ranks met). ``expected_batch_size`` is then the expected number of users
+        per step.
 
         Stages: open the logical batch; check sample independence (once); the norm pass;
         drop non-finite samples; the clipped sum; the batch's statistics."""
@@ -761,6 +764,7 @@ class PrivacyEngine:
             raise ValueError("pass both loss_fn and batch, or neither (after accumulate())")
         if loss_fn is not None:
             self.accumulate(loss_fn, batch, example_ids, user_ids)
+        self._check_units_across_ranks()
         if not self._in_batch:  # an empty logical batch: still a (noise-only) step
             for p in self.params:
                 p.grad = None
@@ -772,6 +776,57 @@ class PrivacyEngine:
         stats = self._step_stats()
         self._reset_batch()
         return stats
+
+    def _check_units_across_ranks(self) -> None:
+        """Several ranks (data-parallel or sharded): the units met in this logical batch — the
+        user ids, or the example ids passed to :meth:`accumulate` — are gathered from every
+        rank (their int64 ids), and a unit met on two ranks is refused on every rank, the batch
+        dropped and no step taken: each rank would clip its rows of the unit as one sample, so
+        the unit would contribute up to C once per rank. The ranks must also agree on the
+        batch's privacy unit (users, or examples)."""
+        if not self.ranks.distributed:
+            return
+        code = {None: 0, "example": 1, "user": 2}[self._unit]
+        parts = all_gather_ints([code, *sorted(self._ids_seen)], self.ranks)
+        units = {part[0] for part in parts if part[0]}
+        if len(units) > 1:
+            self._drop_batch()
+            raise ValueError(
+                "the ranks disagree on this logical batch's privacy unit: some passed user_ids, "
+                "others not; pass user_ids on every rank of a user-level step, or on none"
+            )
+        owner: dict[int, int] = {}
+        twice: dict[int, list[int]] = {}
+        for rank, part in enumerate(parts):
+            for unit_id in part[1:]:
+                if unit_id in owner:
+                    twice.setdefault(unit_id, [owner[unit_id]]).append(rank)
+                else:
+                    owner[unit_id] = rank
+        if not twice:
+            return
+        self._drop_batch()
+        shown = ", ".join(f"{i} (ranks {ranks})" for i, ranks in sorted(twice.items())[:5])
+        if units == {2}:
+            raise ValueError(
+                f"user(s) {shown} contributed to this logical batch on two ranks: a user's "
+                "rows must all be on one rank, in one micro-batch (each rank clips its rows "
+                "of the user as one sample, so the user would contribute up to C once per "
+                "rank); split a step's users between the ranks, not their rows "
+                "(UserPoissonSampler does)"
+            )
+        raise ValueError(
+            f"example id(s) {shown} contributed to this logical batch on two ranks: each "
+            "example must be on one rank (it would be clipped, and its per-example projection "
+            "used, once per rank); split the batch's examples between the ranks "
+            "(dprc_core.distributed.shard_indices)"
+        )
+
+    def _drop_batch(self) -> None:
+        """Drop the logical batch being accumulated (no step is taken)."""
+        for p in self.params:
+            p.grad = None
+        self._reset_batch()
 
     @torch.no_grad()
     def _fingerprints(self) -> list[torch.Tensor]:

@@ -125,6 +125,27 @@ def _pop_user(obj: dict[str, Any], line: int, user_field: str | None) -> str | N
     return str(value)
 
 
+def _check_id_type(value: str | int, line: int, first: tuple[int, str] | None) -> tuple[int, str]:
+    """A data set's user ids are all strings or all integers: ``user_key`` keys an id by its
+    text, so the integer 7 and the string "7" would be one user (two people merged into one
+    privacy unit, which is not safe: docs/privacy_unit.md). ``first``: the first id's line
+    and type (None: this is the first id)."""
+    kind = "integer" if isinstance(value, int) else "string"
+    if first is None:
+        return line, kind
+    if kind != first[1]:
+        raise DataError(
+            f"line {line}: user id {json.dumps(value)[:40]} is {_article(kind)} while line "
+            f"{first[0]}'s is {_article(first[1])}: a data set's user ids are all strings or "
+            'all integers (7 and "7" would be one user)'
+        )
+    return first
+
+
+def _article(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
+
+
 def read_example(obj: Any, line: int, user_field: str | None = None) -> Example:
     """The example of one decoded line, or :class:`DataError` naming the line and why.
     ``user_field``: the field naming the line's user, then required (else ``user_id`` is
@@ -166,7 +187,8 @@ def read_examples(
 ) -> Iterator[Example]:
     """The examples of JSONL lines, one by one (nothing but the current line is held):
     blank lines skipped, every line decoded by :func:`decode_json_line` and read by
-    :func:`read_example`, all of one format (and, given ``task``, one that task takes).
+    :func:`read_example`, all of one format (and, given ``task``, one that task takes), and
+    the user ids, where lines name users, all strings or all integers (:func:`_check_id_type`).
     The upload's validation and the worker's loading both read files with this; lines are
     what a binary file (or ``io.BytesIO``) iterates: they end at ``\n`` only, so U+2028 and
     the other Unicode line separators are characters of a line (valid inside a JSON string),
@@ -174,10 +196,14 @@ def read_examples(
     if task is not None and task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     first: str | None = None
+    id_type: tuple[int, str] | None = None  # the first user id's line and type
     for i, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
-        ex = read_example(decode_json_line(raw, i), i, user_field)
+        obj = decode_json_line(raw, i)
+        ex = read_example(obj, i, user_field)
+        if ex.user is not None:
+            id_type = _check_id_type(obj[user_field or DEFAULT_USER_FIELD], i, id_type)
         if task is not None and ex.format not in FORMATS_FOR_TASK[task]:
             if task == "classification":
                 raise DataError(f"line {i}: needs a 'label' (string or integer)")

@@ -8,7 +8,8 @@ Layout of one store, ``<root>/<key>/``:
 * ``labels.i32`` — the class index of each example (classification only);
 * ``users.i64`` — each example's user key (user-level DP only: built when the key names a user
   field): the first 62 bits of SHA-256("dprc/user/" + the user's id as in the file), so equal
-  ids share a key and the ids themselves are not kept;
+  ids share a key and the ids themselves are not kept; a build in which two distinct ids
+  share a key is refused (``user_key_collision``, :func:`user_key`);
 * ``meta.json`` — N, the token count, the pad id, the classes, the key's parts and the
   SHA-256 of each array file.
 
@@ -19,7 +20,9 @@ folder; only a complete, fsynced folder is renamed to ``<key>`` (atomic on one f
 so a build killed at any point leaves nothing a later job would open (its temporary folder is
 removed by the next build of that key). Builds of one key take turns through an ``flock`` on
 ``<key>.lock``: a second process waiting for it finds the finished store and reuses it.
-Memory while building: one batch of texts and ids, and for classification the distinct labels.
+Memory while building: one batch of texts and ids, for classification the distinct labels,
+and with a user field, at the end, each line's user key and id hash (24 bytes a line, read
+back from the build folder) to count the distinct ids against the distinct keys.
 
 **Opening** checks every array file's SHA-256 against ``meta.json``; a store that fails (a
 truncated or altered file) is moved aside and rebuilt, never used. Batches are sliced from
@@ -303,12 +306,14 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
         open(tmp / "offsets.i64", "wb") as offsets_f,
         open(tmp / "labels.i32", "wb") as labels_f,
         open(tmp / "users.i64", "wb") as users_f,
+        open(tmp / "user-ids.tmp", "wb") as ids_f,
         open(path, "rb") as source,
     ):
         offsets_f.write(np.zeros(1, dtype=np.int64).tobytes())
         texts: list[str] = []
         labels: list[Any] = []
         users: list[int] = []
+        user_ids = bytearray()  # each line's user_id_hash, checked for key collisions
 
         def flush() -> None:
             nonlocal n, n_tokens
@@ -328,11 +333,13 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
                 labels_f.write(np.asarray(_label_ids(labels, index, key), np.int32).tobytes())
             if key.user_field is not None:
                 users_f.write(np.asarray(users, dtype=np.int64).tobytes())
+                ids_f.write(user_ids)
             n += len(ids)
             n_tokens += int(lengths.sum())
             texts.clear()
             labels.clear()
             users.clear()
+            user_ids.clear()
 
         for ex in read_examples(source, key.task, key.user_field):
             texts.append(ex.text)
@@ -340,6 +347,7 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
             if key.user_field is not None:
                 assert ex.user is not None  # read_examples requires it
                 users.append(user_key(ex.user))
+                user_ids += user_id_hash(ex.user)
             if len(texts) >= BUILD_BATCH:
                 flush()
                 if report is not None and time.monotonic() - last_report >= 1.0:
@@ -352,6 +360,13 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
             os.fsync(f.fileno())
     if n == 0:
         raise DataError("the file holds no examples")
+    if key.user_field is not None:
+        keys = np.fromfile(tmp / "users.i64", dtype=np.int64)
+        ids = np.fromfile(tmp / "user-ids.tmp", dtype=np.uint64).reshape(-1, 2)
+        n_ids, n_keys, _ = count_user_ids(keys, ids)
+        del keys, ids
+        check_user_keys(n_ids, n_keys)
+    (tmp / "user-ids.tmp").unlink()
     classes = list(key.classes) if key.classes is not None else None
     if classification and key.classes is None:
         classes = label_names(list(index))
@@ -384,11 +399,58 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
 
 
 def user_key(user: str) -> int:
-    """A user's key: the first 62 bits of SHA-256("dprc/user/" + id). Two ids sharing a key
-    (probability about n²/2⁶³ for n users) are one user to the sampler and the engine: sampled
-    and clipped together, which protects each of them at least as well."""
+    """A user's key: the first 62 bits of SHA-256("dprc/user/" + id), the id as its text
+    (kept as it is: changing it would change every store and resume). The text does not
+    carry the id's type, so a data set's ids must all be strings or all integers
+    (:func:`dprc_core.training.data.read_examples` refuses a mix: 7 and "7" would share a
+    key). Two distinct ids sharing a key (probability about U²/2⁶³ for U users) would be one
+    unit to the sampler and the engine, sampled and clipped together — which is NOT safe:
+    removing one of the two people can move the merged unit's clipped gradient by up to 2C
+    (from C in one direction to C in the opposite one), twice the sensitivity the noise is
+    calibrated for. So a collision is counted and refused (:func:`count_user_ids`,
+    :func:`check_user_keys`) when an upload's users are counted (``service.user_counts``) and
+    when a store is built with a user field."""
     digest = hashlib.sha256(b"dprc/user/" + user.encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 2
+
+
+def user_id_hash(user: str) -> bytes:
+    """The id itself, for counting distinct ids: 128 bits of SHA-256("dprc/user-id/" + id)
+    (a different hash from :func:`user_key`'s, so that two ids sharing a key are told apart
+    unless they also share these 128 bits: probability about U²/2¹²⁹). The id's text is the
+    typed id because a data set's ids are all of one type."""
+    return hashlib.sha256(b"dprc/user-id/" + user.encode()).digest()[:16]
+
+
+def count_user_ids(keys: np.ndarray, ids: np.ndarray) -> tuple[int, int, int]:
+    """(distinct ids, distinct keys, most lines of one key) of lines whose users have the keys
+    ``keys`` (N,) int64 and the id hashes ``ids`` (N, 2) uint64 (:func:`user_id_hash`'s 16
+    bytes as two words). More distinct ids than keys: some distinct ids share a key
+    (:func:`check_user_keys`). Memory: a few copies of the N lines' 24 bytes."""
+    n = int(keys.size)
+    if n == 0:
+        return 0, 0, 0
+    order = np.lexsort((ids[:, 1], ids[:, 0], keys))
+    k, hi, lo = keys[order], ids[order, 0], ids[order, 1]
+    new_key = np.ones(n, dtype=bool)
+    new_key[1:] = k[1:] != k[:-1]
+    new_id = new_key.copy()  # sorted by key then id: a new id starts a run of equal ids
+    new_id[1:] |= (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])
+    starts = np.flatnonzero(new_key)
+    most = int(np.diff(np.append(starts, n)).max())
+    return int(new_id.sum()), int(starts.size), most
+
+
+def check_user_keys(n_ids: int, n_keys: int) -> None:
+    """Refuse a data set in which distinct user ids share a key (:func:`user_key`): the
+    sampler and the engine would merge them into one unit, which is not protected."""
+    if n_ids > n_keys:
+        raise DataError(
+            f"user_key_collision: {n_ids - n_keys} of the data set's {n_ids} distinct user ids "
+            f"share a 62-bit user key with another id (only {n_keys} distinct keys): two "
+            "people merged into one unit are not protected (docs/privacy_unit.md); rename "
+            "one of the colliding ids"
+        )
 
 
 def _label_ids(labels: list[Any], index: dict[str, int], key: StoreKey) -> list[int]:

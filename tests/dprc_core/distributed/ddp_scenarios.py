@@ -160,6 +160,49 @@ def scenario_sampler(out: Path) -> None:
     )
 
 
+def scenario_units(out: Path) -> None:
+    """A tiny linear model's user-level steps (per-example sketches: the engine tracks the
+    example ids too): users on one rank each (steps), user 5 on both ranks (refused on both,
+    no step), example id 5 on both ranks (refused), the ranks disagreeing on the unit
+    (refused), then users on one rank each again (steps)."""
+    ranks = current_ranks()
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1).double()
+    engine = PrivacyEngine(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        clipping=Clipping(1.0, Hutch(4, sketch="per_example")),
+        noise=Gaussian(1.0),
+        expected_batch_size=4.0,
+        seed=3,
+    )
+    x, y = torch.randn(3, 3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+
+    def loss(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return (m(batch[0]).squeeze(-1) - batch[1]) ** 2
+
+    def refused(**ids: list[int]) -> str:
+        before = model.weight.detach().clone()
+        try:
+            engine.step(loss, (x, y), **ids)
+        except ValueError as exc:
+            assert torch.equal(model.weight.detach(), before), "a refused batch stepped"
+            return str(exc)
+        return "stepped"
+
+    r = ranks.rank
+    result: dict = {}
+    result["disjoint"] = engine.step(loss, (x, y), user_ids=[2 * r + 1, 2 * r + 1, 2 * r + 2])
+    result["disjoint"] = result["disjoint"].batch_size
+    result["users"] = refused(user_ids=[5, 5, 2 * r + 1])
+    result["examples"] = refused(example_ids=[5, 10 + r, 20 + r])
+    result["units"] = refused(**({"user_ids": [1, 2, 2]} if r == 0 else {"example_ids": [7, 8, 9]}))
+    result["again"] = engine.step(loss, (x, y), user_ids=[2 * r + 1, 2 * r + 2, 2 * r + 2])
+    result["again"] = result["again"].batch_size
+    result["steps"] = engine.steps
+    (out / f"units-rank{r}.json").write_text(json.dumps(result))
+
+
 def main() -> None:
     name, out = sys.argv[1], Path(sys.argv[2])
     torch.distributed.init_process_group(backend="gloo")
@@ -169,6 +212,7 @@ def main() -> None:
             "noise": scenario_noise,
             "sampler": scenario_sampler,
             "dpftrl": scenario_dpftrl,
+            "units": scenario_units,
         }[name](out)
     finally:
         torch.distributed.destroy_process_group()

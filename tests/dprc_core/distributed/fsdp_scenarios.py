@@ -298,6 +298,45 @@ def scenario_refusals(out: Path) -> None:
     (out / f"refusals-rank{ranks.rank}.json").write_text(json.dumps(found))
 
 
+def scenario_units(out: Path) -> None:
+    """A sharded two-layer net's user-level steps: users on one rank each (steps), user 5 on
+    both ranks (refused on both: no step), users on one rank each again (steps)."""
+    ranks = current_ranks()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)).double()
+    for m in model.children():
+        if isinstance(m, nn.Linear):
+            fully_shard(m)
+    fully_shard(model)
+    engine = PrivacyEngine(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        clipping=Clipping(1.0, Exact()),
+        noise=Gaussian(1.0),
+        expected_batch_size=4.0,
+        seed=3,
+    )
+    x, y = torch.randn(3, 3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+
+    def loss(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return (m(batch[0]).squeeze(-1) - batch[1]) ** 2
+
+    r = ranks.rank
+    result: dict = {"sizes": []}
+    result["sizes"].append(
+        engine.step(loss, (x, y), user_ids=[2 * r + 1] * 2 + [2 * r + 2]).batch_size
+    )
+    before = whole(model)
+    result["users"] = _refusal(lambda: engine.step(loss, (x, y), user_ids=[5, 5, 2 * r + 1]))
+    after = whole(model)
+    result["unchanged"] = all(torch.equal(before[n], after[n]) for n in before)
+    result["sizes"].append(
+        engine.step(loss, (x, y), user_ids=[2 * r + 1, 2 * r + 2, 2 * r + 2]).batch_size
+    )
+    result["steps"] = engine.steps
+    (out / f"units-rank{r}.json").write_text(json.dumps(result))
+
+
 def main() -> None:
     name, out = sys.argv[1], Path(sys.argv[2])
     torch.distributed.init_process_group(backend="gloo")
@@ -309,6 +348,7 @@ def main() -> None:
             "memory": scenario_memory,
             "refusals": scenario_refusals,
             "mixed": scenario_mixed,
+            "units": scenario_units,
         }[name](out)
     finally:
         torch.distributed.destroy_process_group()
