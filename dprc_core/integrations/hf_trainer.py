@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import Trainer, TrainerCallback
@@ -67,10 +68,16 @@ from dprc_core.integrations.privacy_arguments import PrivacyArguments
 from dprc_core.losses import causal_lm_per_sample_loss, sequence_classification_per_sample_loss
 from dprc_core.noise import NuDPFTRL
 from dprc_core.seeding import derive_seed, fresh_seed
+from dprc_core.training.data import DataError
 from dprc_core.training.learnability import is_adaptive, warn_if_unlearnable
 from dprc_core.training.plan import PrivacyPlan, plan_privacy
 from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
-from dprc_core.training.token_store import user_key
+from dprc_core.training.token_store import (
+    check_user_keys,
+    count_user_ids,
+    user_id_hash,
+    user_key,
+)
 from dprc_core.training.user_sampling import (
     DEFAULT_EXAMPLES_PER_USER,
     UserIndex,
@@ -303,13 +310,31 @@ def _user_keys(dataset: Any, field_name: str) -> torch.Tensor:
             if not isinstance(row, Mapping) or field_name not in row:
                 raise DPTrainerError(f"unit='user': row {i} has no {field_name!r} (user_field)")
             ids.append(row[field_name])
+    first_type: tuple[int, type] | None = None
     for i, u in enumerate(ids):
         if isinstance(u, bool) or not isinstance(u, (str, int)) or u == "":
             raise DPTrainerError(
                 f"unit='user': row {i}'s {field_name!r} must be a non-empty string or an "
                 f"integer, got {u!r}"
             )
-    return torch.tensor([user_key(str(u)) for u in ids], dtype=torch.long)
+        kind = str if isinstance(u, str) else int
+        if first_type is None:
+            first_type = (i, kind)
+        elif kind is not first_type[1]:
+            raise DPTrainerError(
+                f"unit='user': row {i}'s {field_name!r} is {u!r}, of another type than row "
+                f"{first_type[0]}'s: a data set's user ids are all strings or all integers "
+                '(7 and "7" would be one user, and two people merged into one unit are not '
+                "protected: docs/privacy_unit.md)"
+            )
+    keys = np.asarray([user_key(str(u)) for u in ids], dtype=np.int64)
+    hashes = np.frombuffer(b"".join(user_id_hash(str(u)) for u in ids), dtype=np.uint64)
+    n_ids, n_keys, _ = count_user_ids(keys, hashes.reshape(-1, 2))
+    try:
+        check_user_keys(n_ids, n_keys)
+    except DataError as exc:
+        raise DPTrainerError(f"unit='user': {exc}") from None
+    return torch.from_numpy(keys)
 
 
 class _PoissonMicroBatches(torch.utils.data.Sampler[list[int]]):

@@ -91,3 +91,28 @@ def test_missing_user_column_and_bad_settings_are_refused(tiny_llama_path, tmp_p
             nu=0.1,
             norm_method="exact",
         )
+
+
+def test_mixed_id_types_and_colliding_keys_are_refused(tiny_llama_path, tmp_path, monkeypatch):
+    """Issue 40: 7 and "7" would be one user, and two ids sharing a user key would be merged
+    into one unit; DPTrainer refuses both, as the store build does."""
+    from dprc_core.integrations import hf_trainer
+
+    def trainer(rows):
+        return DPTrainer(
+            model=llama(tiny_llama_path),
+            args=targs(tmp_path),
+            train_dataset=rows,
+            data_collator=default_data_collator,
+            privacy_args=PrivacyArguments(target_epsilon=8.0, norm_method="exact", unit="user"),
+        )
+
+    mixed = rows_with_users()
+    mixed[3]["user_id"] = 7
+    mixed[5]["user_id"] = "7"
+    with pytest.raises(DPTrainerError, match="all strings or all integers"):
+        trainer(mixed)
+    # a 2-bit key: 11 distinct users cannot have 11 distinct keys
+    monkeypatch.setattr(hf_trainer, "user_key", lambda user: user_key(user) & 3)
+    with pytest.raises(DPTrainerError, match="user_key_collision"):
+        trainer(rows_with_users())
