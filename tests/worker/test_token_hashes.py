@@ -28,7 +28,8 @@ def _plain(text: str) -> str:
 
 
 def _file(texts: list[str]) -> bytes:
-    return "".join(json.dumps({"text": t, "label": i % 2}) + "\n" for i, t in enumerate(texts))
+    lines = (json.dumps({"text": t, "label": i % 2}) + "\n" for i, t in enumerate(texts))
+    return "".join(lines).encode()
 
 
 def _job(client, file_id: str):
