@@ -133,6 +133,23 @@ class ExampleUser(Base):
     )
 
 
+class TokenHash(Base):
+    """The keyed hash (HMAC-SHA256 with the tenant's secret, service/token_hashes.py) of one
+    token-id sequence a job of the budget group trained on, for one tokenizer (its
+    fingerprint, dprc_core/training/token_store.py): a copy whose text the canonical key calls
+    new but which tokenizes exactly the same is found by it. Kept when its file is deleted."""
+
+    __tablename__ = "token_hashes"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"))
+    tokenizer: Mapped[str] = mapped_column(String(64))
+    digest: Mapped[str] = mapped_column(String(64))
+    group_id: Mapped[str] = mapped_column(ForeignKey("budget_groups.id"), index=True)
+
+    __table_args__ = (UniqueConstraint("tenant_id", "tokenizer", "digest", name="uq_token_hash"),)
+
+
 class LegacyExampleHash(Base):
     """A raw-text hash (before the canonical key) whose file's content was gone when the tenant
     was re-keyed (service/rekey.py): uploads are still looked up by it, so a re-upload of that

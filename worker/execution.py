@@ -35,6 +35,7 @@ from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.data import DataError
 from dprc_core.training.models import LoraSpec, ModelLoadError
 from dprc_core.training.runner import (
+    JobData,
     JobResult,
     JobSpec,
     Progress,
@@ -42,9 +43,10 @@ from dprc_core.training.runner import (
     prepare_data_stores,
     run_job,
 )
+from dprc_core.training.token_store import TokenStore
 from dprc_core.training.validation import ValidationDataError
 from service import builtin_models as builtin
-from service import fine_tuned_models, lifecycle
+from service import fine_tuned_models, lifecycle, token_hashes
 from service import job_runs as runs
 from service.errors import NotFound
 from service.lifecycle import WorkerOutcome
@@ -317,11 +319,20 @@ def _run_attempt(
     def on_event(message: str) -> None:
         runs.record_event(store, job_id, message)
 
+    def on_data(data: JobData) -> None:
+        check_token_sequences(store, req, data)
+
     if req.devices > 1:
-        prepare_data_stores(spec, on_event)  # once, before the ranks open it
+        on_data(prepare_data_stores(spec, on_event))  # once, before the ranks open it
         result = run_on_ranks(spec, req.devices, on_progress, should_stop, on_event)
     else:
-        result = run_job(spec, on_progress=on_progress, should_stop=should_stop, on_event=on_event)
+        result = run_job(
+            spec,
+            on_progress=on_progress,
+            should_stop=should_stop,
+            on_event=on_event,
+            on_data=on_data,
+        )
     if result.steps != req.steps_total:
         raise JobFailure(
             "plan_mismatch",
@@ -332,6 +343,28 @@ def _run_attempt(
     else:
         check_sampling(req, result.units, result.sample_rate)
     return spec, result
+
+
+def check_token_sequences(store: Store, req: runs.JobRequest, data: JobData) -> None:
+    """Before the job's first step: its data's token-id sequences against those of the
+    tenant's other budget groups for this tokenizer (:mod:`service.token_hashes`). One that
+    another group holds fails the job (``budget_group_overlap``); else the group's new ones are
+    recorded. A file without a budget group (validation-only data) is not checked."""
+    group_id = token_hashes.job_group(store, req.id)
+    if group_id is None or not isinstance(data.train, TokenStore):
+        return
+    outcome = token_hashes.check_and_record(store, req.tenant_id, group_id, data.train)
+    if isinstance(outcome, token_hashes.Overlap):
+        raise JobFailure(
+            "budget_group_overlap",
+            token_hashes.overlap_message(outcome, data.train, req.file_path, req.model),
+        )
+    runs.record_event(
+        store,
+        req.id,
+        f"Checked the data's {outcome.sequences:,} distinct token sequences against the other "
+        f"data sets: none shared ({outcome.added:,} newly recorded for this one)",
+    )
 
 
 def check_sampling(req: runs.JobRequest, units: int | None, sample_rate: float | None) -> None:

@@ -424,10 +424,10 @@ def load_job_data(spec: JobSpec, report: Callable[[str], None] | None = None) ->
     return JobData(tokenizer, train, classes, validation, keys, UserIndex.of(keys))
 
 
-def prepare_data_stores(spec: JobSpec, report: Callable[[str], None] | None = None) -> None:
+def prepare_data_stores(spec: JobSpec, report: Callable[[str], None] | None = None) -> JobData:
     """Build (or verify) the job's tokenized stores before its ranks start, so that they open
-    a finished store instead of taking turns to build it."""
-    load_job_data(spec, report)
+    a finished store instead of taking turns to build it; returns the data as loaded."""
+    return load_job_data(spec, report)
 
 
 def run_job(
@@ -436,6 +436,7 @@ def run_job(
     should_stop: Callable[[], bool] | None = None,
     resume: bool = True,
     on_event: Callable[[str], None] | None = None,
+    on_data: Callable[[JobData], None] | None = None,
 ) -> JobResult:
     """Run (or resume) a job; returns when it finishes or ``should_stop()`` turns true.
 
@@ -443,9 +444,11 @@ def run_job(
     checkpoint when resuming: :func:`start_run`); train the remaining steps; finish (the final
     checkpoint and the result). ``on_event`` receives the lines for the job's event list: the
     data's progress (tokenizing into the store, or reusing it) and, on a fresh run, the
-    :class:`~dprc_core.training.learnability.LearnabilityWarning` (also emitted as a warning)."""
+    :class:`~dprc_core.training.learnability.LearnabilityWarning` (also emitted as a warning).
+    ``on_data`` receives the job's data once loaded, before the model (a check of the data that
+    raises ends the job before its first step)."""
     started = time.perf_counter()
-    run = start_run(spec, resume, on_event)
+    run = start_run(spec, resume, on_event, on_data)
     recording = _results_recording(run, on_progress)
     try:
         status = run.train(recording, should_stop)
@@ -455,7 +458,10 @@ def run_job(
 
 
 def start_run(
-    spec: JobSpec, resume: bool = True, on_event: Callable[[str], None] | None = None
+    spec: JobSpec,
+    resume: bool = True,
+    on_event: Callable[[str], None] | None = None,
+    on_data: Callable[[JobData], None] | None = None,
 ) -> TrainingRun:
     """The job's run, ready for its next step: data, model and plan; the engine, optimizer and
     sampler, with their state as the last checkpoint of ``output_dir`` holds it when resuming."""
@@ -464,6 +470,8 @@ def start_run(
     out.mkdir(parents=True, exist_ok=True)
     device = _rank_device(_device(spec.device), ranks)
     data = load_job_data(spec, on_event)
+    if on_data is not None:
+        on_data(data)
     latest = ckpt_io.latest_checkpoint(out) if resume else None
     resumed = ckpt_io.read_resume(latest) if latest is not None else None
     model = _load_model(spec, data.classes, latest, data.train, device)

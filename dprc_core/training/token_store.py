@@ -10,6 +10,13 @@ Layout of one store, ``<root>/<key>/``:
   field): the first 62 bits of SHA-256("dprc/user/" + the user's id as in the file), so equal
   ids share a key and the ids themselves are not kept; a build in which two distinct ids
   share a key is refused (``user_key_collision``, :func:`user_key`);
+* ``sequences.sha256`` — the distinct SHA-256 digests of the examples' token-id sequences
+  (each example's kept ids as little-endian ``uint32``), 32 bytes each, sorted: what the model
+  sees of each line, for this tokenizer, whatever the text's spelling. The service keys them
+  with its tenant's secret to find a copy of another budget group's data that its canonical
+  text key misses (an accent an uncased tokenizer strips, a character it maps to its unknown
+  token). Built with the store; a store built before it gets it on first use
+  (:func:`ensure_sequence_digests`);
 * ``meta.json`` — N, the token count, the pad id, the classes, the key's parts and the
   SHA-256 of each array file.
 
@@ -41,12 +48,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import heapq
+import itertools
 import json
 import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +70,9 @@ BUILD_BATCH = 1024
 MAX_CLASSES = 100_000
 _CHUNK = 1 << 20
 BUILDS_LOG = "builds.log"
+SEQUENCES = "sequences.sha256"
+DIGEST_SIZE = 32
+SORT_RUN = 1 << 20  # digests sorted in memory at a time (32 MiB); more: merged from runs
 
 Report = Callable[[str], None]
 
@@ -150,6 +162,32 @@ class TokenStore:
     def __len__(self) -> int:
         return self.n
 
+    @property
+    def tokenizer(self) -> str:
+        """The fingerprint of the tokenizer the store was built with
+        (:func:`tokenizer_fingerprint`)."""
+        return str(self.meta["tokenizer"])
+
+    @property
+    def n_sequences(self) -> int:
+        """How many distinct token-id sequences the examples hold."""
+        return int(self.meta["n_sequences"])
+
+    def sequence_digests(self, chunk: int = 4096) -> Iterator[list[bytes]]:
+        """The distinct digests of the examples' token-id sequences (:func:`sequence_digest`),
+        sorted, ``chunk`` at a time (memory: one chunk)."""
+        with open(self.path / SEQUENCES, "rb") as f:
+            while block := f.read(chunk * DIGEST_SIZE):
+                yield [block[j : j + DIGEST_SIZE] for j in range(0, len(block), DIGEST_SIZE)]
+
+    def example_with_sequence(self, digest: bytes) -> int | None:
+        """The index of the first example whose token ids have ``digest`` (None: none); reads
+        the examples one by one (for a message, not a lookup)."""
+        for i, d in enumerate(_example_digests(self._tokens, self._offsets, self.n)):
+            if d == digest:
+                return i
+        return None
+
     def ids(self, i: int) -> list[int]:
         lo, hi = int(self._offsets[i]), int(self._offsets[i + 1])
         return self._tokens[lo:hi].astype(np.int64).tolist()
@@ -226,11 +264,13 @@ def open_or_build(
     )
     final = root / key.digest()
     store = _open_verified(final, report)
-    if store is not None:
+    if store is not None and SEQUENCES in store.meta["sha256"]:
         return store
     with _build_turn(root / f"{key.digest()}.lock"):
         store = _open_verified(final, report)  # built by whoever held the turn before
         if store is not None:
+            if SEQUENCES not in store.meta["sha256"]:  # built before the digests were
+                store = _add_sequences(store)
             return store
         _remove_stale(root, key.digest())
         with open(root / BUILDS_LOG, "a") as log:
@@ -301,6 +341,7 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
     )
     n = n_tokens = 0
     last_report = time.monotonic()
+    sequences = _DigestSorter(tmp)
     with (
         open(tmp / "tokens.u32", "wb") as tokens_f,
         open(tmp / "offsets.i64", "wb") as offsets_f,
@@ -328,6 +369,8 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
                 )
             flat = np.concatenate([np.asarray(x, dtype=np.uint32) for x in ids])
             tokens_f.write(flat.tobytes())
+            ends = np.cumsum(lengths)
+            sequences.add_all(_digests_of(flat, ends - lengths, ends))
             offsets_f.write((n_tokens + np.cumsum(lengths)).astype(np.int64).tobytes())
             if classification:
                 labels_f.write(np.asarray(_label_ids(labels, index, key), np.int32).tobytes())
@@ -367,6 +410,7 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
         del keys, ids
         check_user_keys(n_ids, n_keys)
     (tmp / "user-ids.tmp").unlink()
+    n_sequences = sequences.finish(tmp / SEQUENCES)
     classes = list(key.classes) if key.classes is not None else None
     if classification and key.classes is None:
         classes = label_names(list(index))
@@ -375,12 +419,14 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
         (tmp / "labels.i32").unlink()
     if key.user_field is None:
         (tmp / "users.i64").unlink()
-    names = ["tokens.u32", "offsets.i64"] + (["labels.i32"] if classification else [])
+    names = ["tokens.u32", "offsets.i64", SEQUENCES]
+    names += ["labels.i32"] if classification else []
     names += ["users.i64"] if key.user_field is not None else []
     meta = {
         "version": STORE_VERSION,
         "n_examples": n,
         "n_tokens": n_tokens,
+        "n_sequences": n_sequences,
         "pad_id": pad_id_of(tokenizer),
         "task": key.task,
         "max_seq_len": key.max_seq_len,
@@ -396,6 +442,120 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
         os.fsync(meta_f.fileno())
     if report is not None:
         report(f"Tokenized {n:,} of {n:,} examples ({n_tokens:,} tokens)")
+
+
+def sequence_digest(ids: Iterable[int] | np.ndarray) -> bytes:
+    """The SHA-256 of one example's token ids, as little-endian ``uint32``: equal ids, equal
+    digest, whatever text gave them."""
+    return hashlib.sha256(np.asarray(ids, dtype="<u4").tobytes()).digest()
+
+
+def _digests_of(flat: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Iterator[bytes]:
+    le = flat.astype("<u4", copy=False)
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        yield hashlib.sha256(le[a:b].tobytes()).digest()
+
+
+def _example_digests(tokens: np.ndarray, offsets: np.ndarray, n: int) -> Iterator[bytes]:
+    """Each example's :func:`sequence_digest`, in order, from a store's memory maps."""
+    for start in range(0, n, BUILD_BATCH):
+        stop = min(start + BUILD_BATCH, n)
+        lo, hi = int(offsets[start]), int(offsets[stop])
+        block = np.asarray(tokens[lo:hi])
+        bounds = np.asarray(offsets[start : stop + 1], dtype=np.int64) - lo
+        yield from _digests_of(block, bounds[:-1], bounds[1:])
+
+
+class _DigestSorter:
+    """Distinct 32-byte digests, sorted, written to a file: up to ``SORT_RUN`` in memory at a
+    time (``numpy.unique`` of ``V32``: bytewise order), more merged from sorted runs written
+    beside (``<folder>/sequences.run-<k>``, removed when done)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.pending: list[bytes] = []
+        self.runs: list[Path] = []
+
+    def add_all(self, digests: Iterable[bytes]) -> None:
+        self.pending.extend(digests)
+        if len(self.pending) >= SORT_RUN:
+            self._spill()
+
+    def _spill(self) -> None:
+        run = self.folder / f"sequences.run-{len(self.runs)}"
+        with open(run, "wb") as f:
+            f.write(self._sorted().tobytes())
+        self.runs.append(run)
+
+    def _sorted(self) -> np.ndarray:
+        out = np.unique(np.frombuffer(b"".join(self.pending), dtype=f"V{DIGEST_SIZE}"))
+        self.pending = []
+        return out
+
+    def finish(self, path: Path) -> int:
+        """Write the sorted distinct digests to ``path`` (fsynced); returns how many."""
+        with open(path, "wb") as out:
+            if not self.runs:
+                block = self._sorted()
+                out.write(block.tobytes())
+                count = int(block.size)
+            else:
+                if self.pending:
+                    self._spill()
+                count = _merge_distinct([_read_digests(r) for r in self.runs], out)
+            out.flush()
+            os.fsync(out.fileno())
+        for run in self.runs:
+            run.unlink()
+        return count
+
+
+def _read_digests(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        while block := f.read(_CHUNK):
+            for j in range(0, len(block), DIGEST_SIZE):
+                yield block[j : j + DIGEST_SIZE]
+
+
+def _merge_distinct(runs: list[Iterator[bytes]], out: Any) -> int:
+    count, last, buf = 0, b"", bytearray()
+    for d in heapq.merge(*runs):
+        if d != last:
+            buf += d
+            count += 1
+            last = d
+            if len(buf) >= _CHUNK:
+                out.write(buf)
+                buf.clear()
+    out.write(buf)
+    return count
+
+
+def _add_sequences(store: TokenStore) -> TokenStore:
+    """A store built before ``sequences.sha256``: its digests computed from its arrays and
+    added, with their checksum in ``meta.json`` (each written aside and renamed into place;
+    the caller holds the key's build turn)."""
+    folder = store.path
+    for stale in [*folder.glob("sequences.run-*"), *folder.glob("*.tmp-*")]:
+        stale.unlink()  # of an earlier try, killed (we hold the turn)
+    sorter = _DigestSorter(folder)
+    digests = _example_digests(store._tokens, store._offsets, store.n)
+    while batch := list(itertools.islice(digests, BUILD_BATCH)):
+        sorter.add_all(batch)
+    tmp = folder / f"{SEQUENCES}.tmp-{uuid.uuid4().hex[:8]}"
+    count = sorter.finish(tmp)
+    os.rename(tmp, folder / SEQUENCES)
+    meta = dict(store.meta)
+    meta["n_sequences"] = count
+    meta["sha256"] = {**meta["sha256"], SEQUENCES: file_sha256(folder / SEQUENCES)}
+    meta_tmp = folder / f"meta.json.tmp-{uuid.uuid4().hex[:8]}"
+    with open(meta_tmp, "w") as meta_f:
+        json.dump(meta, meta_f, indent=1)
+        meta_f.flush()
+        os.fsync(meta_f.fileno())
+    os.rename(meta_tmp, folder / "meta.json")
+    _fsync_dir(folder)
+    return TokenStore(folder, meta)
 
 
 def user_key(user: str) -> int:
