@@ -106,7 +106,8 @@ def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
 
 def read_lines(path: Path, user_field: str | None, limit: int) -> tuple[list[Line], bool]:
     """The first ``limit`` examples of a JSONL data set with their line numbers, and whether
-    it holds more. A file that cannot be read (gone, or not a data set) gives none."""
+    it holds more. A file that cannot be read (gone, or not a data set) gives the examples
+    read before the failure (none when it is gone)."""
     lines: list[Line] = []
     number = 0
 
