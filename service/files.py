@@ -17,7 +17,7 @@ from typing import IO, Any
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from service import audit, budget
+from service import audit, budget, near_copies
 from service.audit import Act
 from service.budget_groups import BudgetWish, overlap, overlap_report, place
 from service.clock import now
@@ -373,7 +373,13 @@ def _insert_pending(
         row.requested_budget = (
             {"epsilon": wish.epsilon_budget, "delta": wish.delta} if wish.named else None
         )
-        row.overlap_report = overlap_report(session, caller.tenant_id, hashed)
+        row.overlap_report = near_copies.with_near_copies(
+            session,
+            caller.tenant_id,
+            path,
+            hashed.users.field if hashed.users else None,
+            overlap_report(session, caller.tenant_id, hashed),
+        )
         session.add(row)
         session.flush()
         if within is not None:

@@ -136,7 +136,7 @@ def upload_file(
     created = files.create_file(
         store, caller, data, file.filename, purpose, wish, user_field=user_field
     )
-    return views.file_object(created)
+    return views.file_object(created, may_decide=views.decides(caller))
 
 
 @router.get("", response_model=FileList)
@@ -153,7 +153,7 @@ def list_files(
     rows, has_more = files.list_files(
         get_store(request), caller, purpose, limit, after, order, include_deleted, approval
     )
-    data = [views.file_object(r) for r in rows]
+    data = [views.file_object(r, may_decide=views.decides(caller)) for r in rows]
     return FileList(
         data=data,
         has_more=has_more,
@@ -164,7 +164,9 @@ def list_files(
 
 @router.get("/{file_id}", response_model=FileObject)
 def retrieve_file(file_id: str, request: Request, caller: CallerDep) -> FileObject:
-    return views.file_object(files.retrieve(get_store(request), caller, file_id))
+    return views.file_object(
+        files.retrieve(get_store(request), caller, file_id), may_decide=views.decides(caller)
+    )
 
 
 @router.delete("/{file_id}", response_model=FileDeleted)
@@ -190,7 +192,7 @@ def set_budget(
     changed = files.set_budget(
         get_store(request), caller, file_id, body.epsilon_budget, body.delta, body.reason
     )
-    return views.file_object(changed)
+    return views.file_object(changed, may_decide=views.decides(caller))
 
 
 @router.post("/{file_id}/approve", response_model=FileObject)
@@ -210,7 +212,7 @@ def approve_file(
             unit=body.unit,
         ),
     )
-    return views.file_object(decided)
+    return views.file_object(decided, may_decide=views.decides(caller))
 
 
 @router.post("/{file_id}/reject", response_model=FileObject)
@@ -218,7 +220,8 @@ def reject_file(
     file_id: str, body: RejectRequest, request: Request, caller: CallerDep
 ) -> FileObject:
     """A data owner rejects a pending upload: its content is deleted, its record kept."""
-    return views.file_object(approvals.reject(get_store(request), caller, file_id, body.reason))
+    rejected = approvals.reject(get_store(request), caller, file_id, body.reason)
+    return views.file_object(rejected, may_decide=views.decides(caller))
 
 
 @router.get("/{file_id}/budget/history", response_model=BudgetHistory)

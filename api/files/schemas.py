@@ -37,6 +37,16 @@ class Budget(BaseModel):
     )
 
 
+class NearExample(BaseModel):
+    """One of the upload's examples and the group's example it nearly copies (private text:
+    shown only to a data owner or an admin)."""
+
+    line: int = Field(description="the upload's line (1-based)")
+    text: str = Field(description="the upload's text (at most 500 characters)")
+    group_text: str = Field(description="the group's text (at most 500 characters)")
+    jaccard: float = Field(description="the Jaccard similarity of their word sets")
+
+
 class OverlapGroup(BaseModel):
     budget_group: str
     shared_examples: int = Field(description="distinct examples (canonical key) both hold")
@@ -47,15 +57,36 @@ class OverlapGroup(BaseModel):
     privacy_unit: str
     epsilon_budget: float | None
     delta: float | None
+    near_duplicates: int = Field(
+        default=0,
+        description="the upload's other distinct examples that nearly copy one of the group's "
+        "(word sets' Jaccard >= near_threshold)",
+    )
+    examples: list[NearExample] | None = Field(
+        default=None,
+        description="up to 3 near duplicates, first in the upload; only to a caller who "
+        "approves uploads (data_owner, admin), while the file's content is kept",
+    )
 
 
 class OverlapReport(BaseModel):
     """What the pending upload shares with the tenant's budget groups, by the canonical key
-    of each example (docs/governance.md, "What catches an edited copy")."""
+    of each example, and its near copies (docs/governance.md, "What catches an edited
+    copy")."""
 
     distinct_examples: int
-    groups: list[OverlapGroup] = Field(description="most shared first (at most 20)")
+    groups: list[OverlapGroup] = Field(
+        description="most shared first, then groups with near duplicates only (at most 20)"
+    )
     groups_total: int
+    near_threshold: float | None = Field(
+        default=None, description="the Jaccard from which an example is a near duplicate"
+    )
+    near_sample_limited: bool = Field(
+        default=False,
+        description="near duplicates were sought in the first 20000 examples of the upload "
+        "and of each group only, and the upload or a group holds more",
+    )
 
 
 class RequestedBudget(BaseModel):

@@ -16,7 +16,9 @@ from api.files.schemas import (
 )
 from service.budget import History
 from service.files import DataSet
+from service.keys import Caller
 from service.planning import delta_warnings
+from service.roles import Action, allowed
 
 
 def _budget(data_set: DataSet) -> Budget | None:
@@ -36,7 +38,27 @@ def _budget(data_set: DataSet) -> Budget | None:
     )
 
 
-def file_object(data_set: DataSet) -> FileObject:
+def decides(caller: Caller) -> bool:
+    """Whether the caller approves uploads (data_owner, admin): a pending upload's report
+    shows it the texts of the near duplicates (:mod:`service.near_copies`)."""
+    return allowed(caller.role, Action.SET_BUDGET)
+
+
+def _report(data_set: DataSet, may_decide: bool) -> OverlapReport | None:
+    """The file's overlap report; the near duplicates' texts only to a caller who may decide
+    on uploads, and only while the file's content is kept."""
+    f = data_set.row
+    if not f.overlap_report:
+        return None
+    report = OverlapReport(**f.overlap_report)
+    if not may_decide or f.deleted:
+        for group in report.groups:
+            group.examples = None
+    return report
+
+
+def file_object(data_set: DataSet, *, may_decide: bool = False) -> FileObject:
+    """``may_decide``: the caller approves uploads (the report's example texts are shown)."""
     f = data_set.row
     return FileObject(
         id=f.id,
@@ -60,7 +82,7 @@ def file_object(data_set: DataSet) -> FileObject:
         approval=Approval(
             status=cast(Literal["approved", "pending", "rejected"], f.approval),
             requested_budget=RequestedBudget(**f.requested_budget) if f.requested_budget else None,
-            report=OverlapReport(**f.overlap_report) if f.overlap_report else None,
+            report=_report(data_set, may_decide),
             decided_by=f.decided_by,
             decided_at=f.decided_at,
         ),

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, File, Path, Request, UploadFile
 from api.app_state import get_store
 from api.errors import StrictInputRoute
 from api.files.router import upload_form_fields
+from api.files.views import decides
 from api.keys.dependencies import CallerDep
 from api.uploads import views
 from api.uploads.schemas import UploadComplete, UploadCreate, UploadObject, UploadPartObject
@@ -76,7 +77,7 @@ def complete_upload(
     """The parts, in the order of ``part_ids``, become a file (validated as a file upload;
     ``md5`` checked when given); the answer's ``file`` is that file."""
     done = uploads.complete(get_store(request), caller, upload_id, body.part_ids, body.md5)
-    return views.upload_object(done)
+    return views.upload_object(done, may_decide=decides(caller))
 
 
 @router.post("/{upload_id}/cancel", response_model=UploadObject)

@@ -11,7 +11,8 @@ from service.uploads import Part, UploadState
 Status = Literal["pending", "completed", "cancelled", "expired"]
 
 
-def upload_object(state: UploadState) -> UploadObject:
+def upload_object(state: UploadState, *, may_decide: bool = False) -> UploadObject:
+    """``may_decide``: as :func:`api.files.views.file_object`'s."""
     u = state.row
     return UploadObject(
         id=u.id,
@@ -21,7 +22,7 @@ def upload_object(state: UploadState) -> UploadObject:
         filename=u.filename,
         purpose=u.purpose,
         status=cast(Status, u.status),
-        file=file_object(state.file) if state.file is not None else None,
+        file=file_object(state.file, may_decide=may_decide) if state.file is not None else None,
         mime_type=u.mime_type,
         epsilon_budget=u.epsilon_budget,
         delta=u.delta,
