@@ -26,7 +26,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import audit
+from service import audit, near_copies
 from service.audit import Act
 from service.budget_groups import BudgetWish, accounting_size, place, unit_of
 from service.clock import now
@@ -183,6 +183,7 @@ def approve(store: Store, caller: Caller, file_id: str, decision: Decision) -> D
             )
         group = placed.group
         row.group_id, row.approval = group.id, APPROVED
+        row.overlap_report = near_copies.without_texts(row.overlap_report)
         row.decided_by, row.decided_at = caller.key_id, now()
         audit.record(
             session,
@@ -221,6 +222,7 @@ def reject(store: Store, caller: Caller, file_id: str, reason: str | None) -> Da
     with locked_session(store.sessions) as session:
         row = _pending_row(session, caller, file_id)
         row.approval, row.deleted, row.deleted_at = REJECTED, True, now()
+        row.overlap_report = near_copies.without_texts(row.overlap_report)
         row.decided_by, row.decided_at = caller.key_id, now()
         audit.record(session, caller, Act.FILE_REJECT, row.id, {"reason": text})
         session.commit()

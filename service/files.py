@@ -592,6 +592,7 @@ def delete(store: Store, caller: Caller, file_id: str) -> str:
             )
         row.deleted = True
         row.deleted_at = now()
+        row.overlap_report = near_copies.without_texts(row.overlap_report)
         path = Path(row.storage_path)
         jobs = list(session.scalars(select(Job.id).where(Job.training_file_id == row.id)))
         audit.record(session, caller, Act.FILE_DELETE, row.id, {"budget_group": row.group_id})

@@ -300,3 +300,12 @@ def with_near_copies(
         else {}
     )
     return merge(report, near, rows)
+
+
+def without_texts(report: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The report with its example pairs' texts dropped (kept: the counts): once an upload is
+    decided or deleted, the private text it quoted has no reason to stay in the database."""
+    if report is None:
+        return None
+    groups = [{**g, "examples": None} for g in report.get("groups", [])]
+    return {**report, "groups": groups}

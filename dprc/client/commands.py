@@ -284,7 +284,14 @@ def _overlap_words(f: dict[str, Any]) -> str:
     groups = report.get("groups") or []
     if not groups:
         return "shares no example with a budget group"
-    parts = [f"{g['shared_examples']} with {g['budget_group']}" for g in groups]
+    parts = []
+    for g in groups:
+        words = f"{g['shared_examples']} with {g['budget_group']}"
+        if g.get("near_duplicates"):
+            words += f" (+{g['near_duplicates']} near copies)"
+        if g.get("shared_users"):
+            words += f" ({g['shared_users']} of its users)"
+        parts.append(words)
     return "shares " + ", ".join(parts)
 
 

@@ -10,7 +10,9 @@ import random
 from collections.abc import Iterator
 
 import pytest
+from sqlalchemy import select
 
+from service.tables import File
 from tests.api.conftest import Server, _serve, _settings
 
 
@@ -108,3 +110,11 @@ def test_near_copies_of_an_owners_data_are_reported_to_the_owner(srv):
         assert group["shared_examples"] == 5
         assert 4 <= group["near_duplicates"] <= 5
         assert {e["line"] for e in group["examples"]} <= {6, 7, 8, 9, 10}
+        # once decided, the quoted private text leaves the database; the counts stay
+        r = own.post(f"/v1/files/{pending['id']}/reject", json={"reason": "a copy"})
+        assert r.status_code == 200, r.text
+        with srv.store.sessions() as session:
+            stored = session.scalar(select(File).where(File.id == pending["id"]))
+            assert stored is not None and stored.overlap_report is not None
+            kept = stored.overlap_report["groups"][0]
+        assert kept["examples"] is None and 17 <= kept["near_duplicates"] <= 20

@@ -32,7 +32,18 @@
   function overlapWords(f) {
     const report = f.approval.report || { groups: [] };
     if (report.groups.length === 0) return "Shares no example with an existing data set.";
-    return "Shares " + report.groups.map((g) => `${g.shared_examples} of its ${report.distinct_examples} examples with ${g.budget_group}`).join("; ") + ".";
+    const words = (g) => `${g.shared_examples} of its ${report.distinct_examples} examples with ${g.budget_group}`
+      + (g.near_duplicates ? `, and ${g.near_duplicates} near copies of its examples` : "")
+      + (g.shared_users ? `, naming ${g.shared_users} of its users` : "");
+    return "Shares " + report.groups.map(words).join("; ") + ".";
+  }
+
+  // the pairs of near copies (their texts reach data owners only)
+  function nearPairs(f) {
+    const pairs = ((f.approval.report || { groups: [] }).groups).flatMap((g) => (g.examples || []).map((e) => ({ ...e, group: g.budget_group })));
+    if (pairs.length === 0) return null;
+    return el("details", { class: "near-pairs" }, el("summary", { text: "Near copies, side by side" }),
+      el("ul", {}, pairs.map((e) => el("li", {}, `line ${e.line}: “${e.text}” ≈ “${e.group_text}” in ${e.group} (Jaccard ${num(e.jaccard, 3)})`))));
   }
 
   function pendingCard(f, groups) {
@@ -77,6 +88,7 @@
         el("span", { class: "muted", text: `${f.id} · ${dprc.sizeWords(f)} · ${f.format} · uploaded by ${f.created_by || "—"}` })),
       el("p", { class: "asked", text: asked && asked.epsilon != null ? `The uploader asked for ε ${num(asked.epsilon)}${asked.delta != null ? ` at δ ${num(asked.delta, 3)}` : ""}.` : "The uploader asked for no budget." }),
       el("p", { class: "overlap", text: overlapWords(f) }),
+      nearPairs(f),
       decides ? [form, out] : el("p", { class: "muted read-only", text: "A data owner or an admin of the tenant decides." }));
   }
 
