@@ -178,7 +178,16 @@ def store_data_set(
     with store.sessions() as session:
         tenant = session.get(Tenant, caller.tenant_id)
         legacy = bool(tenant is not None and tenant.legacy_hashes)
+        trainers = bool(tenant is not None and tenant.trainers_set_budgets)
     with hash_file(source, secret, folder, max_line_bytes, user_field, legacy) as hashed:
+        near = None
+        if not wish.unbudgeted and not (allowed(caller.role, Action.SET_BUDGET) or trainers):
+            # it will wait for a data owner: its near copies are found before the tenant's
+            # lock, which other uploads of the tenant wait for (seconds for 20,000 lines)
+            with store.sessions() as session:
+                near = near_copies.of_upload(
+                    session, caller.tenant_id, source, hashed.users.field if hashed.users else None
+                )
         file_id = new_id("file")
         path = directory / f"{file_id}.jsonl"
         os.replace(source, path)
@@ -195,6 +204,7 @@ def store_data_set(
                 reserved,
                 within,
                 audit_detail or {},
+                near,
             )
         except BaseException:
             path.unlink(missing_ok=True)
@@ -213,6 +223,7 @@ def _insert_data_set(
     reserved: bool,
     within: Callable[[Session, File], None] | None,
     audit_detail: dict[str, Any],
+    near: near_copies.NearCopies | None = None,
 ) -> DataSet:
     file_id = path.stem
     with locked_session(store.sessions) as session:
@@ -234,7 +245,17 @@ def _insert_data_set(
             ),
         ):
             return _insert_pending(
-                session, caller, path, size, filename, purpose, wish, hashed, within, audit_detail
+                session,
+                caller,
+                path,
+                size,
+                filename,
+                purpose,
+                wish,
+                hashed,
+                within,
+                audit_detail,
+                near,
             )
         placed = place(session, caller.tenant_id, hashed, wish, store.settings)
         group = placed.group
@@ -359,6 +380,7 @@ def _insert_pending(
     hashed: HashedData,
     within: Callable[[Session, File], None] | None = None,
     audit_detail: dict[str, Any] | None = None,
+    near: near_copies.NearCopies | None = None,
 ) -> DataSet:
     """Store an upload that waits for a data owner: its row without a group, the budget it
     asked for, the overlap report, its digests beside its content (removed on any failure)."""
@@ -379,6 +401,7 @@ def _insert_pending(
             path,
             hashed.users.field if hashed.users else None,
             overlap_report(session, caller.tenant_id, hashed),
+            near,
         )
         session.add(row)
         session.flush()

@@ -280,12 +280,26 @@ def merge(
     }
 
 
-def with_near_copies(
-    session: Session, tenant_id: int, path: Path, user_field: str | None, report: dict[str, Any]
-) -> dict[str, Any]:
-    """A pending upload's report (its content at ``path``) with its near copies."""
+def of_upload(session: Session, tenant_id: int, path: Path, user_field: str | None) -> NearCopies:
+    """The near copies of an upload (its content at ``path``) in the tenant's groups."""
     upload, limited = read_lines(path, user_field, NEAR_SAMPLE)
-    near = near_copies(upload, group_files(session, tenant_id), limited=limited)
+    return near_copies(upload, group_files(session, tenant_id), limited=limited)
+
+
+def with_near_copies(
+    session: Session,
+    tenant_id: int,
+    path: Path,
+    user_field: str | None,
+    report: dict[str, Any],
+    near: NearCopies | None = None,
+) -> dict[str, Any]:
+    """A pending upload's report (its content at ``path``) with its near copies: ``near``
+    when they were found before the tenant's lock was taken (the slow part, seconds for
+    20,000 lines: :func:`service.files.store_data_set` does it outside the lock for an upload
+    that will wait), else found now."""
+    if near is None:
+        near = of_upload(session, tenant_id, path, user_field)
     ids = list(near.groups)
     rows = (
         {
