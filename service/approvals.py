@@ -36,11 +36,11 @@ from service.example_hashes import DIGEST_BYTES, Digests, HashedData
 from service.files import (
     APPROVED,
     PENDING,
-    REASON_MAX,
     REJECTED,
     DataSet,
     get_row,
     pending_digests,
+    required_reason,
     retrieve,
 )
 from service.keys import Caller
@@ -65,14 +65,7 @@ class Decision:
 
 
 def _reason(reason: str | None) -> str:
-    text = (reason or "").strip()
-    if not text or len(text) > REASON_MAX:
-        raise InvalidInput(
-            f"a decision needs a reason of 1 to {REASON_MAX} characters",
-            param="reason",
-            code="invalid_value",
-        )
-    return text
+    return required_reason(reason, "a decision")
 
 
 def _pending_row(session: Session, caller: Caller, file_id: str) -> File:

@@ -484,6 +484,18 @@ def check_quota(
         )
 
 
+def required_reason(reason: str | None, act: str) -> str:
+    """The reason an audited act gives (1 to REASON_MAX characters, trimmed), else 400."""
+    text = (reason or "").strip()
+    if not text or len(text) > REASON_MAX:
+        raise InvalidInput(
+            f"{act} needs a reason of 1 to {REASON_MAX} characters",
+            param="reason",
+            code="invalid_value",
+        )
+    return text
+
+
 # -- reads ------------------------------------------------------------------------------------
 
 
@@ -659,13 +671,7 @@ def set_budget(
     with locked_session(store.sessions) as session:
         session.get(Tenant, caller.tenant_id, with_for_update=True)  # lock order: tenant first
         row, group = _data_set_group(session, caller, file_id)
-        reason = (reason or "").strip()
-        if not reason or len(reason) > REASON_MAX:
-            raise InvalidInput(
-                f"a budget change needs a reason of 1 to {REASON_MAX} characters",
-                param="reason",
-                code="invalid_value",
-            )
+        reason = required_reason(reason, "a budget change")
         if epsilon_budget is None and delta is None:
             raise InvalidInput(
                 "name epsilon_budget, delta or both", param="epsilon_budget", code="invalid_value"
