@@ -34,8 +34,9 @@ from service import uploads
 from service.dispatch import Dispatcher, NoDispatcher
 from service.ids import new_id
 from service.logging_setup import log_context
+from service.rekey import open_current_store
 from service.settings import Settings, get_settings
-from service.store import Store, open_store, ping, readiness
+from service.store import Store, ping, readiness
 
 DispatcherFactory = Callable[[Store], Dispatcher]
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
@@ -70,7 +71,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.store = open_store(settings)
+        app.state.store = open_current_store(settings)
         app.state.dispatcher = dispatcher(app.state.store)
         sweeper = asyncio.create_task(_sweep_uploads(app.state.store))
         yield

@@ -118,12 +118,12 @@ def build_client_parser() -> argparse.ArgumentParser:
 
 def _store() -> Store:
     from service.private_data import restrict_new_files
+    from service.rekey import open_current_store
     from service.settings import Settings
-    from service.store import open_store
 
     settings = Settings()
     restrict_new_files(settings.data_dir)
-    return open_store(settings)
+    return open_current_store(settings)
 
 
 def _serve(args: argparse.Namespace) -> int:

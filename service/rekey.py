@@ -28,12 +28,21 @@ from service.budget_groups import add_digests
 from service.db import locked_session
 from service.errors import InvalidInput
 from service.example_hashes import hash_file, tenant_secret
-from service.store import Store
+from service.settings import Settings
+from service.store import Store, open_store
 from service.tables import BudgetGroup, ExampleHash, File, LegacyExampleHash, Tenant
 
 log = logging.getLogger(__name__)
 CANONICAL = 2
 MOVE_CHUNK = 5000
+
+
+def open_current_store(settings: Settings) -> Store:
+    """The store as the service runs on it: migrated to head (:func:`service.store.open_store`)
+    and every tenant's example hashes on the canonical key (:func:`rekey_store`)."""
+    store = open_store(settings)
+    rekey_store(store)
+    return store
 
 
 def rekey_store(store: Store) -> int:

@@ -31,11 +31,7 @@ def open_store(settings: Settings) -> Store:
     upgrade(engine)
     settings.files_dir.mkdir(parents=True, exist_ok=True)
     ensure_dir(settings.data_dir)  # the job ledgers' folder, and since when they are kept
-    store = Store(settings=settings, engine=engine, sessions=make_sessionmaker(engine))
-    from service.rekey import rekey_store
-
-    rekey_store(store)  # once per tenant: example hashes on the canonical key (migration 0010)
-    return store
+    return Store(settings=settings, engine=engine, sessions=make_sessionmaker(engine))
 
 
 def ping(store: Store) -> None:

@@ -36,8 +36,9 @@ from celery import Celery, signals
 from service.lifecycle import runnable_jobs
 from service.logging_setup import configure_logging, log_context
 from service.private_data import restrict_new_files
+from service.rekey import open_current_store
 from service.settings import Settings
-from service.store import Store, open_store
+from service.store import Store
 
 TASK_NAME = "dprc.run_job"
 QUEUE = "gpu"
@@ -95,7 +96,7 @@ class CeleryDispatcher:
 
 @lru_cache
 def _store() -> Store:
-    return open_store(Settings())
+    return open_current_store(Settings())
 
 
 app = make_celery(Settings()) if Settings().broker_url else Celery("dprc")

@@ -21,8 +21,8 @@ from service import files
 from service.budget_groups import BudgetWish
 from service.caller import Caller
 from service.db import MIGRATIONS, make_engine
+from service.rekey import open_current_store
 from service.settings import Settings
-from service.store import open_store
 from service.tables import BudgetGroup, ExampleHash, LegacyExampleHash, Tenant
 from tests.api.conftest import PG_ADMIN, _pg_admin_conn
 
@@ -108,7 +108,7 @@ def test_a_store_from_before_the_canonical_key_is_carried_forward(database, tmp_
     settings = Settings(data_dir=tmp_path, database_url=database, require_budget=True)
     kept, deleted = _rows("kept", 30), _rows("gone", 20)
     _store_at_0009(settings, kept, deleted)
-    store = open_store(settings)  # migrations to head, then the re-key
+    store = open_current_store(settings)  # migrations to head, then the re-key
     try:
         with store.sessions() as session:
             tenant = session.get(Tenant, 1)
@@ -150,7 +150,7 @@ def test_a_store_from_before_the_canonical_key_is_carried_forward(database, tmp_
 def test_a_tenant_whose_files_all_remain_keeps_no_raw_hashes(tmp_path):
     settings = Settings(data_dir=tmp_path, require_budget=True)
     _store_at_0009(settings, _rows("kept", 10), [])
-    store = open_store(settings)
+    store = open_current_store(settings)
     try:
         with store.sessions() as session:
             tenant = session.get(Tenant, 1)
