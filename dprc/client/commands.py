@@ -317,6 +317,8 @@ JOB_COLUMNS = [
 
 def _show_file(f: dict[str, Any]) -> None:
     print(table([f], FILE_COLUMNS))
+    for warning in (f.get("budget") or {}).get("warnings") or []:  # e.g. delta_large
+        print(f"warning: {warning['code']}: {warning['message']}")
     if (f.get("approval") or {}).get("status") == "pending":
         print(f"pending a data owner's approval: {_overlap_words(f)}")
 

@@ -330,3 +330,21 @@ def test_concurrent_decisions_on_one_upload_take_turns(srv):
     with srv.http(srv.key("race", "admin")) as adm:
         log = _ok(adm.get("/v1/organization/audit_logs", params={"resource": f["id"]}))["data"]
     assert len([e for e in log if e["action"] in ("file.approve", "file.reject")]) == 1
+
+
+def test_typed_ids_and_a_key_collision_are_refused_over_http(srv, monkeypatch):
+    """Issue 40, point 8: 7 and "7" would be one person, and so would two ids sharing a key:
+    both uploads are 400 naming why, and nothing is stored."""
+    from service import user_counts
+
+    with srv.http(srv.key("ids", "admin")) as http:
+        rows = _user_rows(5, 2, "typed")
+        rows[0]["user_id"], rows[3]["user_id"] = 7, "7"
+        err = _error(_upload(http, _jsonl(rows), epsilon_budget="2"), 400)
+        assert err["code"] == "invalid_jsonl" and "all strings or all integers" in err["message"]
+        # a 1-bit key: 5 people cannot keep 5 keys (the server runs in this process)
+        real = user_counts.user_key
+        monkeypatch.setattr(user_counts, "user_key", lambda user: real(user) & 1)
+        err = _error(_upload(http, _jsonl(_user_rows(5, 2, "collide")), epsilon_budget="2"), 400)
+        assert "user_key_collision" in err["message"]
+        assert _ok(http.get("/v1/files"))["data"] == []

@@ -242,6 +242,8 @@ def test_a_data_owner_decides_pending_uploads_from_the_command_line(served, tmp_
         "9", DPRC_API_KEY=trainer,
     ).stdout  # fmt: skip
     assert "pending" in up and f"with {base['budget_group']}" in up
+    # the base data set's default δ (1/32^1.1) is above 1/(10·32): dprc files get says so
+    assert "warning: delta_large: delta=" in served.ok("files", "get", base["id"]).stdout
     fresh = served.json(
         "files", "upload", str(_train(tmp_path / "n.jsonl", tag=" new")), DPRC_API_KEY=trainer
     )
