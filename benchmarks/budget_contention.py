@@ -119,7 +119,7 @@ def run(db: str, older: int, method: str = "exact") -> dict:
         from service.keys import create_key
 
         with store.sessions() as session:
-            key = create_key(session, "bench")[1]
+            key = create_key(session, "bench", "admin")[1]  # uploads with budgets and jobs
         headers = {"Authorization": f"Bearer {key}"}
         with httpx.Client(base_url=base, headers=headers, timeout=300) as http:
             # warm-up, as on a server that has run before: the model's files and checks are

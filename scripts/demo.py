@@ -62,14 +62,20 @@ def main() -> int:
     for var in ("DPRC_DATABASE_URL", "DPRC_BROKER_URL"):
         env.pop(var, None)  # the embedded default: SQLite + in-process worker
     dprc = [sys.executable, "-m", "dprc.cli"]
-    key = subprocess.run(
-        [*dprc, "keys", "create", "--tenant", "demo"],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    ).stdout.strip()
+
+    def new_key(role: str) -> str:
+        return subprocess.run(
+            [*dprc, "keys", "create", "--tenant", "demo", "--role", role],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        ).stdout.strip()
+
+    # separation of duties (docs/governance.md): the data owner budgets the data set, the
+    # trainer spends it
+    owner_key, key = new_key("data_owner"), new_key("trainer")
     port = _free_port()
     log = open(OUT / "server.log", "w")
     server = subprocess.Popen(
@@ -94,13 +100,17 @@ def main() -> int:
                 time.sleep(0.3)
         print(f"dprc serve (embedded: SQLite + in-process worker) on port {port}")
         before = _accuracy(None, DATA / "reviews_test.jsonl")
-        f = client.files.create(
+        owner = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key=owner_key, max_retries=0, timeout=120
+        )
+        f = owner.files.create(
             file=open(DATA / "reviews_train.jsonl", "rb"),
             purpose="fine-tune",
             extra_body={"epsilon_budget": 10.0},
         )
         print(
-            f"uploaded {f.filename}: {f.model_extra['n_examples']} examples, privacy budget ε = 10"
+            f"the data owner uploaded {f.filename}: {f.model_extra['n_examples']} examples, "
+            "privacy budget ε = 10"
         )
         job = client.fine_tuning.jobs.create(
             model="minilm-l6-v2",

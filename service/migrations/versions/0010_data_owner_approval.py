@@ -77,9 +77,9 @@ def downgrade() -> None:
     op.drop_table("example_users")
     op.drop_index("ix_legacy_example_hashes_group_id", table_name="legacy_example_hashes")
     op.drop_table("legacy_example_hashes")
-    with op.batch_alter_table("files") as batch:
-        for name in ("decided_at", "decided_by", "overlap_report", "requested_budget", "approval"):
-            batch.drop_column(name)
-    with op.batch_alter_table("tenants") as batch:
-        for name in ("legacy_hashes", "hash_version", "trainers_set_budgets"):
-            batch.drop_column(name)
+    # plain ALTER TABLE ... DROP COLUMN (SQLite >= 3.35): a batch would copy and drop these
+    # tables, which other tables' rows reference
+    for name in ("decided_at", "decided_by", "overlap_report", "requested_budget", "approval"):
+        op.drop_column("files", name)
+    for name in ("legacy_hashes", "hash_version", "trainers_set_budgets"):
+        op.drop_column("tenants", name)
