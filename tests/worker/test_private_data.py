@@ -39,7 +39,8 @@ def test_files_are_private_and_resume_state_is_removed(tmp_path):
     data = tmp_path / "data"
     env = _env(data)
     key = subprocess.run(
-        [sys.executable, "-m", "dprc.cli", "keys", "create", "--tenant", "owner", "--role", "admin"],
+        [sys.executable, "-m", "dprc.cli", "keys", "create", "--tenant", "owner"]
+        + ["--role", "admin"],
         cwd=ROOT, env=env, capture_output=True, text=True, check=True, preexec_fn=_umask_022,
     ).stdout.strip()  # fmt: skip
     port = _free_port()
