@@ -30,7 +30,7 @@ from service.errors import Conflict, NotFound
 from service.job_events import add_event
 from service.job_status import ACTIVE, TERMINAL, JobStatus
 from service.private_data import remove_resume_state
-from service.retention import keep_last_checkpoints
+from service.retention import remove_retired_checkpoints, retire_old_checkpoints
 from service.store import Store
 from service.tables import BudgetGroup, File
 from service.tables import Job as JobRow
@@ -209,10 +209,12 @@ def move(
             settle(session, group)
         if on_change is not None:
             on_change(session, job)
+        if target in TERMINAL:  # DPRC_KEEP_CHECKPOINTS (off by default), with the job's end
+            retire_old_checkpoints(session, store.settings.keep_checkpoints, job_id)
         session.commit()
     if target in TERMINAL:  # an ended job is never resumed: its seed and RNG states go
         remove_resume_state(store.settings.data_dir, job_id)
-        keep_last_checkpoints(store, job_id)  # DPRC_KEEP_CHECKPOINTS (off by default)
+        remove_retired_checkpoints(store, job_id)
     return job
 
 

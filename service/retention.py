@@ -12,10 +12,10 @@ import shutil
 from pathlib import Path
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from dprc_core.training.checkpoint import checkpoint_dir
 from service.clock import now
-from service.db import locked_session
 from service.private_data import run_folder
 from service.store import Store
 from service.tables import Checkpoint, File
@@ -23,26 +23,45 @@ from service.tables import Checkpoint, File
 log = logging.getLogger(__name__)
 
 
-def keep_last_checkpoints(store: Store, job_id: str) -> list[int]:
-    """Apply ``store.settings.keep_checkpoints`` to an ended job; the steps whose checkpoints
-    were removed (none when the setting is off)."""
-    keep = store.settings.keep_checkpoints
+def retire_old_checkpoints(session: Session, keep: int | None, job_id: str) -> list[int]:
+    """Mark the archives of an ended job's checkpoints beyond the last ``keep`` deleted, in
+    ``session``'s transaction (the one that ends the job: no reader sees the job ended with
+    checkpoints about to go); the steps retired. Their bytes go with
+    :func:`remove_retired_checkpoints` after the commit."""
     if keep is None:
         return []
-    with locked_session(store.sessions) as session:
+    ckpts = list(
+        session.scalars(
+            select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step)
+        )
+    )
+    old = ckpts[: max(0, len(ckpts) - keep)]
+    for ckpt in old:
+        archive = session.scalar(select(File).where(File.id == ckpt.file_id))
+        if archive is not None and not archive.deleted:
+            archive.deleted, archive.deleted_at = True, now()
+    return [c.step for c in old]
+
+
+def remove_retired_checkpoints(store: Store, job_id: str) -> None:
+    """Remove the bytes of an ended job's retired checkpoints (archives marked deleted, and
+    their folders in the run folder). Idempotent: a run cut short is completed by the next."""
+    keep = store.settings.keep_checkpoints
+    if keep is None:
+        return
+    with store.sessions() as session:
         ckpts = list(
             session.scalars(
                 select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step)
             )
         )
         old = ckpts[: max(0, len(ckpts) - keep)]
-        paths: list[Path] = []
-        for ckpt in old:
-            archive = session.scalar(select(File).where(File.id == ckpt.file_id))
-            if archive is not None and not archive.deleted:
-                archive.deleted, archive.deleted_at = True, now()
-                paths.append(Path(archive.storage_path))
-        session.commit()
+        paths = [
+            Path(a.storage_path)
+            for a in session.scalars(
+                select(File).where(File.id.in_([c.file_id for c in old]), File.deleted.is_(True))
+            )
+        ]
     run = run_folder(store.settings.data_dir, job_id)
     for path in paths:
         path.unlink(missing_ok=True)
@@ -50,4 +69,3 @@ def keep_last_checkpoints(store: Store, job_id: str) -> list[int]:
         shutil.rmtree(checkpoint_dir(run, ckpt.step), ignore_errors=True)
     if old:
         log.info("job %s: kept the last %d checkpoints, removed %d", job_id, keep, len(old))
-    return [c.step for c in old]
