@@ -22,6 +22,8 @@ import tarfile
 import time
 from pathlib import Path
 
+from shell_keys import shell_key  # scripts/shell_keys.py (this folder is on sys.path)
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "runs" / "demo-service"
 DATA = ROOT / "data" / "demo"
@@ -63,19 +65,10 @@ def main() -> int:
         env.pop(var, None)  # the embedded default: SQLite + in-process worker
     dprc = [sys.executable, "-m", "dprc.cli"]
 
-    def new_key(role: str) -> str:
-        return subprocess.run(
-            [*dprc, "keys", "create", "--tenant", "demo", "--role", role],
-            env=env,
-            check=True,
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-        ).stdout.strip()
-
     # separation of duties (docs/governance.md): the data owner budgets the data set, the
     # trainer spends it
-    owner_key, key = new_key("data_owner"), new_key("trainer")
+    owner_key = shell_key(dprc, env, ROOT, "demo", "data_owner")
+    key = shell_key(dprc, env, ROOT, "demo", "trainer")
     port = _free_port()
     log = open(OUT / "server.log", "w")
     server = subprocess.Popen(

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import httpx
+from shell_keys import shell_key  # scripts/shell_keys.py (this folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,17 +53,9 @@ def main() -> int:
         env.pop("DPRC_DATABASE_URL", None)
     dprc = [sys.executable, "-m", "dprc.cli"]
 
-    def new_key(role: str) -> str:
-        return subprocess.run(
-            [*dprc, "keys", "create", "--tenant", "schemathesis", "--role", role],
-            env=env,
-            check=True,
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-        ).stdout.strip()
-
-    key, owner = new_key("trainer"), new_key("data_owner")  # the owner budgets the seed file
+    # the data owner budgets the seed file; the trainer's key is fuzzed
+    key = shell_key(dprc, env, ROOT, "schemathesis", "trainer")
+    owner = shell_key(dprc, env, ROOT, "schemathesis", "data_owner")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
