@@ -30,13 +30,13 @@ from api.metrics import install_metrics
 from api.models.router import router as models_router
 from api.organization.router import router as organization_router
 from api.uploads.router import router as uploads_router
-from service import uploads
-from service.dispatch import Dispatcher, NoDispatcher
-from service.ids import new_id
-from service.logging_setup import log_context
-from service.rekey import open_current_store
-from service.settings import Settings, get_settings
-from service.store import Store, ping, readiness
+from service.base.ids import new_id
+from service.base.logging_setup import log_context
+from service.base.settings import Settings, get_settings
+from service.data import uploads
+from service.data.rekey import open_current_store
+from service.jobs.dispatch import Dispatcher, NoDispatcher
+from service.store.store import Store, ping, readiness
 
 DispatcherFactory = Callable[[Store], Dispatcher]
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
@@ -172,7 +172,7 @@ def create_app(
 class RequestContext:
     """The request's id — the client's ``X-Request-ID`` when it is a plain token, else a new
     one — on ``request.state.request_id`` (the audit log records it), echoed on the response,
-    and in the log context (:func:`service.logging_setup.log_context`) while it is served."""
+    and in the log context (:func:`service.base.logging_setup.log_context`) while it is served."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

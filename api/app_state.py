@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from fastapi import Request
 
-from service.dispatch import Dispatcher
-from service.store import Store
+from service.jobs.dispatch import Dispatcher
+from service.store.store import Store
 
 
 def get_store(request: Request) -> Store:

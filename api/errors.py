@@ -1,6 +1,6 @@
 """HTTP errors, OpenAI-style: ``{"error": {"message", "type", "param", "code"}}`` with a status.
 
-The one place that maps the domain errors of :mod:`service.errors` (raised by the services)
+The one place that maps the domain errors of :mod:`service.base.errors` (raised by the services)
 to status codes; the handlers registered by :func:`install_handlers` render them, FastAPI's
 validation errors and HTTP errors in the same shape so that the ``openai`` SDK raises its typed
 exceptions.
@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.errors import (
+from service.base.errors import (
     Conflict,
     DomainError,
     InvalidInput,
@@ -27,7 +27,7 @@ from service.errors import (
     TooLarge,
     Unauthenticated,
 )
-from service.store import StoreError, StoreValueRefused, is_contention
+from service.store.store import StoreError, StoreValueRefused, is_contention
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""``GET /metrics``: Prometheus exposition of the service's metrics (:mod:`service.metrics`)
+"""``GET /metrics``: Prometheus exposition of the service's metrics (:mod:`service.store.metrics`)
 and of this API's requests — counted by route template, method and status, with a latency
 histogram — behind a bearer token (``DPRC_METRICS_TOKEN``; unset: ``/metrics`` is 404)."""
 
@@ -15,9 +15,9 @@ from prometheus_client.exposition import generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import error_body
-from service import metrics
-from service.settings import Settings
-from service.store import Store
+from service.base.settings import Settings
+from service.store import metrics
+from service.store.store import Store
 
 
 class RequestMetrics:

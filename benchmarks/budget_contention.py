@@ -40,7 +40,7 @@ from dprc_core.accounting import (  # noqa: E402
     epsilon_for_events,
 )
 from service import job_runs  # noqa: E402
-from service.settings import Settings  # noqa: E402
+from service.base.settings import Settings  # noqa: E402
 from tests.api.conftest import exact_job_body, exact_job_event  # noqa: E402
 
 CLIENTS = 30
@@ -116,7 +116,7 @@ def run(db: str, older: int, method: str = "exact") -> dict:
     )  # type: ignore[call-arg]
     server, thread, base, store = _serve(settings)
     try:
-        from service.keys import create_key
+        from service.governance.keys import create_key
 
         with store.sessions() as session:
             key = create_key(session, "bench", "admin")[1]  # uploads with budgets and jobs
@@ -250,7 +250,7 @@ def main() -> int:
         "(distinct privacy events). Each configuration runs in a fresh process whose server has "
         "made one job before (on another file, so the model's files are loaded). The "
         "composition is incremental (dprc_core/accounting/history.py) and runs outside the "
-        "write lock on a snapshot checked under it (service/budget.py).\n\n" + head + body
+        "write lock on a snapshot checked under it (service/budget/budget.py).\n\n" + head + body
     )
     Path(args.out).write_text(text)
     print(text)

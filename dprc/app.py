@@ -11,9 +11,9 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from api.app import create_app
-from service.dispatch import Dispatcher, NoDispatcher
-from service.settings import Settings, get_settings
-from service.store import Store
+from service.base.settings import Settings, get_settings
+from service.jobs.dispatch import Dispatcher, NoDispatcher
+from service.store.store import Store
 
 
 def make_dispatcher(store: Store) -> Dispatcher:

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 from dprc.client import commands as client_commands
 
 if TYPE_CHECKING:
-    from service.store import Store
+    from service.store.store import Store
 
 
 def add_subparsers(sub: Any) -> None:
     """Register ``serve``, ``keys`` and ``admin`` on the ``dprc`` command's sub-parsers."""
-    from service.roles import DEFAULT_ROLE, Role
+    from service.governance.roles import DEFAULT_ROLE, Role
 
     serve = sub.add_parser("serve", help="run the API server (uvicorn)")
     serve.add_argument("--host", default="127.0.0.1")
@@ -117,9 +117,9 @@ def build_client_parser() -> argparse.ArgumentParser:
 
 
 def _store() -> Store:
-    from service.private_data import restrict_new_files
-    from service.rekey import open_current_store
-    from service.settings import Settings
+    from service.base.settings import Settings
+    from service.data.private_data import restrict_new_files
+    from service.data.rekey import open_current_store
 
     settings = Settings()
     restrict_new_files(settings.data_dir)
@@ -130,9 +130,9 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from dprc.app import build_app
-    from service.logging_setup import configure_logging
-    from service.private_data import restrict_new_files
-    from service.settings import get_settings
+    from service.base.logging_setup import configure_logging
+    from service.base.settings import get_settings
+    from service.data.private_data import restrict_new_files
 
     settings = get_settings()
     level = args.log_level or settings.log_level
@@ -160,8 +160,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _keys_create(args: argparse.Namespace) -> int:
-    from service.errors import DomainError
-    from service.keys import create_key
+    from service.base.errors import DomainError
+    from service.governance.keys import create_key
 
     store = _store()
     with store.sessions() as session:
@@ -175,7 +175,7 @@ def _keys_create(args: argparse.Namespace) -> int:
 
 
 def _keys_revoke(args: argparse.Namespace) -> int:
-    from service.keys import revoke_key
+    from service.governance.keys import revoke_key
 
     store = _store()
     with store.sessions() as session:
@@ -186,7 +186,7 @@ def _keys_revoke(args: argparse.Namespace) -> int:
 
 
 def _keys_list(args: argparse.Namespace) -> int:
-    from service.keys import list_keys
+    from service.governance.keys import list_keys
 
     store = _store()
     with store.sessions() as session:
@@ -203,7 +203,7 @@ def _keys_list(args: argparse.Namespace) -> int:
 def _admin_backup(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from service.backup import backup
+    from service.admin.backup import backup
 
     store = _store()
     try:
@@ -223,9 +223,9 @@ def _admin_backup(args: argparse.Namespace) -> int:
 def _admin_restore(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from service.private_data import restrict_new_files
-    from service.restore import manifest_summary, report_lines, restore
-    from service.settings import Settings
+    from service.admin.restore import manifest_summary, report_lines, restore
+    from service.base.settings import Settings
+    from service.data.private_data import restrict_new_files
 
     settings = Settings()
     folder = Path(args.dir)
@@ -247,7 +247,7 @@ def _admin_restore(args: argparse.Namespace) -> int:
 
 
 def _admin_check(args: argparse.Namespace) -> int:
-    from service.consistency import check, report_lines
+    from service.admin.consistency import check, report_lines
 
     store = _store()
     try:
@@ -263,8 +263,8 @@ def _admin_check(args: argparse.Namespace) -> int:
 
 
 def _admin_acknowledge(args: argparse.Namespace) -> int:
-    from service.errors import DomainError
-    from service.freezes import acknowledge_on_shell
+    from service.base.errors import DomainError
+    from service.budget.freezes import acknowledge_on_shell
 
     store = _store()
     try:

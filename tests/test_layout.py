@@ -5,7 +5,7 @@
 * ``api`` (HTTP) never imports ``worker`` or ``dprc``; ``worker`` never imports ``api`` or
   ``dprc``: the dispatcher is injected by the composition root ``dprc``.
 * ``api`` reaches the database only through ``service``: it imports neither
-  ``service.tables`` (the ORM rows), ``service.db`` (engine, sessions, locks) nor
+  ``service.store.tables`` (the ORM rows), ``service.store.db`` (engine, sessions, locks) nor
   ``sqlalchemy``. The use cases live in ``service`` and return rows or domain objects;
   ``api`` converts them to its schemas (``api/<domain>/views.py``).
 * ``dprc`` (the CLI and the composition root) calls ``service``, not ``api``: the one module
@@ -60,7 +60,7 @@ def test_package_imports_follow_the_layering(package):
 
 # modules a package must not import, by dotted prefix (a module or any module below it)
 FORBIDDEN_MODULES = {
-    "api": ("service.tables", "service.db", "sqlalchemy"),
+    "api": ("service.store.tables", "service.store.db", "sqlalchemy"),
     "dprc/client": ("api", "service", "worker"),
 }
 # the only module of ``dprc`` allowed to import ``api``: the composition root
@@ -104,4 +104,41 @@ def test_no_relative_imports_escape_the_rules():
                 for node in ast.walk(tree)
                 if isinstance(node, ast.ImportFrom) and node.level > 0
             ]
+    assert not offenders, offenders
+
+
+# ``service`` is built in rooms, each over the ones before it (docs/design.md, "Module map"):
+# a module imports only from its own room and the rooms listed before it.
+SERVICE_ROOMS = ("base", "store", "governance", "budget", "data", "models", "jobs", "admin")
+
+
+def _service_room(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[1] if parts[0] == "service" and len(parts) > 1 else None
+
+
+def test_every_service_module_lives_in_a_room():
+    loose = sorted(
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "service").glob("*.py")
+        if p.name != "__init__.py"
+    )
+    assert not loose, loose
+    rooms = sorted(
+        p.name
+        for p in (ROOT / "service").iterdir()
+        if p.is_dir() and (p / "__init__.py").exists()
+    )
+    assert rooms == sorted(SERVICE_ROOMS), rooms
+
+
+def test_service_rooms_import_only_the_rooms_below():
+    offenders = []
+    for i, room in enumerate(SERVICE_ROOMS):
+        allowed = set(SERVICE_ROOMS[: i + 1])
+        for path in (ROOT / "service" / room).rglob("*.py"):
+            for name in imported_packages(path):
+                target = _service_room(name)
+                if name == "service" or (target is not None and target not in allowed):
+                    offenders.append(f"{path.relative_to(ROOT)}: {name}")
     assert not offenders, offenders

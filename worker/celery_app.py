@@ -33,12 +33,12 @@ from typing import Any
 
 from celery import Celery, signals
 
-from service.lifecycle import runnable_jobs
-from service.logging_setup import configure_logging, log_context
-from service.private_data import restrict_new_files
-from service.rekey import open_current_store
-from service.settings import Settings
-from service.store import Store
+from service.base.logging_setup import configure_logging, log_context
+from service.base.settings import Settings
+from service.data.private_data import restrict_new_files
+from service.data.rekey import open_current_store
+from service.jobs.lifecycle import runnable_jobs
+from service.store.store import Store
 
 TASK_NAME = "dprc.run_job"
 QUEUE = "gpu"

@@ -14,9 +14,9 @@ import logging
 import queue
 import threading
 
-from service.lifecycle import runnable_jobs
-from service.logging_setup import log_context
-from service.store import Store
+from service.base.logging_setup import log_context
+from service.jobs.lifecycle import runnable_jobs
+from service.store.store import Store
 from worker.execution import execute_job, worker_id
 
 log = logging.getLogger(__name__)

@@ -45,15 +45,17 @@ from dprc_core.training.runner import (
 )
 from dprc_core.training.token_store import TokenStore
 from dprc_core.training.validation import ValidationDataError
-from service import builtin_models as builtin
-from service import fine_tuned_models, lifecycle, token_hashes
-from service import job_runs as runs
-from service.errors import NotFound
-from service.lifecycle import WorkerOutcome
-from service.logging_setup import log_context
-from service.model_registry import Model, registry
-from service.private_data import engine_seed, run_folder, token_store_dir
-from service.store import Store
+from service.base.errors import NotFound
+from service.base.logging_setup import log_context
+from service.data import token_hashes
+from service.data.private_data import engine_seed, run_folder, token_store_dir
+from service.jobs import job_runs as runs
+from service.jobs import lifecycle
+from service.jobs.lifecycle import WorkerOutcome
+from service.models import builtin_models as builtin
+from service.models import fine_tuned_models
+from service.models.model_registry import Model, registry
+from service.store.store import Store
 from worker.ranks import RankFailure, RanksDied, run_on_ranks
 
 log = logging.getLogger(__name__)
@@ -347,7 +349,7 @@ def _run_attempt(
 
 def check_token_sequences(store: Store, req: runs.JobRequest, data: JobData) -> None:
     """Before the job's first step: its data's token-id sequences against those of the
-    tenant's other budget groups for this tokenizer (:mod:`service.token_hashes`). One that
+    tenant's other budget groups for this tokenizer (:mod:`service.data.token_hashes`). One that
     another group holds fails the job (``budget_group_overlap``); else the group's new ones are
     recorded. A file without a budget group (validation-only data) is not checked."""
     group_id = token_hashes.job_group(store, req.id)
@@ -426,7 +428,7 @@ def _attempt_spec(store: Store, req: runs.JobRequest) -> JobSpec:
 def _progress_recorder(store: Store, req: runs.JobRequest) -> Callable[[Progress], None]:
     """The runner's progress callback: the runner's N and q against the plan and the
     accounting the runner resolved (first progress: :func:`check_sampling`,
-    :func:`service.job_runs.record_accounting`), each step's metrics, and each checkpoint's
+    :func:`service.jobs.job_runs.record_accounting`), each step's metrics, and each checkpoint's
     archive."""
 
     accounted = sampled = False

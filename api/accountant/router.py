@@ -16,7 +16,7 @@ from api.app_state import get_store
 from api.jobs import views as job_views
 from api.jobs.schemas import JobCreate
 from api.keys.dependencies import CallerDep
-from service import accounting
+from service.jobs import accounting
 
 router = APIRouter(prefix="/v1/accountant", tags=["accountant"])
 

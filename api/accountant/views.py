@@ -1,4 +1,4 @@
-"""The accountant's requests as :mod:`service.accounting`'s queries and its answers as the
+"""The accountant's requests as :mod:`service.jobs.accounting`'s queries and its answers as the
 API's objects."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from api.accountant.schemas import (
     NoiseMultiplierRequest,
     PlanBudget,
 )
-from service import accounting
+from service.jobs import accounting
 
 ResultKind = Literal["accountant.epsilon", "accountant.noise_multiplier"]
 

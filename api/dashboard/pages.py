@@ -13,9 +13,9 @@ from string import Template
 from fastapi.responses import HTMLResponse
 
 from api.dashboard.security import secure
-from service.audit import Act
-from service.keys import Caller
-from service.roles import Action, allowed
+from service.governance.audit import Act
+from service.governance.keys import Caller
+from service.governance.roles import Action, allowed
 
 TEMPLATES = Path(__file__).parent / "templates"
 STATIC_URL = "/dashboard/static"
@@ -120,7 +120,7 @@ def forbidden(caller: Caller, message: str) -> HTMLResponse:
 
 
 def action_options() -> str:
-    """``<option>``s of the audit log's actions (:class:`service.audit.Act`)."""
+    """``<option>``s of the audit log's actions (:class:`service.governance.audit.Act`)."""
     acts = sorted(v for k, v in vars(Act).items() if k.isupper() and isinstance(v, str))
     return "".join(
         f'<option value="{html.escape(a, quote=True)}">{html.escape(a)}</option>' for a in acts

@@ -2,7 +2,8 @@
 and for admins the tenant's keys and audit log.
 
 A page checks the session cookie (:mod:`api.dashboard.session`), the caller's role for the
-admin pages (:func:`service.roles.authorize`: a 403 page) and, for one data set or job, that
+admin pages (:func:`service.governance.roles.authorize`: a 403 page) and, for one data set or job,
+that
 the caller owns it (the same service functions as the JSON API: another tenant's is a 404
 page); everything else on a page is fetched by its script from the JSON API, which enforces
 the roles again."""
@@ -21,10 +22,12 @@ from api.app_state import get_store
 from api.dashboard import pages
 from api.dashboard.security import SecureStaticFiles, secure
 from api.dashboard.session import COOKIE, clear_cookie, same_origin, session_caller, set_cookie
-from service import dashboard_sessions, files, jobs
-from service.errors import NotFound, PermissionDenied, Unauthenticated
-from service.keys import Caller
-from service.roles import Action, allowed, authorize
+from service.base.errors import NotFound, PermissionDenied, Unauthenticated
+from service.data import files
+from service.governance import dashboard_sessions
+from service.governance.keys import Caller
+from service.governance.roles import Action, allowed, authorize
+from service.jobs import jobs
 
 router = APIRouter(include_in_schema=False)
 STATIC = Path(__file__).parent / "static"

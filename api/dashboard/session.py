@@ -1,5 +1,5 @@
 """The dashboard's session cookie over HTTP; the sessions themselves are the server's
-(:mod:`service.dashboard_sessions`).
+(:mod:`service.governance.dashboard_sessions`).
 
 Signing in posts an API key once; the server opens a session and sets the cookie
 ``dprc_session = v2.<random token>``, HttpOnly, SameSite=Strict, Path=/, Max-Age 12 h, and
@@ -22,11 +22,11 @@ import ipaddress
 from fastapi import Request
 from starlette.responses import Response
 
-from service import dashboard_sessions
-from service.dashboard_sessions import SESSION_SECONDS
-from service.errors import Unauthenticated
-from service.keys import Caller
-from service.settings import Settings
+from service.base.errors import Unauthenticated
+from service.base.settings import Settings
+from service.governance import dashboard_sessions
+from service.governance.dashboard_sessions import SESSION_SECONDS
+from service.governance.keys import Caller
 
 COOKIE = "dprc_session"
 CSRF_HEADER = "x-dprc-dashboard"

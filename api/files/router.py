@@ -23,9 +23,9 @@ from api.files.schemas import (
     RejectRequest,
 )
 from api.keys.dependencies import CallerDep
-from service import approvals, files
-from service.budget_groups import BudgetWish
-from service.errors import InvalidInput
+from service.base.errors import InvalidInput
+from service.data import approvals, files
+from service.data.budget_groups import BudgetWish
 
 router = APIRouter(prefix="/v1/files", tags=["files"], route_class=StrictInputRoute)
 

@@ -1,4 +1,4 @@
-"""The files domain's objects (:mod:`service.files`, :mod:`service.budget`) as the API's
+"""The files domain's objects (:mod:`service.data.files`, :mod:`service.budget.budget`) as the API's
 schemas."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from api.files.schemas import (
     OverlapReport,
     RequestedBudget,
 )
-from service.budget import History
-from service.files import DataSet
-from service.keys import Caller
-from service.planning import delta_warnings
-from service.roles import Action, allowed
+from service.budget.budget import History
+from service.budget.planning import delta_warnings
+from service.data.files import DataSet
+from service.governance.keys import Caller
+from service.governance.roles import Action, allowed
 
 
 def _budget(data_set: DataSet) -> Budget | None:
@@ -40,7 +40,7 @@ def _budget(data_set: DataSet) -> Budget | None:
 
 def decides(caller: Caller) -> bool:
     """Whether the caller approves uploads (data_owner, admin): a pending upload's report
-    shows it the texts of the near duplicates (:mod:`service.near_copies`)."""
+    shows it the texts of the near duplicates (:mod:`service.data.near_copies`)."""
     return allowed(caller.role, Action.SET_BUDGET)
 
 

@@ -10,8 +10,8 @@ from api.app_state import get_dispatcher, get_store
 from api.jobs import views
 from api.jobs.schemas import CheckpointList, EventList, Job, JobCreate, JobList, Ledger
 from api.keys.dependencies import CallerDep
-from service import jobs
-from service.job_status import JobStatus
+from service.jobs import jobs
+from service.store.job_status import JobStatus
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
 

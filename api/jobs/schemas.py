@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dprc_core.norm_methods import offered_names
-from service.job_status import JobStatus
+from service.store.job_status import JobStatus
 
 SUFFIX = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -277,7 +277,7 @@ class Job(BaseModel):
     organization_id: str
     result_files: list[str]
     seed: int
-    status: JobStatus  # the lifecycle's statuses (service/lifecycle.py), as their strings
+    status: JobStatus  # the lifecycle's statuses (service/jobs/lifecycle.py), as their strings
     trained_tokens: int | None
     training_file: str
     validation_file: str | None = None

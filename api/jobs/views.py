@@ -1,5 +1,5 @@
-"""The jobs domain (:mod:`service.jobs`) and the API's schemas: a create body as the domain's
-:class:`~service.jobs.JobRequest`, and the rows the use cases return (jobs, events,
+"""The jobs domain (:mod:`service.jobs.jobs`) and the API's schemas: a create body as the domain's
+:class:`~service.jobs.jobs.JobRequest`, and the rows the use cases return (jobs, events,
 checkpoints) and ledgers as the API's objects."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from api.jobs.schemas import (
     PrivacyUnit,
     ShardingName,
 )
-from service import jobs
-from service.job_status import JobStatus
-from service.keys import Caller
-from service.privacy_unit import UnitRequest
+from service.budget.privacy_unit import UnitRequest
+from service.governance.keys import Caller
+from service.jobs import jobs
+from service.store.job_status import JobStatus
 
 
 def job_request(body: JobCreate) -> jobs.JobRequest:

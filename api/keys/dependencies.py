@@ -9,8 +9,8 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.dashboard.session import check_csrf, session_caller
-from service.keys import Caller, authenticate
-from service.logging_setup import bind
+from service.base.logging_setup import bind
+from service.governance.keys import Caller, authenticate
 
 _bearer = HTTPBearer(auto_error=False, description="an API key from `dprc keys create`")
 

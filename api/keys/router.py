@@ -9,7 +9,7 @@ from api.app_state import get_store
 from api.keys import views
 from api.keys.dependencies import CallerDep
 from api.keys.schemas import Me
-from service import files
+from service.data import files
 
 router = APIRouter(prefix="/v1", tags=["keys"])
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from api.keys.schemas import Me, Storage
-from service.files import Storage as TenantStorage
-from service.keys import Caller
+from service.data.files import Storage as TenantStorage
+from service.governance.keys import Caller
 
 
 def me(caller: Caller, storage: TenantStorage) -> Me:

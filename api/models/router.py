@@ -1,5 +1,5 @@
 """``GET /v1/models`` and ``GET /v1/models/{model}``: the allow-list and the caller's tenant's
-fine-tuned models (service.fine_tuned_models)."""
+fine-tuned models (service.models.fine_tuned_models)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from fastapi import APIRouter, Request
 from api.app_state import get_store
 from api.keys.dependencies import CallerDep
 from api.models.schemas import ModelList, ModelObject
-from service import fine_tuned_models
-from service.fine_tuned_models import ModelInfo
+from service.models import fine_tuned_models
+from service.models.fine_tuned_models import ModelInfo
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 

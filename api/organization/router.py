@@ -1,7 +1,8 @@
 """``/v1/organization``: a tenant's API keys (create, list, revoke), its audit log and the
 acknowledgement of a frozen budget group, for its admins. The rules (who may, the last admin
-key, what a freeze is) are the domain's (:mod:`service.keys`, :mod:`service.audit`,
-:mod:`service.freezes`)."""
+key, what a freeze is) are the domain's (:mod:`service.governance.keys`,
+:mod:`service.governance.audit`,
+:mod:`service.budget.freezes`)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,10 @@ from api.organization.schemas import (
     PolicyChange,
     PolicyObject,
 )
-from service import approvals, audit, freezes, keys
-from service.errors import InvalidInput
+from service.base.errors import InvalidInput
+from service.budget import freezes
+from service.data import approvals
+from service.governance import audit, keys
 
 router = APIRouter(prefix="/v1/organization", tags=["organization"])
 

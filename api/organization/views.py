@@ -1,4 +1,5 @@
-"""The organization domain's objects (:mod:`service.keys`, :mod:`service.audit`) as the API's
+"""The organization domain's objects (:mod:`service.governance.keys`,
+:mod:`service.governance.audit`) as the API's
 schemas."""
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ from api.organization.schemas import (
     AuditLogObject,
     BudgetGroupObject,
 )
-from service.audit import Entry
-from service.freezes import GroupState
-from service.keys import KeyInfo
+from service.budget.freezes import GroupState
+from service.governance.audit import Entry
+from service.governance.keys import KeyInfo
 
 
 def api_key(info: KeyInfo) -> ApiKeyObject:

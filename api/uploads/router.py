@@ -13,9 +13,9 @@ from api.files.views import decides
 from api.keys.dependencies import CallerDep
 from api.uploads import views
 from api.uploads.schemas import UploadComplete, UploadCreate, UploadObject, UploadPartObject
-from service import uploads
-from service.budget_groups import BudgetWish
-from service.errors import InvalidInput
+from service.base.errors import InvalidInput
+from service.data import uploads
+from service.data.budget_groups import BudgetWish
 
 router = APIRouter(prefix="/v1/uploads", tags=["uploads"], route_class=StrictInputRoute)
 

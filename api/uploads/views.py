@@ -1,4 +1,4 @@
-"""The uploads domain's objects (:mod:`service.uploads`) as the API's schemas."""
+"""The uploads domain's objects (:mod:`service.data.uploads`) as the API's schemas."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Literal, cast
 
 from api.files.views import file_object
 from api.uploads.schemas import UploadObject, UploadPartObject
-from service.uploads import Part, UploadState
+from service.data.uploads import Part, UploadState
 
 Status = Literal["pending", "completed", "cancelled", "expired"]
 

@@ -317,7 +317,7 @@ class Progress:
     valid_loss: float | None = None  # at checkpoints, with a validation file (validation.py)
     # what ``epsilon`` is accounted with: the accountant's envelope family of the norm methods
     # the engine resolved on the model (``auto``: exact when every layer is exact) and the
-    # sketch model; a service compares them with what it charged (service.job_runs)
+    # sketch model; a service compares them with what it charged (service.jobs.job_runs)
     envelope: str | None = None
     sketch: str | None = None
     # the plan's N (examples, or users) and sampling rate q: a service compares them with the

@@ -568,7 +568,7 @@ def user_key(user: str) -> int:
     removing one of the two people can move the merged unit's clipped gradient by up to 2C
     (from C in one direction to C in the opposite one), twice the sensitivity the noise is
     calibrated for. So a collision is counted and refused (:func:`count_user_ids`,
-    :func:`check_user_keys`) when an upload's users are counted (``service.user_counts``) and
+    :func:`check_user_keys`) when an upload's users are counted (``service.data.user_counts``) and
     when a store is built with a user field."""
     digest = hashlib.sha256(b"dprc/user/" + user.encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 2

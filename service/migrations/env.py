@@ -1,11 +1,11 @@
-"""Alembic environment: runs on the connection given by ``service.db.upgrade`` or, from the
+"""Alembic environment: runs on the connection given by ``service.store.db.upgrade`` or, from the
 ``alembic`` command line, on the engine for the current ``DPRC_*`` settings."""
 
 from __future__ import annotations
 
 from alembic import context
 
-from service.tables import Base
+from service.store.tables import Base
 
 target_metadata = Base.metadata
 
@@ -19,8 +19,8 @@ def run() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    from service.db import make_engine
-    from service.settings import Settings
+    from service.base.settings import Settings
+    from service.store.db import make_engine
 
     engine = make_engine(Settings())
     with engine.begin() as conn:

@@ -22,9 +22,9 @@ import uvicorn
 
 from dprc.app import build_app
 from dprc_core.accounting import PrivacyEvent
-from service.keys import create_key
-from service.settings import Settings
-from service.store import Store
+from service.base.settings import Settings
+from service.governance.keys import create_key
+from service.store.store import Store
 
 PG_ADMIN = os.environ.get("DPRC_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 

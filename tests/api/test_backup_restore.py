@@ -20,7 +20,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from service.settings import Settings
+from service.base.settings import Settings
 from tests.api.conftest import (
     _settings,
     exact_job_body,
@@ -38,7 +38,7 @@ def _head() -> str:
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-    from service.db import MIGRATIONS
+    from service.store.db import MIGRATIONS
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
@@ -287,7 +287,7 @@ def test_a_postgresql_restore_that_fails_changes_nothing(tmp_path, monkeypatch):
     data volume as they were."""
     import psycopg
 
-    from service import database_copy
+    from service.admin import database_copy
 
     data = tmp_path / "data"
     monkeypatch.setenv("DPRC_DATA_DIR", str(data))
@@ -318,9 +318,9 @@ def test_an_older_backup_is_restored_and_migrated(backend, tmp_path, monkeypatch
     from alembic.config import Config
     from sqlalchemy import text
 
-    from service.backup import backup
-    from service.db import MIGRATIONS, make_engine, make_sessionmaker
-    from service.store import Store
+    from service.admin.backup import backup
+    from service.store.db import MIGRATIONS, make_engine, make_sessionmaker
+    from service.store.store import Store
 
     old = backend.model_copy(update={"data_dir": tmp_path / "old"})
     engine = make_engine(old)

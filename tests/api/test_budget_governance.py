@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from dprc_core.accounting import epsilon_for_events
-from service import job_runs
+from service.jobs import job_runs
 from tests.api.conftest import Server, _serve, _settings, exact_job_body, exact_job_event, jsonl
 
 

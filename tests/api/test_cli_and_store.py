@@ -15,9 +15,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from dprc.cli import main
-from service.db import make_engine, upgrade
-from service.settings import Settings
-from service.tables import Base
+from service.base.settings import Settings
+from service.store.db import make_engine, upgrade
+from service.store.tables import Base
 from tests.api.conftest import _free_port
 
 

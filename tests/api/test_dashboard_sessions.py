@@ -1,4 +1,5 @@
-"""Dashboard sessions kept by the server (service/dashboard_sessions.py), over real uvicorn on
+"""Dashboard sessions kept by the server (service/governance/dashboard_sessions.py), over real
+uvicorn on
 PostgreSQL and SQLite: signing in by the form opens a session whose cookie works on the JSON
 API and the pages; signing out ends it on the server (the old cookie is then refused), a
 revoked key or an expired session too; both acts are in the audit chain. Any malformed cookie
@@ -23,9 +24,9 @@ import pytest
 from sqlalchemy import select, update
 
 from api.dashboard.session import COOKIE
-from service.audit import Act, entry_hash
-from service.keys import revoke_key
-from service.tables import AuditEntry, DashboardSession, Tenant
+from service.governance.audit import Act, entry_hash
+from service.governance.keys import revoke_key
+from service.store.tables import AuditEntry, DashboardSession, Tenant
 from tests.api.conftest import Server, _serve, _settings
 
 V2 = re.compile(r"v2\.[A-Za-z0-9_-]{43}")

@@ -11,7 +11,7 @@ import pytest
 
 from dprc_core.accounting import epsilon, epsilon_for_events
 from dprc_core.training.plan import default_delta
-from service import job_runs
+from service.jobs import job_runs
 from tests.api.conftest import labelled_lines, text_lines
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from dprc_core.training.data import label_names, parse_jsonl
 from dprc_core.training.models import ModelSettingError, check_trainable, max_positions
-from service import builtin_models
+from service.models import builtin_models
 from tests.api.conftest import jsonl, labelled_lines, text_lines
 
 

@@ -8,9 +8,9 @@ import tarfile
 import openai
 import pytest
 
-from service import job_runs
-from service.keys import revoke_key
-from service.tables import ApiKey
+from service.governance.keys import revoke_key
+from service.jobs import job_runs
+from service.store.tables import ApiKey
 from tests.api.conftest import labelled_lines
 
 
@@ -91,7 +91,7 @@ def test_revoked_key_is_401(server):
     client = server.client(key)
     client.models.list()
     with server.store.sessions() as session:
-        from service.keys import hash_key
+        from service.governance.keys import hash_key
 
         key_id = session.query(ApiKey).filter_by(key_hash=hash_key(key)).one().id
         assert revoke_key(session, key_id)

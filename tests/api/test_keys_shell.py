@@ -10,10 +10,10 @@ import uuid
 import pytest
 
 from dprc.cli import main
-from service.audit import AuditFilter, list_entries
-from service.keys import Caller, get_or_create_tenant
-from service.settings import Settings
-from service.store import open_store
+from service.base.settings import Settings
+from service.governance.audit import AuditFilter, list_entries
+from service.governance.keys import Caller, get_or_create_tenant
+from service.store.store import open_store
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -8,7 +8,7 @@ import time
 from contextlib import contextmanager
 
 from dprc_core.accounting import epsilon
-from service.budget import SPENT_REFRESH_SECONDS
+from service.budget.budget import SPENT_REFRESH_SECONDS
 from tests.api.conftest import _serve, _settings
 
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from service import model_registry as service
-from service.errors import InvalidInput, NotFound
-from service.settings import ModelSpec, Settings
+from service.base.errors import InvalidInput, NotFound
+from service.base.settings import ModelSpec, Settings
+from service.models import model_registry as service
 
 
 def test_configured_models(tmp_path):

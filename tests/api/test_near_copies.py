@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import select
 
-from service.tables import File
+from service.store.tables import File
 from tests.api.conftest import Server, _serve, _settings
 
 

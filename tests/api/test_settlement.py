@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger, epsilon_for_events
-from service import job_runs as jobs
+from service.jobs import job_runs as jobs
 from tests.api.conftest import labelled_lines
 
 

@@ -15,8 +15,8 @@ from alembic.config import Config
 from sqlalchemy.orm import Session
 
 from dprc_core.accounting import PrivacyEvent, epsilon, epsilon_for_events, noise_multiplier
-from service.db import MIGRATIONS, make_engine, upgrade
-from service.settings import Settings
+from service.base.settings import Settings
+from service.store.db import MIGRATIONS, make_engine, upgrade
 from tests.api.conftest import _pg_admin_conn, jsonl, text_lines
 
 N = 200
@@ -243,8 +243,8 @@ def _fresh_database(backend: str, tmp_path) -> tuple[str | None, str | None]:
 @pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
 def test_a_job_stored_before_0004_reads_shared_after_the_upgrade(backend, tmp_path):
     from api.jobs.views import job_object
-    from service import budget
-    from service.tables import Job
+    from service.budget import budget
+    from service.store.tables import Job
 
     url, pg_name = _fresh_database(backend, tmp_path)
     engine = make_engine(Settings(data_dir=tmp_path, database_url=url))

@@ -335,7 +335,7 @@ def test_concurrent_decisions_on_one_upload_take_turns(srv):
 def test_typed_ids_and_a_key_collision_are_refused_over_http(srv, monkeypatch):
     """Issue 40, point 8: 7 and "7" would be one person, and so would two ids sharing a key:
     both uploads are 400 naming why, and nothing is stored."""
-    from service import user_counts
+    from service.data import user_counts
 
     with srv.http(srv.key("ids", "admin")) as http:
         rows = _user_rows(5, 2, "typed")

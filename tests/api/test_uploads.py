@@ -17,7 +17,7 @@ import openai
 import pytest
 from sqlalchemy import select
 
-from service.tables import Upload
+from service.store.tables import Upload
 from tests.api.conftest import (
     Server,
     _serve,

@@ -10,7 +10,7 @@ from api.app import create_app
 
 
 def test_one_version_everywhere(tmp_path):
-    from service.settings import Settings
+    from service.base.settings import Settings
 
     app = create_app(Settings(data_dir=tmp_path))
     assert app.version == dprc_core.__version__ == version("dprc")

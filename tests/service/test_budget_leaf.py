@@ -1,5 +1,5 @@
 """A create builds its own leaf of the file's history before the file's turn
-(``service.budget.build_leaf``), composing nothing else: the snapshot in the turn then builds
+(``service.budget.budget.build_leaf``), composing nothing else: the snapshot in the turn then builds
 no leaf for it, and is the snapshot computed with every cache cleared — also when other jobs
 committed in between. Counted, not timed."""
 
@@ -12,7 +12,7 @@ import pytest
 from dprc_core.accounting import SubsampledGaussianEvent
 from dprc_core.accounting import history as hist
 from dprc_core.accounting.history import clear_cache
-from service import budget
+from service.budget import budget
 
 DELTA = 1.3e-3
 

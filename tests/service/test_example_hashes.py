@@ -13,9 +13,9 @@ import tracemalloc
 import pytest
 
 from dprc_core.training.data import DataError, read_examples, summarize_jsonl
-from service import example_hashes
-from service.errors import InvalidInput
-from service.example_hashes import Digests, hash_examples, hash_file
+from service.base.errors import InvalidInput
+from service.data import example_hashes
+from service.data.example_hashes import Digests, hash_examples, hash_file
 
 SECRET = b"k" * 32
 
@@ -129,18 +129,18 @@ def test_memory_does_not_grow_with_the_file(tmp_path, monkeypatch):
 
 
 def test_placing_digests_records_each_once_across_chunks(tmp_path, monkeypatch):
-    """:func:`service.budget_groups.place` in chunks: a new data set's digests are inserted
+    """:func:`service.data.budget_groups.place` in chunks: a new data set's digests are inserted
     without lookups; an overlapping one joins its group and adds only the digests it lacks
     (looked up first, then inserted), whatever the chunk boundaries."""
     from sqlalchemy import func, select
 
-    from service import budget_groups
-    from service.budget_groups import BudgetWish, place
-    from service.db import locked_session
-    from service.keys import create_key
-    from service.settings import Settings
-    from service.store import open_store
-    from service.tables import ExampleHash, Tenant
+    from service.base.settings import Settings
+    from service.data import budget_groups
+    from service.data.budget_groups import BudgetWish, place
+    from service.governance.keys import create_key
+    from service.store.db import locked_session
+    from service.store.store import open_store
+    from service.store.tables import ExampleHash, Tenant
 
     monkeypatch.setattr(budget_groups, "LOOKUP_CHUNK", 7)
     monkeypatch.setattr(budget_groups, "INSERT_CHUNK", 5)

@@ -11,9 +11,9 @@ from api.jobs.schemas import JobCreate
 from api.jobs.views import job_request
 from dprc_core.accounting import epsilon
 from dprc_core.training.plan import default_delta, plan_privacy, planned_steps
-from service.errors import InvalidInput
-from service.jobs import plan_request
-from service.planning import JobPlan, make_plan
+from service.base.errors import InvalidInput
+from service.budget.planning import JobPlan, make_plan
+from service.jobs.jobs import plan_request
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""A pending upload's near copies (:mod:`service.near_copies`), without a server: the word
+"""A pending upload's near copies (:mod:`service.data.near_copies`), without a server: the word
 sets, the reading of files, the counts of :func:`find` with a fixed seed, and the report's
 merge."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from service import near_copies as nc
-from service.example_hashes import canonical_text
-from service.tables import BudgetGroup, File
+from service.data import near_copies as nc
+from service.data.example_hashes import canonical_text
+from service.store.tables import BudgetGroup, File
 
 
 def _lines(n: int, seed: int, words: int = 14) -> list[str]:

@@ -1,4 +1,4 @@
-"""Migration 0010 and the start-up re-key (service/rekey.py): a store written before the
+"""Migration 0010 and the start-up re-key (service/data/rekey.py): a store written before the
 canonical key, with example hashes over the raw text (computed here with hmac, as the code of
 that time did), opens with its groups carried forward — a copy the model cannot tell apart
 from a file whose content remains joins its group, an exact copy of a deleted file's data
@@ -17,13 +17,13 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 
-from service import files
-from service.budget_groups import BudgetWish
-from service.caller import Caller
-from service.db import MIGRATIONS, make_engine
-from service.rekey import open_current_store
-from service.settings import Settings
-from service.tables import BudgetGroup, ExampleHash, LegacyExampleHash, Tenant
+from service.base.settings import Settings
+from service.data import files
+from service.data.budget_groups import BudgetWish
+from service.data.rekey import open_current_store
+from service.governance.caller import Caller
+from service.store.db import MIGRATIONS, make_engine
+from service.store.tables import BudgetGroup, ExampleHash, LegacyExampleHash, Tenant
 from tests.api.conftest import PG_ADMIN, _pg_admin_conn
 
 SECRET = bytes(range(32))
@@ -140,7 +140,7 @@ def test_a_store_from_before_the_canonical_key_is_carried_forward(database, tmp_
         late = upload([{"text": r["text"].upper()} for r in deleted[5:]])
         assert late.group_id == "bg-old" and late.joined
         # opening the store again re-keys nothing twice
-        from service.rekey import rekey_store
+        from service.data.rekey import rekey_store
 
         assert rekey_store(store) == 0
     finally:

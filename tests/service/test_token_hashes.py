@@ -1,4 +1,4 @@
-"""The lookup and the record of a job's token-id sequences (service/token_hashes.py), without a
+"""The lookup and the record of a job's token-id sequences (service/data/token_hashes.py), without a
 model: stores built with MiniLM's (uncased) tokenizer, checked for budget groups of one tenant
 on SQLite and PostgreSQL (migrations to head, so 0011 too) — a group's own sequences pass and
 add nothing, another group's fail naming it and record nothing, chunks of any size, and two
@@ -15,10 +15,10 @@ import pytest
 from sqlalchemy import func, select
 
 from dprc_core.training import token_store
-from service import token_hashes
-from service.settings import Settings
-from service.store import Store, open_store
-from service.tables import BudgetGroup, Tenant, TokenHash
+from service.base.settings import Settings
+from service.data import token_hashes
+from service.store.store import Store, open_store
+from service.store.tables import BudgetGroup, Tenant, TokenHash
 from tests.api.conftest import PG_ADMIN, _pg_admin_conn
 
 

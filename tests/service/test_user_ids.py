@@ -8,9 +8,9 @@ import json
 import pytest
 
 from dprc_core.training import token_store
-from service import user_counts
-from service.errors import InvalidInput
-from service.example_hashes import hash_examples, hash_file
+from service.base.errors import InvalidInput
+from service.data import user_counts
+from service.data.example_hashes import hash_examples, hash_file
 
 SECRET = b"k" * 32
 

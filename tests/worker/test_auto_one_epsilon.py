@@ -20,7 +20,7 @@ from dprc_core.accounting import PrivacyLedger, epsilon
 from dprc_core.engine import layer_methods
 from dprc_core.training.models import load_model
 from dprc_core.training.results import read_results
-from service.model_registry import registry
+from service.models.model_registry import registry
 from tests.api.conftest import Server
 from tests.worker.conftest import learnable_lines, serve_embedded, wait_for
 

@@ -15,8 +15,8 @@ import openai
 import pytest
 from sqlalchemy import text
 
-from service.db import make_engine
-from service.settings import Settings
+from service.base.settings import Settings
+from service.store.db import make_engine
 from tests.api.conftest import _settings, fresh_pg_database, run_cli, serving, text_lines
 from tests.worker.conftest import learnable_lines, wait_for
 

@@ -143,7 +143,7 @@ def test_a_model_removed_from_disk_fails_the_job_and_releases_the_budget(tmp_pat
     import shutil
 
     from dprc_core.training.tiny import build_tiny_llama
-    from service.settings import ModelSpec
+    from service.base.settings import ModelSpec
     from tests.api.conftest import _serve, _settings
     from worker.execution import execute_job
 

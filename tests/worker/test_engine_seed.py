@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from service import job_runs
-from service.private_data import engine_seed
+from service.data.private_data import engine_seed
+from service.jobs import job_runs
 from tests.api.conftest import Server, _serve, _settings
 from tests.worker.conftest import learnable_lines
 from worker.execution import build_spec

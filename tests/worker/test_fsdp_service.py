@@ -27,11 +27,11 @@ from api.jobs.views import job_object, request_hash
 from dprc_core.accounting import PrivacyLedger, epsilon
 from dprc_core.sharding import SHARDINGS
 from dprc_core.training.runner import JobSpec
-from service import job_runs
-from service.db import MIGRATIONS, make_engine, upgrade
-from service.model_registry import registry
-from service.private_data import run_folder
-from service.settings import Settings
+from service.base.settings import Settings
+from service.data.private_data import run_folder
+from service.jobs import job_runs
+from service.models.model_registry import registry
+from service.store.db import MIGRATIONS, make_engine, upgrade
 from tests.api.conftest import PG_ADMIN, Server, _pg_admin_conn, _serve, _settings
 from tests.worker.conftest import learnable_lines, wait_for
 from worker.execution import build_spec
@@ -264,7 +264,7 @@ def _columns(engine: sa.Engine) -> set[str]:
 
 @pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
 def test_a_job_stored_before_0009_reads_sharding_none_and_0009_goes_down(backend, tmp_path):
-    from service.tables import Job
+    from service.store.tables import Job
 
     url, pg_name = _fresh_database(backend, tmp_path)
     engine = make_engine(Settings(data_dir=tmp_path, database_url=url))

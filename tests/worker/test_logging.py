@@ -1,5 +1,5 @@
 """One logging configuration for ``dprc serve`` and the Celery workers
-(``service.logging_setup``): the embedded worker's ``log.info`` lines reach the output."""
+(``service.base.logging_setup``): the embedded worker's ``log.info`` lines reach the output."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from service.logging_setup import configure_logging
+from service.base.logging_setup import configure_logging
 from tests.api.conftest import _free_port
 
 ROOT = Path(__file__).resolve().parents[2]

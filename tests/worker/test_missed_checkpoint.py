@@ -13,7 +13,7 @@ import pytest
 
 from dprc_core.accounting import epsilon
 from dprc_core.training.runner import run_job
-from service import job_runs
+from service.jobs import job_runs
 from tests.api.conftest import Server, _serve, _settings
 from tests.worker.conftest import learnable_lines
 from worker.execution import build_spec, execute_job

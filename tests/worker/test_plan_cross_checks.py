@@ -13,9 +13,9 @@ import pytest
 from sqlalchemy import select
 
 from dprc_core.training.runner import run_job
-from service import job_runs
-from service.tables import File
-from service.tables import Job as JobRow
+from service.jobs import job_runs
+from service.store.tables import File
+from service.store.tables import Job as JobRow
 from tests.api.conftest import Server, _serve, _settings
 from tests.worker.conftest import learnable_lines
 from worker.execution import build_spec, execute_job

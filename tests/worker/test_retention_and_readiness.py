@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import text
 
 from dprc_core.training.checkpoint import list_checkpoints
-from service.db import migrations_at_head
-from service.private_data import run_folder
+from service.data.private_data import run_folder
+from service.store.db import migrations_at_head
 from tests.api.conftest import Server, _serve, _settings
 from tests.worker.conftest import learnable_lines, serve_embedded, wait_for
 

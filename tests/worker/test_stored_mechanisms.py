@@ -13,8 +13,8 @@ from sqlalchemy import select
 
 from dprc_core.clipping import Auto, Clipping, Exact, Hutch, HutchPP
 from dprc_core.noise import Gaussian, NuDPFTRL, noise_from_dict
-from service import job_runs as runs
-from service.tables import Job as JobRow
+from service.jobs import job_runs as runs
+from service.store.tables import Job as JobRow
 from tests.api.conftest import Server, _serve, _settings, text_lines
 from worker.execution import build_spec
 

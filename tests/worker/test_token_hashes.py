@@ -1,5 +1,5 @@
 """A copy that the canonical text key calls new but that tokenizes exactly as another budget
-group's data is the same data to the model (service/token_hashes.py): a job on it fails before
+group's data is the same data to the model (service/data/token_hashes.py): a job on it fails before
 its first step (``budget_group_overlap``), naming that group and a line, with nothing charged
 and nothing recorded; a job whose sequences are all new passes the check, records them and
 trains. (A group's own sequences, chunking, and racing groups: tests/service.)
@@ -12,8 +12,8 @@ import json
 
 from sqlalchemy import func, select
 
-from service.example_hashes import canonical_text
-from service.tables import TokenHash
+from service.data.example_hashes import canonical_text
+from service.store.tables import TokenHash
 from tests.worker.conftest import wait_for
 
 WORDS = ["crème", "brûlée", "café", "naïve", "résumé", "déjà", "élan", "façade"]

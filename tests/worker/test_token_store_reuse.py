@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from dprc_core.training import token_store
-from service.private_data import token_store_dir
-from service.tables import Tenant
+from service.data.private_data import token_store_dir
+from service.store.tables import Tenant
 from tests.api.conftest import Server
 from tests.worker.conftest import learnable_lines, serve_embedded, wait_for
 

@@ -6,7 +6,7 @@
   const summary = document.getElementById("file-summary");
 
   // the budget's δ against this file's N (its users for a per-user budget): above 1/(10·N) it is
-  // warned about, as a job's privacy.warnings does (service/planning.py, delta_warnings)
+  // warned about, as a job's privacy.warnings does (service/budget/planning.py, delta_warnings)
   function deltaWarning(f) {
     const b = f.budget;
     const n = b && (b.unit === "user" ? f.n_users : f.n_examples);

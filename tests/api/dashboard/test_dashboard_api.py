@@ -21,7 +21,7 @@ import dp_accounting
 import pytest
 
 from api.dashboard.session import COOKIE
-from service.keys import revoke_key
+from service.governance.keys import revoke_key
 from tests.api.conftest import labelled_lines
 
 

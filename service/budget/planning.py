@@ -1,0 +1,524 @@
+"""The privacy plan of a job, from the library's planner
+(:func:`dprc_core.training.plan.plan_privacy`), so that the service charges exactly what the
+runner computes:
+
+- q = batch_size / N (Poisson sampling with expected batch size B).
+- steps = ⌈n_epochs · N / B⌉, computed exactly. Rounding up makes the expected number of
+  examples seen, steps·B, at least n_epochs·N; the runner executes exactly ``steps`` noisy
+  steps and the ledger records every one of them, so the accounted steps are never fewer than
+  the steps run (the runner refuses a plan whose steps differ).
+- δ defaults to the δ of the training file's budget group (its budget's δ; a group without a
+  budget: 1/N_group^1.1 rounded down), the δ its data set's page states ε at, so that a job,
+  its ledger, its checkpoints and its data set state one (ε, δ) (:func:`_steps_and_delta`).
+  Without a group (a caller that names none): 1/N^1.1 rounded down to two significant digits.
+  A δ above 1/N is refused, and so is a δ above the budget's δ.
+- σ = ``dprc_core.accounting.noise_multiplier`` with the dimension-free envelope (rank=None).
+  ``auto`` clipping is planned as ``hutch`` (conservative: the service has no model at
+  creation); a run whose every layer resolves to exact norms is re-accounted as exact by the
+  worker before its first step is recorded (:func:`service.jobs.job_runs.record_accounting`).
+- the sketch (``privacy.clipping.sketch``): ``shared`` (revealed-scale model) or
+  ``per_example`` (hidden-scale model, docs/accounting.md §10: a smaller σ for the same ε);
+  per_example needs a randomized method. The plan carries the sketch it was accounted with
+  (``shared`` for exact clipping, which draws no sketch), stored as
+  ``jobs.accounting_sketch`` and charged by the budget.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from typing import Any, Literal
+
+from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent
+from dprc_core.accounting.describe import sketch_words
+from dprc_core.accounting.events import PER_EXAMPLE_SKETCH, SHARED_SKETCH, default_sketch
+from dprc_core.clipping import DEFAULT_K, Auto, Clipping, norm_from_method
+from dprc_core.noise import Gaussian, NoiseMechanism, NuDPFTRL
+from dprc_core.norm_methods import get_norm_method
+from dprc_core.training.plan import PrivacyPlan, default_delta, plan_privacy, planned_steps
+from service.base.errors import InvalidInput
+from service.budget.budget import check_delta_for
+from service.store.metrics import CALIBRATION_SECONDS
+
+MAX_STEPS = 200_000
+DEFAULT_EPOCHS = 3
+DEFAULT_BATCH = 32
+
+# Calibrations (tenths of a second of accountant work each) run one at a time in a process:
+# under the GIL, concurrent ones gain nothing from running together, and one at a time they
+# finish in arrival order — each in its own time instead of all at the end of a burst — and
+# leave the interpreter to the requests that hold a file's turn (service/jobs/jobs.py).
+_CALIBRATION_LANE = threading.Lock()
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """The service's plan of a job: the library's :class:`PrivacyPlan` with what the job row
+    stores around it (the norm method asked, the accounted envelope, the noise)."""
+
+    n_examples: int
+    n_epochs: int
+    batch_size: int
+    sample_rate: float
+    steps: int
+    target_epsilon: float
+    target_delta: float
+    method: str
+    k: int | None
+    accounting_envelope: str  # the accountant's envelope family (auto: hutch)
+    accounting_k: int | None
+    noise_multiplier: float
+    planned_epsilon: float
+    mechanism: str = "gaussian"
+    nu: float | None = None
+    bands: int | None = None
+    min_separation: int | None = None  # nu_dpftrl: steps per epoch
+    # the sketch the accountant charged (shared | per_example; shared for exact clipping)
+    sketch: str = SHARED_SKETCH
+    # the library's plan this one was made from: the one plan, which builds the event
+    privacy: PrivacyPlan | None = field(default=None, compare=False, repr=False)
+    # what ε protects: "example", or "user" (n_examples then counts users, batch_size the
+    # expected users a step; docs/privacy_unit.md)
+    unit: str = "example"
+
+    @property
+    def accounting_clipping(self) -> str:
+        """Deprecated name of :attr:`accounting_envelope`."""
+        warnings.warn(
+            "JobPlan.accounting_clipping is deprecated; use JobPlan.accounting_envelope",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.accounting_envelope
+
+    def event(self) -> PrivacyEvent:
+        """The whole plan's privacy event, built by the library's plan."""
+        assert self.privacy is not None, "service plans are made by make_plan"
+        return self.privacy.event()
+
+    def mechanisms(
+        self, max_grad_norm: float, max_seq_len: int, sketch: str, *, secure: bool
+    ) -> dict[str, Any]:
+        """The engine's clipping and noise objects of this plan, serialized (the job row's
+        ``privacy.mechanisms``; the worker builds its engine from exactly them): the norm
+        method with its k, the run's ``sketch`` (:func:`job_sketch`) and, for ``auto``, the
+        ``max_seq_len`` it resolves for; the planned σ; ``secure``: the service's secure mode
+        (Gaussian noise only)."""
+        norm = norm_from_method(
+            self.method,
+            k=self.k if self.k is not None else DEFAULT_K,
+            max_seq_len=max_seq_len if self.method == Auto.method else None,
+            sketch=sketch,
+        )
+        noise: NoiseMechanism
+        if self.mechanism == NuDPFTRL.name:
+            noise = NuDPFTRL(self.noise_multiplier, nu=self.nu, bands=self.bands)
+        else:
+            noise = Gaussian(self.noise_multiplier, secure=secure)
+        return {"clipping": Clipping(max_grad_norm, norm).to_dict(), "noise": noise.to_dict()}
+
+    def noise(self) -> dict[str, Any]:
+        """What the job row stores as ``privacy.noise`` (read back by budgets and workers)."""
+        if self.mechanism == "nu_dpftrl":
+            return {
+                "mechanism": "nu_dpftrl",
+                "nu": self.nu,
+                "bands": self.bands,
+                "min_separation": self.min_separation,
+            }
+        return {"mechanism": "gaussian"}
+
+    def accountant(self) -> dict[str, Any]:
+        if self.mechanism == "nu_dpftrl":
+            return {
+                "mechanism": "nu_dpftrl",
+                "adjacency": "zero-out (implied by add/remove), no amplification",
+                "sampling": "fixed order: shuffle once, cyclic epochs",
+                "clipping": "exact",
+                "nu": self.nu,
+                "bands": self.bands,
+                "participations": self.n_epochs,
+                "min_separation": self.min_separation,
+                "steps_rule": "n_epochs * ceil(N / batch_size)",
+                "sensitivity": "matrix mechanism, as implemented (docs/accounting.md §9)",
+                "sketch": SHARED_SKETCH,
+            }
+        per_user = self.unit == "user"
+        return {
+            "mechanism": "gaussian",
+            "unit": self.unit,
+            "adjacency": "add/remove of one user with all their lines (epsilon is the larger "
+            "of the two directions)"
+            if per_user
+            else "add/remove (epsilon is the larger of the two directions)",
+            "sampling": "poisson over users, at most max_examples_per_user lines each"
+            if per_user
+            else "poisson",
+            "clipping": self.accounting_envelope,
+            "k": self.accounting_k,
+            "envelope": "dimension-free" if self.accounting_k is not None else None,
+            "rank": None,
+            "sketch": self.sketch,
+            "sketch_model": sketch_words(self.accounting_envelope, self.sketch),
+            "steps_rule": "ceil(n_epochs * N / batch_size)"
+            + (" (N: users; batch_size: expected users a step)" if per_user else ""),
+            "settings": asdict(DEFAULT_SETTINGS),
+        }
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a job asks of the planner (the API's ``JobCreate`` gives it)."""
+
+    target_epsilon: float
+    target_delta: float | None = None
+    n_epochs: int | Literal["auto"] = "auto"
+    batch_size: int | Literal["auto"] = "auto"
+    method: str = "auto"  # exact | hutch | hutchpp | auto
+    k: int | None = None
+    mechanism: str = "gaussian"  # gaussian | nu_dpftrl
+    nu: float | None = None
+    bands: int | None = None
+    sketch: str = SHARED_SKETCH  # shared | per_example (randomized clipping only; job_sketch)
+    unit: str = (
+        "example"  # example | user (N: the data set's users; service/budget/privacy_unit.py)
+    )
+
+
+@lru_cache(maxsize=512)
+def library_plan(
+    n: int,
+    batch: int,
+    n_epochs: int,
+    clipping: str,
+    k: int | None,
+    target_epsilon: float,
+    delta: float,
+    mechanism: str,
+    nu: float | None,
+    bands: int | None,
+    sketch: str = SHARED_SKETCH,
+    unit: str = "example",
+) -> PrivacyPlan:
+    """The library's plan (σ calibrated for the target); cached, as retried and repeated
+    jobs ask for the same plan."""
+    with _CALIBRATION_LANE:
+        return plan_privacy(
+            dataset_size=n,
+            batch_size=batch,
+            epochs=n_epochs,
+            clipping=clipping,
+            k=k,
+            target_epsilon=target_epsilon,
+            delta=delta,
+            mechanism=mechanism,
+            nu=nu,
+            bands=bands,
+            sketch=sketch,
+            unit=unit,
+        )
+
+
+def _calibrated(
+    n: int,
+    batch: int,
+    n_epochs: int,
+    clipping: str,
+    k: int | None,
+    target_epsilon: float,
+    delta: float,
+    mechanism: str = "gaussian",
+    nu: float | None = None,
+    bands: int | None = None,
+    param: str = "privacy.target_epsilon",
+    sketch: str = SHARED_SKETCH,
+    unit: str = "example",
+) -> PrivacyPlan:
+    try:
+        started = time.perf_counter()
+        cached = library_plan.cache_info().hits
+        plan = library_plan(
+            n,
+            batch,
+            n_epochs,
+            clipping,
+            k,
+            target_epsilon,
+            delta,
+            mechanism,
+            nu,
+            bands,
+            sketch,
+            unit,
+        )
+        if library_plan.cache_info().hits == cached:  # a calibration ran (not a cached plan)
+            CALIBRATION_SECONDS.observe(time.perf_counter() - started)
+    except (ValueError, RuntimeError) as exc:
+        raise InvalidInput(
+            f"cannot calibrate the noise: {exc}", param=param, code="calibration_failed"
+        ) from exc
+    if not math.isfinite(plan.planned_epsilon) or plan.planned_epsilon > target_epsilon:
+        raise InvalidInput(  # pragma: no cover - the calibration guarantees it
+            "calibration did not reach the target epsilon", param=param, code="calibration_failed"
+        )
+    return plan
+
+
+def make_plan(
+    req: PlanRequest,
+    n: int,
+    default_k: int,
+    *,
+    group_delta: float | None = None,
+    budget_delta: float | None = None,
+) -> JobPlan:
+    """The job's plan on ``n`` units. ``group_delta``: the δ its budget group states ε's at
+    (:func:`service.budget.budget.group_delta`), the default δ; ``budget_delta``: the group's
+    budget's
+    δ (None: the group has no budget), the largest δ a job may name."""
+    deltas = (group_delta, budget_delta)
+    n_epochs = DEFAULT_EPOCHS if req.n_epochs == "auto" else req.n_epochs
+    batch = min(DEFAULT_BATCH, n) if req.batch_size == "auto" else req.batch_size
+    if batch > n:
+        raise InvalidInput(
+            f"batch_size={batch} is larger than the data set (N={n} {req.unit}s); the expected "
+            "Poisson "
+            "batch size must be at most N",
+            param="hyperparameters.batch_size",
+            code="invalid_value",
+        )
+    if req.mechanism == "nu_dpftrl":
+        return _nu_dpftrl_plan(req, n, n_epochs, batch, deltas)
+    _check_sketch(req)
+    steps = planned_steps(n, batch, n_epochs)
+    delta = _steps_and_delta(steps, n, req.target_delta, *deltas)
+    method = req.method
+    entry = get_norm_method(method)  # the registry says what each method needs
+    if not entry.randomized:
+        if req.k is not None:
+            raise InvalidInput(
+                "k is only meaningful for hutch, hutchpp and auto clipping",
+                param="privacy.clipping.k",
+                code="invalid_value",
+            )
+        k, acc_clip, acc_k = None, entry.envelope, None
+    else:
+        k = req.k if req.k is not None else default_k
+        if k < 2:
+            raise InvalidInput(
+                "k must be >= 2 for randomized clipping (the envelope needs chi2(k) log-concave)",
+                param="privacy.clipping.k",
+                code="invalid_value",
+            )
+        acc_clip, acc_k = entry.envelope, k
+    # exact norms draw no sketch (a per_example request with them was refused above)
+    acc_sketch = req.sketch if acc_clip != "exact" else SHARED_SKETCH
+    lib = _calibrated(
+        n,
+        batch,
+        n_epochs,
+        acc_clip,
+        acc_k,
+        req.target_epsilon,
+        delta,
+        sketch=acc_sketch,
+        unit=req.unit,
+    )
+    assert lib.steps == steps and lib.delta == delta and lib.sketch == acc_sketch
+    assert lib.unit == req.unit
+    return JobPlan(
+        n,
+        n_epochs,
+        batch,
+        lib.sample_rate,
+        lib.steps,
+        req.target_epsilon,
+        lib.delta,
+        method,
+        k,
+        acc_clip,
+        acc_k,
+        lib.noise_multiplier,
+        lib.planned_epsilon,
+        sketch=lib.sketch,
+        privacy=lib,
+        unit=lib.unit,
+    )
+
+
+# δ above 1/(DELTA_WARNING_FACTOR·N) is warned about (issue 40): allowed (δ ≤ 1/N is the rule),
+# but on a small data set such a δ is a sizable chance of failure for the whole data set.
+DELTA_WARNING_FACTOR = 10
+DELTA_LARGE = "delta_large"
+
+
+def delta_warnings(delta: float, n: int, unit: str = "example") -> list[dict[str, str]]:
+    """The warnings of a δ for an accounting size ``n`` (examples, or users for user-level DP):
+    ``delta_large`` when δ > 1/(10·N) — a mechanism may release each unit whole with
+    probability δ, about N·δ of them in expectation. A job object (``privacy.warnings``), the
+    CLI and the dashboard show it."""
+    if n <= 0 or delta <= 1 / (DELTA_WARNING_FACTOR * n):
+        return []
+    units = "users" if unit == "user" else "examples"
+    return [
+        {
+            "code": DELTA_LARGE,
+            "message": f"delta={delta:g} is above 1/(10*N) = "
+            f"{1 / (DELTA_WARNING_FACTOR * n):.2g} for N = {n} {units}: delta is the "
+            "probability the guarantee may fail, up to releasing each of the "
+            f"{units} whole, N*delta = {n * delta:.2g} of them in expectation. On a data set "
+            "this small, name a smaller delta (privacy.target_delta, or the data set's budget "
+            "delta)",
+        }
+    ]
+
+
+def job_sketch(method: str, mechanism: str, sketch: str | None) -> str:
+    """The sketch a job runs with: as asked, else the library's default — per-example
+    projections for a randomized method, shared (nothing drawn) for exact norms and for
+    nu_dpftrl, which takes exact norms only."""
+    if sketch is not None:
+        return sketch
+    if mechanism == "nu_dpftrl":
+        return SHARED_SKETCH
+    return default_sketch(get_norm_method(method).randomized)
+
+
+def _check_sketch(req: PlanRequest) -> None:
+    """The sketch names how randomized clipping draws its projections: per_example needs a
+    randomized method (the registry says which are)."""
+    if req.sketch == SHARED_SKETCH:
+        return
+    if req.sketch != PER_EXAMPLE_SKETCH:  # the API's schema allows only the two
+        raise InvalidInput(
+            f"sketch must be 'shared' or 'per_example', got {req.sketch!r}",
+            param="privacy.clipping.sketch",
+            code="invalid_value",
+        )
+    if req.mechanism == "nu_dpftrl" or not get_norm_method(req.method).randomized:
+        why = (
+            "the nu_dpftrl mechanism takes exact clipping only"
+            if req.mechanism == "nu_dpftrl"
+            else f"clipping method {req.method!r} computes exact norms"
+        )
+        raise InvalidInput(
+            "privacy.clipping.sketch = 'per_example' needs a randomized clipping method "
+            f"(hutch, hutchpp or auto): {why} and draws no sketch; leave the sketch "
+            "'shared' (the default)",
+            param="privacy.clipping.sketch",
+            code="invalid_value",
+        )
+
+
+def _steps_and_delta(
+    steps: int,
+    n: int,
+    target_delta: float | None,
+    group_delta: float | None = None,
+    budget_delta: float | None = None,
+) -> float:
+    """Refuse too many steps; δ: the request's (at most 1/N and at most the budget's δ), else
+    the group's δ, else 1/N^1.1 rounded down.
+
+    One δ (issue 40): a job's default δ is its budget group's (``group_delta``), not one of its
+    own training file's N, so the job's page, its ledger, its checkpoints' metadata and its data
+    set's page state ε at the same δ. The budget composes every job's *event* (σ, q, steps) at
+    the group's δ whatever δ a job names (service/budget/budget.py), so the group's charge is sound
+    for
+    any job δ; a job's δ only says at which δ its own ε is printed. A job may name a smaller δ
+    (its ε at that δ is larger than at the budget's: still an upper bound of what it states); a
+    larger one is refused (400 ``invalid_delta`` naming ``privacy.target_delta``): its printed
+    ε would be smaller than the ε it costs the budget at the budget's δ, the two numbers the
+    issue saw disagree. A group's δ above 1/N of this file (a budget set when the group was
+    smaller than the file that joined it later) is no default: the file's 1/N^1.1 (smaller than
+    the group's δ, so again an upper bound) is used instead."""
+    if steps > MAX_STEPS:
+        raise InvalidInput(
+            f"this job would run {steps} steps (at most {MAX_STEPS})",
+            param="hyperparameters.n_epochs",
+            code="invalid_value",
+        )
+    if target_delta is None:
+        if group_delta is not None and group_delta <= 1 / n:
+            return group_delta
+        return default_delta(n)
+    delta = check_delta_for(n, target_delta, "privacy.target_delta")
+    if budget_delta is not None and delta > budget_delta:
+        raise InvalidInput(
+            f"privacy.target_delta={delta:g} is above the delta of the data set's budget "
+            f"({budget_delta:g}): the budget charges every job at its delta, so a job's "
+            "epsilon at a larger delta would understate what it costs. Name a delta at most "
+            f"{budget_delta:g}, or leave target_delta out (the budget's delta)",
+            param="privacy.target_delta",
+            code="invalid_delta",
+        )
+    return delta
+
+
+def _nu_dpftrl_plan(
+    req: PlanRequest,
+    n: int,
+    n_epochs: int,
+    batch: int,
+    deltas: tuple[float | None, float | None] = (None, None),
+) -> JobPlan:
+    if req.method != "exact" or req.k is not None:
+        raise InvalidInput(
+            "correlated noise (nu_dpftrl) needs privacy.clipping.method = 'exact' (and no k): "
+            "randomized clipping with correlated noise has no privacy analysis",
+            param="privacy.clipping.method",
+            code="invalid_value",
+        )
+    _check_sketch(req)
+    steps = planned_steps(n, batch, n_epochs, "nu_dpftrl")
+    delta = _steps_and_delta(steps, n, req.target_delta, *deltas)
+    nu, bands = float(req.nu or 0.0), req.bands
+    lib = _calibrated(
+        n,
+        batch,
+        n_epochs,
+        "exact",
+        None,
+        req.target_epsilon,
+        delta,
+        "nu_dpftrl",
+        nu,
+        bands,
+        param="privacy.noise",
+    )
+    assert lib.steps == steps and lib.min_separation is not None
+    return JobPlan(
+        n,
+        n_epochs,
+        batch,
+        lib.sample_rate,
+        lib.steps,
+        req.target_epsilon,
+        lib.delta,
+        "exact",
+        None,
+        "exact",
+        None,
+        lib.noise_multiplier,
+        lib.planned_epsilon,
+        "nu_dpftrl",
+        nu,
+        bands,
+        lib.min_separation,
+        privacy=lib,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Plan":  # the service's plan's former name, for one release
+        warnings.warn(
+            "service.budget.planning.Plan is deprecated; use service.budget.planning.JobPlan",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return JobPlan
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,2 @@
+"""Fine-tuning jobs: creation and queries, runs on workers, events, the lifecycle of
+statuses, retention, ledger files, dispatch, the accountant endpoints. Over ``models``."""
