@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from dprc_core import sharding
-from dprc_core.accounting.events import NuDPFTRLEvent, PrivacyEvent, SubsampledGaussianEvent
+from dprc_core.accounting.events import PrivacyEvent
 from dprc_core.batching import batch_size, select_samples
 from dprc_core.clipping import (
     CLIPPED_SUMS,
@@ -48,16 +48,14 @@ from dprc_core.estimators import MatrixContribution, auto_method
 from dprc_core.hooks import PerSampleHooks, trainable_parameters
 from dprc_core.independence import check_sample_independence
 from dprc_core.noise import (
-    Gaussian,
     GaussianNoise,
     NoiseMechanism,
-    NuDPFTRL,
     NuDPFTRLNoise,
     SecureGaussianNoise,
     SecureStream,
     as_noise_mechanism,
 )
-from dprc_core.noise.mechanisms import check_noise_multiplier
+from dprc_core.noise.mechanisms import Schedule, check_noise_multiplier
 from dprc_core.norm_methods import envelope_for, get_norm_method
 from dprc_core.privacy_units import UnitGroups, group_rows
 from dprc_core.seeding import derive_seed, fresh_seed
@@ -262,7 +260,7 @@ class PrivacyEngine:
                 "ranks with different numbers of micro-batches cannot join together; the "
                 "sharded engine forms the clipped sum by book-keeping (the default)"
             )
-        if self.mechanism.name != Gaussian.name:
+        if not self.mechanism.shardable:
             raise ValueError(
                 f"{self.mechanism.name} noise with a sharded (FSDP2) model: its correlated "
                 "state is not sharded yet; use Gaussian noise (DP-SGD) or an unsharded model"
@@ -407,14 +405,14 @@ class PrivacyEngine:
         amplification by sampling is claimed). σ = 0 has no event (nothing is private)."""
         if self.noise_multiplier == 0:
             raise ValueError("noise_multiplier=0 is not private: there is no privacy event")
-        if isinstance(self.mechanism, NuDPFTRL):
+        if self.mechanism.sampling == "fixed_order":
             if min_separation is None:
                 raise ValueError(
-                    "a nu_dpftrl engine's privacy_event needs min_separation (the steps of "
-                    "one fixed-order epoch)"
+                    f"a {self.mechanism.name} engine's privacy_event needs min_separation (the "
+                    "steps of one fixed-order epoch)"
                 )
         elif min_separation is not None:
-            raise ValueError("min_separation applies to nu_dpftrl noise only")
+            raise ValueError("min_separation applies to fixed-order (nu_dpftrl) noise only")
         elif sample_rate is None:
             raise ValueError("privacy_event needs sample_rate (expected_batch_size / N)")
         return _event(
@@ -1162,7 +1160,7 @@ def _mechanism_objects(
         clipping, noise = _from_keywords({**_KEYWORDS, **deprecated})
     if not isinstance(clipping, Clipping):
         raise TypeError(f"PrivacyEngine needs clipping=Clipping(...), got {clipping!r}")
-    if not isinstance(noise, (Gaussian, NuDPFTRL)):
+    if not isinstance(noise, NoiseMechanism):
         raise TypeError(
             f"PrivacyEngine needs noise=Gaussian(σ) or NuDPFTRL(σ, nu, bands), got {noise!r}"
         )
@@ -1197,14 +1195,12 @@ def _from_keywords(kw: dict[str, Any]) -> tuple[Clipping, NoiseMechanism]:
             "noise_mechanism= takes a mechanism without its noise_multiplier (given as "
             "noise_multiplier=); or pass noise= with clipping= instead of the keywords"
         )
-    if isinstance(mechanism, NuDPFTRL):
-        if kw["secure_rng"]:
-            raise ValueError(
-                f"secure_rng=True covers the Gaussian mechanism only, not {mechanism.name!r}: "
-                "its noise would come from torch's generator"
-            )
-        return clipping, NuDPFTRL(sigma, mechanism.nu, mechanism.bands)
-    return clipping, Gaussian(sigma, secure=bool(kw["secure_rng"]))
+    if kw["secure_rng"] and not mechanism.secure_capable:
+        raise ValueError(
+            f"secure_rng=True covers the Gaussian mechanism only, not {mechanism.name!r}: "
+            "its noise would come from torch's generator"
+        )
+    return clipping, mechanism.with_sigma(sigma).with_secure(bool(kw["secure_rng"]))
 
 
 def _sigma(noise: NoiseMechanism) -> float:
@@ -1224,15 +1220,17 @@ def _event(
     min_separation: int | None,
 ) -> PrivacyEvent:
     """The one place an engine's privacy event is built."""
-    sigma = _sigma(mechanism)
-    if isinstance(mechanism, NuDPFTRL):
-        assert mechanism.nu is not None and min_separation is not None
-        return NuDPFTRLEvent.prefix(sigma, steps, mechanism.nu, min_separation, mechanism.bands)
-    assert sample_rate is not None
     randomized = envelope != "exact"
-    return SubsampledGaussianEvent(
-        sigma, sample_rate, steps, envelope=envelope, k=k if randomized else None, sketch=sketch
+    schedule = Schedule(
+        _sigma(mechanism),
+        steps,
+        sample_rate=sample_rate if sample_rate is not None else 1.0,
+        clipping=envelope,
+        k=k if randomized else None,
+        sketch=sketch,
+        min_separation=min_separation,
     )
+    return mechanism.event(schedule, steps)
 
 
 def _finite_samples(contributions: dict[int, list], keep: torch.Tensor) -> torch.Tensor:

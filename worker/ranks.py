@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 import json
 import os
 import signal
@@ -95,7 +94,7 @@ def run_on_ranks(
     control.mkdir(mode=0o700, parents=True, exist_ok=True)
     for name in FILES:
         (control / name).unlink(missing_ok=True)
-    (control / "spec.json").write_text(json.dumps(dataclasses.asdict(spec)))
+    (control / "spec.json").write_text(json.dumps(spec.to_dict()))
     cmd = [sys.executable, "-m", "worker.rank_main", "launch", str(devices), str(control)]
     with open(control / "ranks.log", "ab") as log:
         proc = subprocess.Popen(

@@ -66,7 +66,6 @@ from dprc_core.engine import (
 )
 from dprc_core.integrations.privacy_arguments import PrivacyArguments
 from dprc_core.losses import causal_lm_per_sample_loss, sequence_classification_per_sample_loss
-from dprc_core.noise import NuDPFTRL
 from dprc_core.seeding import derive_seed, fresh_seed
 from dprc_core.training.data import DataError
 from dprc_core.training.learnability import is_adaptive, warn_if_unlearnable
@@ -367,7 +366,7 @@ class _PoissonMicroBatches(torch.utils.data.Sampler[list[int]]):
 
     def batches(self, seed: int) -> Callable[[int], torch.Tensor]:
         """step (0-based) -> that step's example indices, for the DP seed ``seed``."""
-        if self.plan.mechanism == NuDPFTRL.name:
+        if self.plan.noise.sampling == "fixed_order":
             order = FixedOrderSampler(
                 self.n,
                 int(self.plan.batch_size),
@@ -670,8 +669,13 @@ class DPTrainer(Trainer):
         if self.users is not None:  # user-level DP: N is the users, B the users a step
             n = self.users.num_users
         b = args.per_device_train_batch_size * args.gradient_accumulation_steps
-        if p.noise_mechanism == NuDPFTRL.name and p.nu is None:
-            raise DPTrainerError("noise_mechanism='nu_dpftrl' needs PrivacyArguments.nu")
+        try:
+            mechanism = p.mechanism()
+        except ValueError as exc:
+            raise DPTrainerError(
+                f"noise_mechanism={p.noise_mechanism!r}: {exc} (PrivacyArguments.nu, .bands)"
+            ) from None
+        fixed_order = mechanism.sampling == "fixed_order"  # whole epochs, integer batches
         methods = layer_methods(self.dp_model, p.norm_method, p.k, p.max_seq_len)
         clipping = accounting_envelope_for(methods)
         sigma_zero = p.noise_multiplier == 0
@@ -684,20 +688,18 @@ class DPTrainer(Trainer):
             )
         epochs: float = args.num_train_epochs
         if args.max_steps > 0:
-            epochs = _epochs_for_steps(n, b, args.max_steps, p.noise_mechanism)
+            epochs = _epochs_for_steps(n, b, args.max_steps, fixed_order)
         plan = plan_privacy(
             dataset_size=n,
             batch_size=b,
-            epochs=epochs if p.noise_mechanism != NuDPFTRL.name else int(epochs),
+            epochs=int(epochs) if fixed_order else epochs,
             clipping=clipping,
             k=p.k,
             target_epsilon=p.target_epsilon,
             delta=p.target_delta,
             # σ = 0 has no finite ε: plan the steps, q and δ with σ = 1, then set σ = 0, ε = ∞
             noise_multiplier_value=1.0 if sigma_zero else p.noise_multiplier,
-            mechanism=p.noise_mechanism,
-            nu=p.nu,
-            bands=p.bands,
+            mechanism=mechanism,
             # nothing sketched (an auto plan of exact layers): nothing drawn per example
             sketch=p.sketch if clipping != "exact" else default_sketch(randomized=False),
             unit=p.unit,
@@ -1040,11 +1042,12 @@ class DPTrainer(Trainer):
         self.dp_seed = int(state["seed"])  # the batch sampler reads it when iteration starts
 
 
-def _epochs_for_steps(n: int, b: int, steps: int, mechanism: str) -> float:
-    """Epochs whose planned steps (the one step rule) are exactly ``steps``."""
+def _epochs_for_steps(n: int, b: int, steps: int, fixed_order: bool) -> float:
+    """Epochs whose planned steps (the one step rule) are exactly ``steps`` (fixed order:
+    whole epochs of ⌈N/B⌉ steps)."""
     from dprc_core.accounting.steps import planned_steps
 
-    if mechanism == NuDPFTRL.name:
+    if fixed_order:
         per_epoch = -(-n // b)
         return steps / per_epoch
     epochs = steps * b / n

@@ -14,8 +14,8 @@ import warnings
 from dataclasses import dataclass, field
 
 from dprc_core.clipping import CLIPPED_SUMS, Clipping, norm_from_method
-from dprc_core.mechanism_names import NU_DPFTRL, canonical_mechanism
-from dprc_core.noise.mechanisms import Gaussian, NoiseMechanism, NuDPFTRL
+from dprc_core.mechanism_names import canonical_mechanism
+from dprc_core.noise.mechanisms import NoiseMechanism, as_noise_mechanism, mechanism_class
 from dprc_core.norm_methods import get_norm_method, method_names
 from dprc_core.sketches import check_sketch_mode
 
@@ -181,8 +181,9 @@ class PrivacyArguments:
             return
         if not isinstance(self.user_field, str) or not self.user_field:
             raise ValueError(f"user_field must be a column name, got {self.user_field!r}")
-        if self.noise_mechanism == NU_DPFTRL:
-            raise ValueError("unit='user' takes the gaussian noise mechanism")
+        mechanism_class(self.noise_mechanism).check_options(
+            randomized=False, sketch=None, unit=self.unit, sharding="none", secure=False
+        )
 
     def clipping(self) -> Clipping:
         """The engine's :class:`~dprc_core.clipping.Clipping` for these settings."""
@@ -191,8 +192,10 @@ class PrivacyArguments:
         )
         return Clipping(self.per_sample_max_grad_norm, norm, self.clipped_sum)
 
+    def mechanism(self) -> NoiseMechanism:
+        """The noise mechanism these settings name, without σ (its own fields checked)."""
+        return as_noise_mechanism(self.noise_mechanism, self.nu, self.bands, warn=False)
+
     def noise(self, noise_multiplier: float) -> NoiseMechanism:
         """The engine's noise object with σ = ``noise_multiplier`` (the plan's)."""
-        if self.noise_mechanism == NU_DPFTRL:
-            return NuDPFTRL(noise_multiplier, self.nu, self.bands)
-        return Gaussian(noise_multiplier)
+        return self.mechanism().with_sigma(noise_multiplier)

@@ -160,7 +160,7 @@ def warn_if_unlearnable(
     is flagged by :func:`assess`; the verdict, or None for a plan the criterion does not judge:
     σ = 0 (not private) and ν-DP-FTRL (its correlated noise is not an independent σ·C/B per
     step). ``stacklevel`` as for :func:`warnings.warn` called where this is called."""
-    if plan.mechanism != "gaussian" or plan.noise_multiplier == 0:
+    if not plan.noise.independent_noise or plan.noise_multiplier == 0:
         return None
     verdict = assess(
         plan.noise_multiplier, plan.batch_size, plan.steps, learning_rate, adaptive=adaptive

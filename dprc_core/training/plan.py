@@ -17,35 +17,49 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dprc_core.accounting import PrivacyEvent, SubsampledGaussianEvent, noise_multiplier
-from dprc_core.accounting.calibration import gaussian_epsilon
-from dprc_core.accounting.dpftrl import dpftrl_epsilon, dpftrl_noise_multiplier
+from dprc_core.accounting import PrivacyEvent
 from dprc_core.accounting.events import (
     SHARED_SKETCH,
     check_delta,
     check_epsilon,
+    check_sketch,
     default_sketch,
 )
 from dprc_core.accounting.steps import planned_steps
+from dprc_core.noise.mechanisms import NoiseMechanism, as_noise_mechanism, mechanism_class
+from dprc_core.norm_methods import ENVELOPES
+from dprc_core.plan_errors import PlanError
 
-NOISE_MECHANISMS = ("gaussian", "nu_dpftrl")
+__all__ = [
+    "PRIVACY_UNITS",
+    "PlanError",
+    "PrivacyPlan",
+    "check_delta_for_size",
+    "default_delta",
+    "plan_privacy",
+    "planned_steps",
+]
 
 
 def check_delta_for_size(delta: float, n: int) -> float:
     """A valid δ that is also at most 1/N: a larger δ allows releasing whole examples."""
-    delta = check_delta(delta)
+    try:
+        delta = check_delta(delta)
+    except ValueError as exc:
+        raise PlanError("delta", str(exc)) from None
     if delta > 1 / n:
-        raise ValueError(
+        raise PlanError(
+            "delta",
             f"delta={delta:g} is above 1/N = {1 / n:g} for a data set of {n} examples; such a "
-            "delta would allow releasing whole examples"
+            "delta would allow releasing whole examples",
         )
     return delta
 
 
 def default_delta(n: int) -> float:
     """1/N^1.1 rounded down to two significant digits."""
-    if not isinstance(n, int) or n < 2:
-        raise ValueError(f"the data set needs at least 2 examples, got {n!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise PlanError("dataset_size", f"the data set needs at least 2 examples, got {n!r}")
     exact = n**-1.1
     exponent = math.floor(math.log10(exact))
     mantissa = math.floor(exact / 10**exponent * 10) / 10
@@ -80,25 +94,16 @@ class PrivacyPlan:
     # is then the number of users, batch_size the expected users a step; docs/privacy_unit.md)
     unit: str = "example"
 
-    def event(self, steps: int | None = None) -> PrivacyEvent:
-        """The privacy event of the first ``steps`` steps (default: the whole plan).
+    @property
+    def noise(self) -> NoiseMechanism:
+        """The noise mechanism this plan runs, with its σ."""
+        return mechanism_class(self.mechanism).from_plan(self)
 
-        ν-DP-FTRL: the first t released steps are rows 1..t of the same lower-triangular
-        Toeplitz noise, i.e. a ν-DP-FTRL run of t steps with at most ⌈t/s⌉ participations."""
-        steps = self.steps if steps is None else steps
-        if self.mechanism == "nu_dpftrl":
-            assert self.nu is not None and self.min_separation is not None
-            return PrivacyEvent.nu_dpftrl_prefix(
-                self.noise_multiplier, steps, self.nu, self.min_separation, self.bands
-            )
-        return PrivacyEvent(
-            self.noise_multiplier,
-            self.sample_rate,
-            steps,
-            self.clipping,
-            self.k,
-            sketch=self.sketch,
-        )
+    def event(self, steps: int | None = None) -> PrivacyEvent:
+        """The privacy event of the first ``steps`` steps (default: the whole plan), built by
+        the plan's mechanism (ν-DP-FTRL: the first t released steps are rows 1..t of the same
+        Toeplitz noise)."""
+        return self.noise.event(self, self.steps if steps is None else steps)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -114,135 +119,129 @@ def plan_privacy(
     target_epsilon: float | None = None,
     delta: float | None = None,
     noise_multiplier_value: float | None = None,
-    mechanism: str = "gaussian",
+    mechanism: str | NoiseMechanism = "gaussian",
     nu: float | None = None,
     bands: int | None = None,
     sketch: str | None = None,
     unit: str = "example",
+    sharding: str = "none",
+    secure: bool = False,
+    max_steps: int | None = None,
 ) -> PrivacyPlan:
     """Plan a job; exactly one of ``target_epsilon`` / ``noise_multiplier_value`` is given.
+    The one home of the plan's rules: a refusal is a :class:`PlanError` naming the field.
+
+    ``mechanism``: a noise mechanism object (``Gaussian()``, ``NuDPFTRL(nu=0.1)``; its σ, if
+    set, is used as ``noise_multiplier_value``) or its name (``nu`` / ``bands`` beside a name:
+    the mechanism's own fields). The mechanism states what it allows (randomized clipping,
+    user-level units, ``sharding``, ``secure`` mode), its step rule and its calibration:
+    Poisson sampling — q = B/N, steps = ⌈epochs·N/B⌉ — or fixed order — integer B and epochs,
+    steps = epochs·⌈N/B⌉, σ from the matrix-mechanism sensitivity with no amplification
+    (docs/accounting.md §9).
 
     ``unit="user"``: user-level DP — ``dataset_size`` counts users and ``batch_size`` the
     expected users a step; q, steps, δ (≤ 1/N_users) and σ follow exactly as for examples
     (docs/privacy_unit.md).
 
-    ``sketch``: how the engine draws randomized clipping's projections (``"shared"`` or
-    ``"per_example"``, the accountant's model for it; refused with exact clipping). ``None``:
-    the engine's default, per-example for randomized clipping and shared for exact
-    (:func:`dprc_core.accounting.events.default_sketch`).
+    ``clipping``: the accountant's envelope (``exact``, ``hutch``, ``hutchpp``); ``k``: its
+    projection dimension (≥ 2 for a randomized envelope). ``sketch``: how the engine draws
+    randomized clipping's projections (``"shared"`` or ``"per_example"``, the accountant's
+    model for it; refused with exact clipping). ``None``: the engine's default, per-example for
+    randomized clipping and shared for exact (:func:`dprc_core.accounting.events.default_sketch`).
 
-    ``mechanism="nu_dpftrl"``: fixed-order batches (integer ``batch_size`` and ``epochs``),
-    steps = epochs·⌈N/B⌉, exact clipping only, σ from the matrix-mechanism sensitivity with no
-    amplification (docs/accounting.md §9)."""
-    if mechanism not in NOISE_MECHANISMS:
-        raise ValueError(f"noise mechanism must be one of {NOISE_MECHANISMS}, got {mechanism!r}")
+    ``max_steps``: the most steps a caller runs (a plan beyond it is refused naming
+    ``epochs``)."""
+    noise = _noise(mechanism, nu, bands)
+    if noise.noise_multiplier is not None:
+        if noise_multiplier_value is not None:
+            raise PlanError("noise_multiplier", "σ given twice: in the mechanism and beside it")
+        noise_multiplier_value = noise.noise_multiplier
     if unit not in PRIVACY_UNITS:
-        raise ValueError(f"unit must be one of {PRIVACY_UNITS}, got {unit!r}")
-    if mechanism == "nu_dpftrl" and unit != "example":
-        raise ValueError(
-            "nu_dpftrl is accounted per example (fixed-order batches of lines); user-level DP "
-            "takes the gaussian mechanism"
-        )
-    if mechanism == "nu_dpftrl":
-        if sketch not in (None, SHARED_SKETCH):
-            raise ValueError("sketch applies to randomized clipping, which nu_dpftrl refuses")
-        return _plan_nu_dpftrl(
-            dataset_size,
-            batch_size,
-            epochs,
-            clipping,
-            target_epsilon,
-            delta,
-            noise_multiplier_value,
-            nu,
-            bands,
-        )
-    if nu is not None or bands is not None:
-        raise ValueError("nu and bands apply to the nu_dpftrl mechanism only")
+        raise PlanError("unit", f"unit must be one of {PRIVACY_UNITS}, got {unit!r}")
+    if clipping not in ENVELOPES:
+        raise PlanError("clipping", f"clipping must be one of {ENVELOPES}, got {clipping!r}")
+    randomized = clipping != "exact"
+    noise.check_options(
+        randomized=randomized, sketch=sketch, unit=unit, sharding=sharding, secure=secure
+    )
     n = dataset_size
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
-        raise ValueError(f"the data set needs at least 2 examples, got {n!r}")
-    ok_b = isinstance(batch_size, (int, float)) and not isinstance(batch_size, bool)
-    if not ok_b or not math.isfinite(batch_size) or not 0 < batch_size <= n:
-        raise ValueError(f"batch_size must be in (0, N={n}], got {batch_size!r}")
-    ok_e = isinstance(epochs, (int, float)) and not isinstance(epochs, bool)
-    if not ok_e or not math.isfinite(epochs) or not 0 < epochs <= 10_000:
-        raise ValueError(f"epochs must be a number in (0, 10000], got {epochs!r}")
+        raise PlanError("dataset_size", f"the data set needs at least 2 examples, got {n!r}")
+    noise.check_schedule(n, batch_size, epochs)
     if (target_epsilon is None) == (noise_multiplier_value is None):
-        raise ValueError("give exactly one of target_epsilon and noise_multiplier")
+        raise PlanError("target_epsilon", "give exactly one of target_epsilon and noise_multiplier")
     delta = default_delta(n) if delta is None else check_delta_for_size(delta, n)
-    q = batch_size / n
-    steps = planned_steps(n, batch_size, epochs)
-    k_acc = k if clipping != "exact" else None
-    if sketch is None:
-        sketch = default_sketch(randomized=clipping != "exact")
-    PrivacyEvent(1.0, q, steps, clipping, k_acc, sketch=sketch)  # validates clipping and sketch
-    if noise_multiplier_value is None:
-        target = check_epsilon(target_epsilon)
-        sigma = noise_multiplier(target, delta, q, steps, clipping, k_acc, sketch=sketch)
-    else:
-        sigma = float(noise_multiplier_value)
-        target = None
-    event = SubsampledGaussianEvent(sigma, q, steps, clipping, k_acc, sketch=sketch)
-    planned = gaussian_epsilon(event, delta)  # the calibration's own composition of σ
-    return PrivacyPlan(
-        n,
-        float(batch_size),
-        float(epochs),
-        q,
-        steps,
-        delta,
-        sigma,
-        clipping,
-        k_acc,
-        target,
-        planned,
-        sketch=sketch,
-        unit=unit,
-    )
-
-
-def _plan_nu_dpftrl(
-    n, batch_size, epochs, clipping, target_epsilon, delta, sigma_given, nu, bands
-) -> PrivacyPlan:
-    if clipping != "exact":
-        raise ValueError(
-            f"clipping {clipping!r} with nu_dpftrl is refused: randomized clipping with "
-            "correlated noise has no privacy analysis; use exact norms"
-        )
-    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
-        raise ValueError(f"the data set needs at least 2 examples, got {n!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 0 < batch_size <= n:
-        raise ValueError(f"nu_dpftrl needs an integer batch_size in [1, N={n}], got {batch_size!r}")
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or not 0 < epochs <= 10_000:
-        raise ValueError(f"nu_dpftrl needs an integer number of epochs >= 1, got {epochs!r}")
-    if nu is None:
-        raise ValueError("nu_dpftrl needs nu (the damping, in [0, 1])")
-    if (target_epsilon is None) == (sigma_given is None):
-        raise ValueError("give exactly one of target_epsilon and noise_multiplier")
-    delta = default_delta(n) if delta is None else check_delta_for_size(delta, n)
-    sep = -(-n // batch_size)
-    steps = planned_steps(n, batch_size, epochs, "nu_dpftrl")
-    if sigma_given is None:
-        target = check_epsilon(target_epsilon)
-        sigma = dpftrl_noise_multiplier(target, delta, nu, steps, epochs, sep, bands=bands)
-    else:
-        sigma, target = float(sigma_given), None
-    planned = dpftrl_epsilon(sigma, delta, nu, steps, epochs, sep, bands=bands)
-    return PrivacyPlan(
+    steps = noise.steps(n, batch_size, epochs)
+    if max_steps is not None and steps > max_steps:
+        raise PlanError("epochs", f"this job would run {steps} steps (at most {max_steps})")
+    k_acc = _check_k(k) if randomized else None
+    sketch = _check_sketch(sketch, clipping)
+    draft = PrivacyPlan(
         n,
         float(batch_size),
         float(epochs),
         batch_size / n,
         steps,
         delta,
-        sigma,
-        "exact",
+        0.0,
+        clipping,
+        k_acc,
         None,
-        target,
-        planned,
-        "nu_dpftrl",
-        float(nu),
-        bands,
-        sep,
+        math.nan,
+        noise.name,
+        sketch=sketch,
+        unit=unit,
+        **noise.plan_fields(n, batch_size, epochs),
     )
+    if noise_multiplier_value is None:
+        try:
+            target = check_epsilon(target_epsilon)
+        except ValueError as exc:
+            raise PlanError("target_epsilon", str(exc)) from None
+        sigma = noise.calibrate(target, delta, draft)
+    else:
+        sigma, target = _check_sigma(noise_multiplier_value), None
+    sized = _replace(draft, noise_multiplier=sigma, target_epsilon=target)
+    return _replace(sized, planned_epsilon=noise.epsilon(delta, sized))
+
+
+def _noise(mechanism: str | NoiseMechanism, nu: float | None, bands: int | None) -> NoiseMechanism:
+    if isinstance(mechanism, NoiseMechanism):
+        if nu is not None or bands is not None:
+            raise PlanError("nu", "give nu and bands inside the mechanism object, not beside it")
+        return mechanism
+    return as_noise_mechanism(mechanism, nu, bands, warn=False)
+
+
+def _check_k(k: int | None) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+        raise PlanError(
+            "k",
+            f"k must be an integer >= 2 for randomized clipping (the envelope needs chi2(k) "
+            f"log-concave), got {k!r}",
+        )
+    return k
+
+
+def _check_sketch(sketch: str | None, envelope: str) -> str:
+    if sketch is None:
+        return default_sketch(randomized=envelope != "exact")
+    try:
+        return check_sketch(sketch, envelope)
+    except ValueError as exc:
+        raise PlanError("sketch", str(exc)) from None
+
+
+def _check_sigma(value: Any) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (ok and math.isfinite(value) and value >= 0):
+        raise PlanError(
+            "noise_multiplier", f"noise_multiplier must be a finite number >= 0, got {value!r}"
+        )
+    return float(value)
+
+
+def _replace(plan: PrivacyPlan, **changes: Any) -> PrivacyPlan:
+    from dataclasses import replace
+
+    return replace(plan, **changes)

@@ -50,7 +50,9 @@ from dprc_core.distributed import (
 )
 from dprc_core.engine import PrivacyEngine, StepStats, accounting_envelope_for, layer_methods
 from dprc_core.losses import causal_lm_per_sample_loss, sequence_classification_per_sample_loss
-from dprc_core.noise import Gaussian, NoiseMechanism, NuDPFTRL, SecureStream
+from dprc_core.mechanism_names import GAUSSIAN
+from dprc_core.noise import NoiseMechanism, SecureStream
+from dprc_core.noise.mechanisms import as_noise_mechanism, mechanism_class, noise_from_dict
 from dprc_core.noise.secure_stream import new_key
 from dprc_core.norm_methods import get_norm_method, method_names
 from dprc_core.seeding import derive_seed, fresh_seed
@@ -135,9 +137,15 @@ class JobSpec:
     # train only the parameters whose names contain one of these strings (e.g. ["classifier"]
     # for a DP linear probe); None: every parameter (or the LoRA adapters when lora is set)
     train_only: list[str] | None = None
-    noise_mechanism: str = "gaussian"  # gaussian (Poisson DP-SGD) | nu_dpftrl (fixed order)
-    nu: float | None = None  # nu_dpftrl damping
-    bands: int | None = None  # nu_dpftrl banding (None: un-banded)
+    # the noise mechanism: an object (Gaussian(), NuDPFTRL(nu=..., bands=...)) or its JSON
+    # (to_dict); its σ, if set, is the spec's noise_multiplier. A YAML file may name it flat
+    # instead: noise_mechanism (a registered name) with that mechanism's own fields (nu,
+    # bands). After construction ``noise`` holds the object (without σ) and the flat fields
+    # repeat it.
+    noise: NoiseMechanism | dict[str, Any] | None = None
+    noise_mechanism: str | None = None  # flat spelling: gaussian | nu_dpftrl
+    nu: float | None = None  # flat spelling: nu_dpftrl's damping
+    bands: int | None = None  # flat spelling: nu_dpftrl's banding (None: un-banded)
     # the privacy unit (docs/privacy_unit.md): "example" (a line), or "user": every line names
     # its user in ``user_field``; users are Poisson-sampled, each contributes at most
     # ``max_examples_per_user`` lines a step (None: the default below, at most the micro-batch)
@@ -149,17 +157,22 @@ class JobSpec:
     # each rank holds 1/W of the parameters, gradients and optimizer state (docs/training.md,
     # "Sharded models"); "none": every rank holds the whole model (data-parallel)
     sharding: str = "none"
-    # deprecated spelling of norm_method ("clipping" names the accountant's family elsewhere)
-    clipping: str | None = None
+    # the clipping object (Clipping(C, norm)) or its JSON (to_dict): sets max_grad_norm,
+    # norm_method, k and sketch (and max_seq_len for Auto), which a YAML file may give flat.
+    # A string is the deprecated spelling of norm_method.
+    clipping: Clipping | dict[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
-        if self.clipping is not None:
+        if isinstance(self.clipping, str):
             warnings.warn(
                 "the job field 'clipping' is deprecated; call it 'norm_method'",
                 DeprecationWarning,
                 stacklevel=3,
             )
             self.norm_method, self.clipping = self.clipping, None
+        elif self.clipping is not None:
+            self._take_clipping(self.clipping)
+        self._take_noise()
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
         if self.norm_method not in method_names():
@@ -199,15 +212,72 @@ class JobSpec:
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         self._check_privacy_unit()
         self._check_sharding()
+        # what the mechanism allows of the unit and the sharding (its own rules; the clipping
+        # it allows is checked by the plan, once the model's norm methods are resolved)
+        self.mechanism.check_options(
+            randomized=False,
+            sketch=None,
+            unit=self.privacy_unit,
+            sharding=self.sharding,
+            secure=self.secure_rng,
+        )
+
+    def _take_clipping(self, clipping: Clipping | dict[str, Any]) -> None:
+        """The clipping object's fields as the spec's (one form: the flat fields are its)."""
+        obj = clipping if isinstance(clipping, Clipping) else Clipping.from_dict(clipping)
+        if (obj.clipped_sum, obj.check_independence) != ("bookkeeping", True):
+            raise ValueError(
+                "a job spec runs bookkeeping clipped sums with the independence check: "
+                f"clipped_sum={obj.clipped_sum!r}, check_independence="
+                f"{obj.check_independence!r} cannot be run by the runner"
+            )
+        self.max_grad_norm, self.norm_method = obj.max_grad_norm, obj.norm_method
+        self.k = obj.k if obj.k is not None else self.k
+        self.sketch = obj.sketch
+        if obj.max_seq_len is not None:
+            self.max_seq_len = obj.max_seq_len
+        self.clipping = None
+
+    def _take_noise(self) -> None:
+        """``noise`` as the object (without σ), from itself or from the flat spelling; the
+        flat fields then repeat it. Naming both, differently, is refused."""
+        flat_given = any(v is not None for v in (self.noise_mechanism, self.nu, self.bands))
+        noise = self.noise
+        if isinstance(noise, dict):
+            noise = noise_from_dict(noise)
+        if noise is None:
+            noise = as_noise_mechanism(
+                self.noise_mechanism or GAUSSIAN, self.nu, self.bands, warn=False
+            )
+        elif not isinstance(noise, NoiseMechanism):
+            raise ValueError(f"noise must be a noise mechanism or its JSON, got {noise!r}")
+        elif flat_given and _set_fields(noise.request_fields()) != _flat_request(self):
+            raise ValueError(
+                f"noise={noise.request_fields()} and the flat noise_mechanism/nu/bands "
+                f"({_flat_request(self)}) disagree: give one of them"
+            )
+        sigma = noise.noise_multiplier
+        if sigma is not None:
+            if self.noise_multiplier is not None and self.noise_multiplier != sigma:
+                raise ValueError(
+                    f"noise_multiplier={self.noise_multiplier} and the mechanism's σ={sigma} "
+                    "disagree"
+                )
+            self.noise_multiplier = sigma
+        self.noise = noise.with_sigma(None)  # type: ignore[arg-type]  # σ: the spec's field
+        fields = noise.request_fields()
+        self.noise_mechanism = fields["mechanism"]
+        self.nu, self.bands = fields.get("nu"), fields.get("bands")
+
+    @property
+    def mechanism(self) -> NoiseMechanism:
+        """The noise mechanism (without σ)."""
+        assert isinstance(self.noise, NoiseMechanism)  # made so by __post_init__
+        return self.noise
 
     def _check_sharding(self) -> None:
         if self.sharding not in SHARDINGS:
             raise ValueError(f"sharding must be one of {SHARDINGS}, got {self.sharding!r}")
-        if self.sharding == "fsdp" and self.noise_mechanism != "gaussian":
-            raise ValueError(
-                f"sharding: fsdp takes the gaussian noise mechanism: {self.noise_mechanism}'s "
-                "correlated state is not sharded (docs/engine.md, 'Sharded models')"
-            )
 
     def _check_privacy_unit(self) -> None:
         if self.privacy_unit not in PRIVACY_UNITS:
@@ -223,8 +293,6 @@ class JobSpec:
             return
         if not isinstance(self.user_field, str) or not self.user_field:
             raise ValueError(f"user_field must be a field name, got {self.user_field!r}")
-        if self.noise_mechanism != "gaussian":
-            raise ValueError("privacy_unit: user takes the gaussian noise mechanism")
         if m is not None and m > self.max_physical_batch_size:
             raise ValueError(
                 f"max_examples_per_user={m} is larger than max_physical_batch_size="
@@ -248,12 +316,14 @@ class JobSpec:
             max_seq_len=self.max_seq_len if self.norm_method == Auto.method else None,
             sketch=self.sketch,
         )
-        noise: NoiseMechanism
-        if self.noise_mechanism == NuDPFTRL.name:
-            noise = NuDPFTRL(noise_multiplier=noise_multiplier, nu=self.nu, bands=self.bands)
-        else:
-            noise = Gaussian(noise_multiplier, secure=self.secure_rng)
+        noise = self.mechanism.with_sigma(noise_multiplier).with_secure(self.secure_rng)
         return Clipping(self.max_grad_norm, norm), noise
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as JSON (:meth:`from_dict` reads it back): the noise as its ``to_dict``."""
+        data = dataclasses.asdict(self)
+        data["noise"] = self.mechanism.to_dict()
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:
@@ -277,29 +347,37 @@ class JobSpec:
 
 def mechanism_fields(clipping: Clipping, noise: NoiseMechanism) -> dict[str, Any]:
     """The job spec's fields that say ``clipping`` and ``noise`` (σ included): the inverse of
-    :meth:`JobSpec.mechanisms`, so that a service stores the mechanism objects
-    (``to_dict``) and its worker runs exactly them. Only the defaults a job spec runs with are
-    representable (``bookkeeping`` clipped sums, the independence check on)."""
-    if (clipping.clipped_sum, clipping.check_independence) != ("bookkeeping", True):
-        raise ValueError(
-            "a job spec runs bookkeeping clipped sums with the independence check: "
-            f"clipped_sum={clipping.clipped_sum!r}, check_independence="
-            f"{clipping.check_independence!r} cannot be run by the runner"
-        )
+    :meth:`JobSpec.mechanisms`. ``JobSpec(clipping=clipping, noise=noise, ...)`` takes the
+    objects themselves; this form is kept for callers that build specs from flat fields."""
+    spec_fields: dict[str, Any] = {
+        "clipping": clipping,
+        "noise": noise,
+        "secure_rng": noise.secure,
+    }
+    probe = JobSpec(model="-", task="causal_lm", train_file="-", output_dir="-", **spec_fields)
     fields: dict[str, Any] = {
-        "max_grad_norm": clipping.max_grad_norm,
-        "norm_method": clipping.norm_method,
-        "k": clipping.k,
-        "sketch": clipping.sketch,
-        "noise_mechanism": noise.name,
-        "noise_multiplier": noise.noise_multiplier,
+        "max_grad_norm": probe.max_grad_norm,
+        "norm_method": probe.norm_method,
+        "k": probe.k,
+        "sketch": probe.sketch,
+        "noise": probe.mechanism,
+        "noise_multiplier": probe.noise_multiplier,
         "secure_rng": noise.secure,
     }
     if clipping.max_seq_len is not None:
         fields["max_seq_len"] = clipping.max_seq_len
-    if isinstance(noise, NuDPFTRL):
-        fields.update(nu=noise.nu, bands=noise.bands)
     return fields
+
+
+def _flat_request(spec: JobSpec) -> dict[str, Any]:
+    """What the flat noise fields ask, in ``request_fields`` form (unset fields left out)."""
+    asked = mechanism_class(spec.noise_mechanism or GAUSSIAN)
+    flat = {"nu": spec.nu, "bands": spec.bands}
+    return {"mechanism": asked.name, **{k: v for k, v in flat.items() if v is not None}}
+
+
+def _set_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 @dataclass
@@ -735,11 +813,11 @@ def _plan(spec: JobSpec, model: torch.nn.Module, n: int) -> tuple[PrivacyPlan, s
         target_epsilon=None if spec.noise_multiplier is not None else spec.target_epsilon,
         delta=spec.target_delta,
         noise_multiplier_value=spec.noise_multiplier,
-        mechanism=spec.noise_mechanism,
-        nu=spec.nu,
-        bands=spec.bands,
+        mechanism=spec.mechanism,
         sketch=sketch,
         unit=spec.privacy_unit,
+        sharding=spec.sharding,
+        secure=spec.secure_rng,
     )
     return plan, clipping
 
@@ -799,7 +877,7 @@ def _build_sampler(
         return UserPoissonSampler(
             users, plan.sample_rate, plan.steps, spec.examples_per_user, sampler_seed, ranks
         )
-    if spec.noise_mechanism == NuDPFTRL.name:
+    if plan.noise.sampling == "fixed_order":
         return FixedOrderSampler(
             n, int(spec.batch_size), steps=plan.steps, seed=sampler_seed, ranks=ranks
         )
@@ -835,8 +913,9 @@ class TrainingRun:
 
     # -- the ledger and epsilon
     def ledger_at(self, steps: int) -> PrivacyLedger:
-        if self.spec.noise_mechanism == NuDPFTRL.name:
-            # one matrix mechanism: the released chain is its first `steps` steps
+        if self.plan.noise.whole_run_event:
+            # one mechanism over the run (ν-DP-FTRL's matrix): the released chain is its
+            # first `steps` steps, not the checkpoint's events and a segment composed
             return PrivacyLedger([self.plan.event(steps)] if steps else [])
         seg = steps - self.resumed_from
         return _ledger(self.prior, self.plan.event(seg) if seg else None)
