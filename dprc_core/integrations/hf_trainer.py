@@ -262,7 +262,9 @@ class _EpochClock:
         n, b, mechanism = plan.dataset_size, plan.batch_size, plan.mechanism
         self.full_ends: list[int] = []  # where whole epochs 1, 2, ... end
         while not self.full_ends or self.full_ends[-1] < plan.steps:
-            self.full_ends.append(planned_steps(n, b, len(self.full_ends) + 1, mechanism))
+            epochs = len(self.full_ends) + 1
+            fixed = mechanism == NuDPFTRL.name
+            self.full_ends.append(planned_steps(n, b, epochs, fixed_order=fixed))
         self.ends = [*self.full_ends[:-1], plan.steps]  # the epochs that run
         self._ends = frozenset(self.ends)
         starts = [0, *self.ends[:-1]]

@@ -22,6 +22,7 @@ from dprc_core.accounting.calibration import gaussian_epsilon
 from dprc_core.accounting.dpftrl import dpftrl_epsilon, dpftrl_noise_multiplier
 from dprc_core.accounting.events import (
     SHARED_SKETCH,
+    NuDPFTRLEvent,
     check_delta,
     check_epsilon,
     default_sketch,
@@ -88,10 +89,10 @@ class PrivacyPlan:
         steps = self.steps if steps is None else steps
         if self.mechanism == "nu_dpftrl":
             assert self.nu is not None and self.min_separation is not None
-            return PrivacyEvent.nu_dpftrl_prefix(
+            return NuDPFTRLEvent.prefix(
                 self.noise_multiplier, steps, self.nu, self.min_separation, self.bands
             )
-        return PrivacyEvent(
+        return SubsampledGaussianEvent(
             self.noise_multiplier,
             self.sample_rate,
             steps,
@@ -176,7 +177,7 @@ def plan_privacy(
     k_acc = k if clipping != "exact" else None
     if sketch is None:
         sketch = default_sketch(randomized=clipping != "exact")
-    PrivacyEvent(1.0, q, steps, clipping, k_acc, sketch=sketch)  # validates clipping and sketch
+    SubsampledGaussianEvent(1.0, q, steps, clipping, k_acc, sketch=sketch)  # validates them
     if noise_multiplier_value is None:
         target = check_epsilon(target_epsilon)
         sigma = noise_multiplier(target, delta, q, steps, clipping, k_acc, sketch=sketch)
@@ -222,7 +223,7 @@ def _plan_nu_dpftrl(
         raise ValueError("give exactly one of target_epsilon and noise_multiplier")
     delta = default_delta(n) if delta is None else check_delta_for_size(delta, n)
     sep = -(-n // batch_size)
-    steps = planned_steps(n, batch_size, epochs, "nu_dpftrl")
+    steps = planned_steps(n, batch_size, epochs, fixed_order=True)
     if sigma_given is None:
         target = check_epsilon(target_epsilon)
         sigma = dpftrl_noise_multiplier(target, delta, nu, steps, epochs, sep, bands=bands)
