@@ -138,5 +138,5 @@ def event_type_named(name: object) -> type[PrivacyEvent]:
         event_type = by_name.get(LEGACY_NAMES.get(name, name))
         if event_type is not None:
             return event_type
-    spellings = (*by_name, *(old for old, new in LEGACY_NAMES.items() if new in by_name))
+    spellings = (*sorted(by_name), *(old for old, new in LEGACY_NAMES.items() if new in by_name))
     raise ValueError(f"unknown mechanism {name!r}; expected one of {spellings}")
