@@ -45,7 +45,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dprc_core import accounting  # noqa: E402
-from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent, account  # noqa: E402
+from dprc_core.accounting import DEFAULT_SETTINGS, SubsampledGaussianEvent, account  # noqa: E402
 
 Q, STEPS, DELTA, TARGET_EPS = 1e-3, 10_000, 1e-6, 1.0
 CONFIGS = [("exact", None), ("hutch", 32)]
@@ -151,7 +151,7 @@ def run(rounds: int) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c, k in CONFIGS:
-        event = PrivacyEvent(sigmas[c], Q, STEPS, c, k)
+        event = SubsampledGaussianEvent(sigmas[c], Q, STEPS, c, k)
         t1, res = timed(lambda event=event: account([event], DELTA))
         t2, fine = timed(lambda event=event: account([event], DELTA, DEFAULT_SETTINGS.finer(10)))
         diff = res.epsilon / fine.epsilon - 1.0

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dprc_core.accounting import PrivacyEvent, epsilon_for_events, noise_multiplier  # noqa: E402
+from dprc_core.accounting import SubsampledGaussianEvent, epsilon_for_events, noise_multiplier  # noqa: E402
 from dprc_core.accounting.history import clear_cache, epsilon_for_history  # noqa: E402
 
 DELTA, Q = 2.5e-4, 0.05
@@ -31,10 +31,11 @@ DELTA, Q = 2.5e-4, 0.05
 
 def run(older: int) -> dict:
     history = [
-        PrivacyEvent(noise_multiplier(0.05 + 0.001 * i, DELTA, Q, 20), Q, i % 20 + 1)
+        SubsampledGaussianEvent(noise_multiplier(0.05 + 0.001 * i, DELTA, Q, 20), Q, i % 20 + 1)
         for i in range(older)
     ]
-    new = [PrivacyEvent(noise_multiplier(2 + 0.05 * i, DELTA, Q, 20), Q, 20) for i in range(30)]
+    sigmas = [noise_multiplier(2 + 0.05 * i, DELTA, Q, 20) for i in range(30)]
+    new = [SubsampledGaussianEvent(sigma, Q, 20) for sigma in sigmas]
     clear_cache()
     epsilon_for_history(history, DELTA)  # the file as the server has seen it so far
     full_t, inc_t, worst = [], [], 0.0

@@ -401,7 +401,7 @@ class PrivacyEngine:
         engine does not know N) is required; the event carries σ, the accounting envelope, k
         and the sketch the engine draws. ν-DP-FTRL: ``min_separation`` (the steps of one
         fixed-order epoch, ⌈N / B⌉) is required and the event is the first ``steps`` steps of
-        the run (:meth:`PrivacyEvent.nu_dpftrl_prefix`); ``sample_rate`` is not used (no
+        the run (:meth:`NuDPFTRLEvent.prefix`); ``sample_rate`` is not used (no
         amplification by sampling is claimed). σ = 0 has no event (nothing is private)."""
         if self.noise_multiplier == 0:
             raise ValueError("noise_multiplier=0 is not private: there is no privacy event")

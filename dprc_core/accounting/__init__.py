@@ -8,10 +8,11 @@ Public API::
     calibrate(make_event, target_epsilon, target_delta)   # σ for any event family make_event(σ)
     SubsampledGaussianEvent(sigma, q, steps, "hutch", 32, sketch="per_example")   # one event
     NuDPFTRLEvent(sigma, steps, nu, participations, min_separation, bands=None)  # one class each
-    PrivacyEvent(sigma, q, steps, "hutch", 32)   # the flat form: the subclass its fields name
+    NuDPFTRLEvent.prefix(sigma, steps, nu, min_separation, bands=None)  # a run's first steps
+    PrivacyEvent.from_dict(d)          # the registered class d["mechanism"] names
     envelope_cdf(x, k, rank=None)     # F(x; Y), an upper bound on P(Y ≤ x) for every spectrum
     x_plus(k, rank)                    # Proposition 1 threshold
-    PrivacyLedger().record(...); .epsilon(delta); .to_json(); PrivacyLedger.from_json(s)
+    PrivacyLedger().record(event); .epsilon(delta); .to_json(); PrivacyLedger.from_json(s)
     dpftrl_sensitivity(nu, steps, participations, min_separation, bands=None)   # ν-DP-FTRL
     dpftrl_epsilon(noise_multiplier, delta, nu, steps, participations, min_separation, bands)
     dpftrl_noise_multiplier(target_epsilon, target_delta, nu, steps, participations, ...)

@@ -32,8 +32,8 @@ from dprc_core.accounting import cli_args, dpftrl_cli
 from dprc_core.accounting.accountant import DEFAULT_SETTINGS, account
 from dprc_core.accounting.calibration import noise_multiplier
 from dprc_core.accounting.describe import describe_event
-from dprc_core.accounting.events import PrivacyEvent, SubsampledGaussianEvent
-from dprc_core.mechanism_names import NU_DPFTRL
+from dprc_core.accounting.events import NuDPFTRLEvent, PrivacyEvent, SubsampledGaussianEvent
+from dprc_core.accounting.pld_builders import event_type_named
 
 
 def add_subparser(subparsers: Any) -> None:
@@ -91,14 +91,7 @@ def _alternatives(args: argparse.Namespace, q: float, steps: int) -> list[dict[s
     return rows
 
 
-def _epsilon_command(args: argparse.Namespace) -> int:
-    unnamed = cli_args.settle_mechanism(args)
-    if args.server is not None:
-        return _remote(args, "epsilon")
-    if args.mechanism == NU_DPFTRL:
-        result, headline = dpftrl_cli.epsilon(args)
-        _report(result, args.json, headline, "epsilon")
-        return 0
+def _gaussian_epsilon(args: argparse.Namespace, unnamed: bool) -> None:
     cli_args.refuse_ftrl_options(args)
     q, steps, extra = cli_args.job(args)
     event = SubsampledGaussianEvent(
@@ -111,17 +104,9 @@ def _epsilon_command(args: argparse.Namespace) -> int:
     _report(result, args.json, f"epsilon = {result['epsilon']:.6g} (upper bound)", "epsilon")
     if rows is not None and not args.json:
         cli_args.print_alternatives(rows)
-    return 0
 
 
-def _sigma_command(args: argparse.Namespace) -> int:
-    cli_args.settle_mechanism(args)
-    if args.server is not None:
-        return _remote(args, "sigma")
-    if args.mechanism == NU_DPFTRL:
-        result, headline = dpftrl_cli.sigma(args)
-        _report(result, args.json, headline, "noise_multiplier")
-        return 0
+def _gaussian_sigma(args: argparse.Namespace) -> None:
     cli_args.refuse_ftrl_options(args)
     q, steps, extra = cli_args.job(args)
     sigma = noise_multiplier(
@@ -143,6 +128,42 @@ def _sigma_command(args: argparse.Namespace) -> int:
         f"epsilon <= {args.epsilon:g}; achieved epsilon = {result['epsilon']:.6g})"
     )
     _report(result, args.json, headline, "noise_multiplier")
+
+
+def _dpftrl_epsilon(args: argparse.Namespace, unnamed: bool) -> None:
+    result, headline = dpftrl_cli.epsilon(args)
+    _report(result, args.json, headline, "epsilon")
+
+
+def _dpftrl_sigma(args: argparse.Namespace) -> None:
+    result, headline = dpftrl_cli.sigma(args)
+    _report(result, args.json, headline, "noise_multiplier")
+
+
+# The commands of each event class (``--mechanism`` names its registered class).
+_EPSILON: dict[type[PrivacyEvent], Callable[[argparse.Namespace, bool], None]] = {
+    SubsampledGaussianEvent: _gaussian_epsilon,
+    NuDPFTRLEvent: _dpftrl_epsilon,
+}
+_SIGMA: dict[type[PrivacyEvent], Callable[[argparse.Namespace], None]] = {
+    SubsampledGaussianEvent: _gaussian_sigma,
+    NuDPFTRLEvent: _dpftrl_sigma,
+}
+
+
+def _epsilon_command(args: argparse.Namespace) -> int:
+    unnamed = cli_args.settle_mechanism(args)
+    if args.server is not None:
+        return _remote(args, "epsilon")
+    _EPSILON[event_type_named(args.mechanism)](args, unnamed)
+    return 0
+
+
+def _sigma_command(args: argparse.Namespace) -> int:
+    cli_args.settle_mechanism(args)
+    if args.server is not None:
+        return _remote(args, "sigma")
+    _SIGMA[event_type_named(args.mechanism)](args)
     return 0
 
 

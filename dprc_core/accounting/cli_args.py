@@ -22,7 +22,7 @@ import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
-from typing import Any
+from typing import Any, NamedTuple
 
 # the library's facts, restated (see the module's docstring)
 ENVELOPES = ("exact", "hutch", "hutchpp")  # dprc_core.norm_methods.ENVELOPES
@@ -174,11 +174,11 @@ def add_mechanism_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def planned_steps(
-    dataset_size: int, batch_size: float, epochs: float, mechanism: str = GAUSSIAN
+    dataset_size: int, batch_size: float, epochs: float, *, fixed_order: bool = False
 ) -> int:
     """:func:`dprc_core.accounting.steps.planned_steps`: ⌈epochs·N/B⌉ in exact rational
-    arithmetic (Poisson sampling), or epochs·⌈N/B⌉ for fixed-order ν-DP-FTRL epochs."""
-    if mechanism == NU_DPFTRL:
+    arithmetic (Poisson sampling), or epochs·⌈N/B⌉ for ``fixed_order`` (ν-DP-FTRL) epochs."""
+    if fixed_order:
         return int(epochs) * -(-dataset_size // int(batch_size))
     return math.ceil(Fraction(str(epochs)) * dataset_size / Fraction(str(batch_size)))
 
@@ -251,7 +251,7 @@ def dpftrl_job(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError("need 1 <= batch-size <= dataset-size and whole epochs >= 1")
         e = int(e)
         return {
-            "steps": planned_steps(n, b, e, NU_DPFTRL),
+            "steps": planned_steps(n, b, e, fixed_order=True),
             "participations": e,
             "min_separation": math.ceil(n / b),
             "dataset_size": n,
@@ -281,7 +281,8 @@ def settle_mechanism(args: argparse.Namespace) -> bool:
     unnamed = args.envelope is None or (args.envelope != "exact" and args.sketch is None)
     args.envelope = args.envelope or "exact"
     args.sketch = args.sketch or SHARED_SKETCH
-    args.mechanism_unnamed = unnamed and getattr(args, "mechanism", GAUSSIAN) != NU_DPFTRL
+    mechanism = MECHANISM_OPTIONS[getattr(args, "mechanism", GAUSSIAN)]
+    args.mechanism_unnamed = unnamed and mechanism.has_envelope
     return bool(args.mechanism_unnamed)
 
 
@@ -331,29 +332,51 @@ def print_alternatives(rows: list[dict[str, Any]]) -> None:
         print(f"  {label:<48} epsilon = {text}")
 
 
+def _gaussian_body(args: argparse.Namespace, kind: str) -> dict[str, Any]:
+    refuse_ftrl_options(args)
+    q, steps, _extra = job(args)
+    body = {"sample_rate": q, "steps": steps, "clipping": args.envelope}
+    body.update({"k": args.k, "rank": args.rank})
+    if args.sketch != SHARED_SKETCH:  # the server's default otherwise
+        body["sketch"] = args.sketch
+    if kind == "sigma":
+        body["rel_tol"] = args.rel_tol
+    return body
+
+
+def _dpftrl_body(args: argparse.Namespace, kind: str) -> dict[str, Any]:
+    pattern = dpftrl_job(args)  # the local command's checks and pattern
+    return {
+        "mechanism": NU_DPFTRL,
+        "nu": args.nu,
+        "bands": args.bands,
+        "steps": pattern["steps"],
+        "participations": pattern["participations"],
+        "min_separation": pattern["min_separation"],
+    }
+
+
+class MechanismOptions(NamedTuple):
+    """What the command does with one mechanism (by its name: this module cannot read the
+    library's event classes): the job part of its ``/v1/accountant`` request (``kind``:
+    epsilon or sigma), and whether the mechanism has an envelope to choose (then ``epsilon``
+    of a job that does not name it lists the alternatives)."""
+
+    body: Callable[[argparse.Namespace, str], dict[str, Any]]
+    has_envelope: bool
+
+
+MECHANISM_OPTIONS: dict[str, MechanismOptions] = {
+    GAUSSIAN: MechanismOptions(_gaussian_body, has_envelope=True),
+    NU_DPFTRL: MechanismOptions(_dpftrl_body, has_envelope=False),
+}
+
+
 def api_request(args: argparse.Namespace, kind: str) -> dict[str, Any]:
     """The ``/v1/accountant`` request body (``kind``: epsilon or sigma) for these arguments,
     with q and steps derived as the local command derives them."""
     settle_mechanism(args)
-    if args.mechanism == NU_DPFTRL:
-        pattern = dpftrl_job(args)  # the local command's checks and pattern
-        body: dict[str, Any] = {
-            "mechanism": NU_DPFTRL,
-            "nu": args.nu,
-            "bands": args.bands,
-            "steps": pattern["steps"],
-            "participations": pattern["participations"],
-            "min_separation": pattern["min_separation"],
-        }
-    else:
-        refuse_ftrl_options(args)
-        q, steps, _extra = job(args)
-        body = {"sample_rate": q, "steps": steps, "clipping": args.envelope}
-        body.update({"k": args.k, "rank": args.rank})
-        if args.sketch != SHARED_SKETCH:  # the server's default otherwise
-            body["sketch"] = args.sketch
-        if kind == "sigma":
-            body["rel_tol"] = args.rel_tol
+    body = MECHANISM_OPTIONS[args.mechanism].body(args, kind)
     if kind == "epsilon":
         body.update({"noise_multiplier": args.noise_multiplier, "delta": args.delta})
     else:

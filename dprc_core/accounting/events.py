@@ -1,24 +1,25 @@
-"""Privacy events: what happened, one class per mechanism, validated.
+"""Privacy events: what happened, one plain dataclass per mechanism, validated.
 
 Events are separate from the accountant that counts them (as in Google's ``dp_accounting``):
 the ledger stores events and recomputes ε from them, and each event class has its PLD built
-by one registered builder (:mod:`dprc_core.accounting.pld_builders`).
+by one registered builder (:mod:`dprc_core.accounting.pld_builders`). Registering the builder
+registers the class under its :attr:`~PrivacyEvent.mechanism` name, the name
+:meth:`PrivacyEvent.from_dict` reads back.
 
 * :class:`SubsampledGaussianEvent` — ``steps`` Poisson-subsampled Gaussian steps (DP-SGD,
   DP-SGD with randomized norms) with the accountant's ``envelope`` and the ``sketch``.
 * :class:`NuDPFTRLEvent` — one whole ν-DP-FTRL run (correlated noise, fixed-order batches).
 
-:class:`PrivacyEvent` is their common base. Called itself with the flat fields of an event
-(``PrivacyEvent(σ, q, steps, "hutch", 32, sketch="per_example")`` or
-``PrivacyEvent(..., mechanism="nu_dpftrl", nu=..., ...)``), it builds the event of the
-mechanism those fields name; :meth:`PrivacyEvent.from_dict` reads the JSON of either class.
+:class:`PrivacyEvent` is their common interface. Calling it with the flat fields of every
+event class together (``PrivacyEvent(σ, q, steps, "hutch", 32)``) is deprecated: it is
+answered by :func:`dprc_core.accounting.events_compat.flat_event`, with a warning.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from dprc_core.accounting import dpftrl
 from dprc_core.accounting.event_checks import (
@@ -36,7 +37,6 @@ from dprc_core.accounting.event_checks import (
     check_steps,
     is_real,
 )
-from dprc_core.accounting.renamed_keywords import take_renamed
 from dprc_core.mechanism_names import GAUSSIAN, NOISE_MECHANISMS, NU_DPFTRL
 from dprc_core.norm_methods import ENVELOPES
 
@@ -76,8 +76,8 @@ DP_SGD = GAUSSIAN  # "gaussian": Poisson-subsampled Gaussian (DP-SGD, DP-SGD-RC)
 SUPPORTED_MECHANISMS = NOISE_MECHANISMS
 # Fields only a ν-DP-FTRL event writes to its JSON.
 DPFTRL_FIELDS = ("nu", "bands", "participations", "min_separation", "sensitivity")
-# The fields of an event's JSON ("clipping" holds the envelope).
-_JSON_FIELDS = ("noise_multiplier", "sample_rate", "steps", "clipping", "k", "rank", "mechanism")
+
+Ev = TypeVar("Ev", bound="PrivacyEvent")
 
 
 def default_sketch(randomized: bool) -> str:
@@ -96,44 +96,60 @@ class UnsupportedMechanismError(NotImplementedError):
 
 
 class _EventType(type):
-    """Metaclass of the events: calling :class:`PrivacyEvent` itself builds the subclass its
-    flat fields name (:func:`_from_flat_fields`); calling a subclass builds that subclass."""
+    """Metaclass of the events, for the deprecated flat form only: calling
+    :class:`PrivacyEvent` itself is answered by
+    :func:`~dprc_core.accounting.events_compat.flat_event` (with a ``DeprecationWarning``);
+    calling an event class builds that class."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls is PrivacyEvent:
-            if "clipping" in kwargs and len(args) > 3:  # the envelope given by position too
-                raise TypeError(
-                    "PrivacyEvent() got both 'envelope' and its deprecated name 'clipping'"
-                )
-            take_renamed(kwargs, "clipping", "envelope", "PrivacyEvent", stacklevel=2)
-            return _from_flat_fields(*args, **kwargs)
+            from dprc_core.accounting.events_compat import flat_event
+
+            return flat_event(*args, _where="PrivacyEvent", _stacklevel=3, **kwargs)
         return super().__call__(*args, **kwargs)
 
 
 class PrivacyEvent(metaclass=_EventType):
-    """What a mechanism did, to be accounted: the base of one frozen dataclass per mechanism.
+    """What a mechanism did, to be accounted: the common interface of the event classes (one
+    frozen dataclass per mechanism, each with its own fields, validated in ``__post_init__``).
 
-    Every event has a noise multiplier σ, a number of ``steps`` and the fields below (constant
-    where a mechanism does not vary them), its ``mechanism`` name, :meth:`to_dict` and
-    :meth:`from_dict`. ``clipping`` is the envelope under its earlier name.
+    An event class names its mechanism (:attr:`mechanism`), writes its JSON object
+    (:meth:`to_dict`) and reads it back (:meth:`from_json_fields`, through :meth:`from_dict`), and
+    says what the accountant and its command line read of every event: ``noise_multiplier``,
+    ``steps``, ``sample_rate`` (1 without sampling), the ``envelope`` with ``k`` and ``rank``,
+    the ``sketch``, and whether its batches are fixed-order (:attr:`fixed_order`). A class is
+    accounted once its PLD builder is registered
+    (:func:`dprc_core.accounting.pld_builders.pld_builder`), which registers its name too.
     """
 
     mechanism: ClassVar[str]
+    # the job's batches are fixed-order epochs (steps = epochs·⌈N/B⌉), not Poisson-sampled
+    fixed_order: ClassVar[bool] = False
+    # keys of the class's JSON object beyond "mechanism", and those that must be there
+    json_fields: ClassVar[tuple[str, ...]] = ()
+    required_json_fields: ClassVar[tuple[str, ...]] = ()
     noise_multiplier: float
-    sample_rate: float
     steps: int
-    envelope: str
-    k: int | None
-    rank: int | None
-    sketch: str
 
     if TYPE_CHECKING:
-        # the flat form, answered by _EventType.__call__ with the subclass it names
+        # what every event answers (a dataclass field of its class, or a constant of it)
+        @property
+        def sample_rate(self) -> float: ...
+        @property
+        def envelope(self) -> str: ...
+        @property
+        def k(self) -> int | None: ...
+        @property
+        def rank(self) -> int | None: ...
+        @property
+        def sketch(self) -> str: ...
+
+        # the deprecated flat form, answered by events_compat.flat_event
         def __init__(
             self,
             noise_multiplier: float,
-            sample_rate: float,
-            steps: int,
+            sample_rate: float | None = None,
+            steps: int | None = None,
             envelope: str = "exact",
             k: int | None = None,
             rank: int | None = None,
@@ -163,25 +179,36 @@ class PrivacyEvent(metaclass=_EventType):
         raise NotImplementedError
 
     @classmethod
+    def from_json_fields(cls: type[Ev], fields: dict[str, Any]) -> Ev:
+        """The event of this class from its JSON fields (checked by :meth:`from_dict`: no
+        unknown key, the required ones present, other classes' keys dropped)."""
+        raise NotImplementedError
+
+    @classmethod
     def from_dict(cls, data: Any) -> PrivacyEvent:
-        """The event a JSON object written by :meth:`to_dict` describes, of the class its
-        ``mechanism`` names (the Poisson-subsampled Gaussian when absent); on a subclass, an
-        event of another class is refused."""
+        """The event a JSON object written by :meth:`to_dict` describes, of the registered
+        class its ``mechanism`` names (any spelling; the Poisson-subsampled Gaussian when
+        absent); on an event class, an event of another class is refused."""
+        from dprc_core.accounting.pld_builders import event_type_named, registered_event_types
+
         if not isinstance(data, dict):
             raise ValueError(f"an event must be a JSON object, got {type(data).__name__}")
-        unknown = set(data) - {*_JSON_FIELDS, *DPFTRL_FIELDS, "sketch"}
+        event_type = event_type_named(data.get("mechanism", DP_SGD))
+        known = {"mechanism"}.union(*(t.json_fields for t in registered_event_types()))
+        unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown event fields: {sorted(unknown)}")
-        missing = {"noise_multiplier", "sample_rate", "steps"} - set(data)
+        own = {f: v for f, v in data.items() if f in event_type.json_fields}
+        foreign = [f for f in data if f not in own and f != "mechanism" and data[f] is not None]
+        if foreign:
+            owners = [t.mechanism for t in registered_event_types() if foreign[0] in t.json_fields]
+            raise ValueError(f"fields {foreign} are only meaningful for mechanism {owners[0]!r}")
+        missing = set(event_type.required_json_fields) - set(own)
         if missing:
             raise ValueError(f"event is missing fields: {sorted(missing)}")
-        fields = dict(data)
-        if "clipping" in fields:
-            fields["envelope"] = fields.pop("clipping")
-        event = _from_flat_fields(**fields)
-        if not isinstance(event, cls):
-            raise ValueError(f"expected a {cls.__name__}, got a {event.mechanism} event")
-        return event
+        if not issubclass(event_type, cls):
+            raise ValueError(f"expected a {cls.__name__}, got a {event_type.mechanism} event")
+        return event_type.from_json_fields(own)
 
     @classmethod
     def nu_dpftrl(
@@ -193,7 +220,8 @@ class PrivacyEvent(metaclass=_EventType):
         min_separation: int,
         bands: int | None = None,
     ) -> NuDPFTRLEvent:
-        """A ν-DP-FTRL run (:class:`NuDPFTRLEvent`); its sensitivity is computed."""
+        """Deprecated: build :class:`NuDPFTRLEvent` itself (its sensitivity is computed)."""
+        _deprecated("PrivacyEvent.nu_dpftrl(...)", "NuDPFTRLEvent(...)")
         return NuDPFTRLEvent(noise_multiplier, steps, nu, participations, min_separation, bands)
 
     @classmethod
@@ -205,8 +233,15 @@ class PrivacyEvent(metaclass=_EventType):
         min_separation: int,
         bands: int | None = None,
     ) -> NuDPFTRLEvent:
-        """:meth:`NuDPFTRLEvent.prefix`."""
+        """Deprecated: :meth:`NuDPFTRLEvent.prefix`."""
+        _deprecated("PrivacyEvent.nu_dpftrl_prefix(...)", "NuDPFTRLEvent.prefix(...)")
         return NuDPFTRLEvent.prefix(noise_multiplier, steps, nu, min_separation, bands)
+
+
+def _deprecated(old: str, new: str) -> None:
+    import warnings
+
+    warnings.warn(f"{old} is deprecated, use {new}", DeprecationWarning, stacklevel=3)
 
 
 @dataclass(frozen=True)
@@ -220,6 +255,16 @@ class SubsampledGaussianEvent(PrivacyEvent):
     hidden-scale model, docs/accounting.md §10)."""
 
     mechanism: ClassVar[str] = GAUSSIAN
+    json_fields: ClassVar[tuple[str, ...]] = (
+        "noise_multiplier",
+        "sample_rate",
+        "steps",
+        "clipping",
+        "k",
+        "rank",
+        "sketch",
+    )
+    required_json_fields: ClassVar[tuple[str, ...]] = ("noise_multiplier", "sample_rate", "steps")
     noise_multiplier: float
     sample_rate: float
     steps: int
@@ -253,6 +298,18 @@ class SubsampledGaussianEvent(PrivacyEvent):
             data["sketch"] = self.sketch
         return data
 
+    @classmethod
+    def from_json_fields(cls, fields: dict[str, Any]) -> SubsampledGaussianEvent:
+        return cls(
+            fields["noise_multiplier"],
+            fields["sample_rate"],
+            fields["steps"],
+            fields.get("clipping", "exact"),
+            fields.get("k"),
+            fields.get("rank"),
+            fields.get("sketch", SHARED_SKETCH),
+        )
+
 
 @dataclass(frozen=True)
 class NuDPFTRLEvent(PrivacyEvent):
@@ -265,6 +322,19 @@ class NuDPFTRLEvent(PrivacyEvent):
     is larger (conservative), never used to lower it."""
 
     mechanism: ClassVar[str] = NU_DPFTRL
+    fixed_order: ClassVar[bool] = True
+    # its JSON writes the Gaussian event's keys too, with this mechanism's constants
+    json_fields: ClassVar[tuple[str, ...]] = (
+        "noise_multiplier",
+        "sample_rate",
+        "steps",
+        "clipping",
+        "k",
+        "rank",
+        "sketch",
+        *DPFTRL_FIELDS,
+    )
+    required_json_fields: ClassVar[tuple[str, ...]] = ("noise_multiplier", "steps")
     noise_multiplier: float
     steps: int
     nu: float
@@ -272,12 +342,6 @@ class NuDPFTRLEvent(PrivacyEvent):
     min_separation: int
     bands: int | None = None
     sensitivity: float | None = None
-    # constant for this mechanism: no sampling, exact norms, no sketch
-    sample_rate: float = field(default=1.0, init=False, repr=False, compare=False)
-    envelope: str = field(default="exact", init=False, repr=False, compare=False)
-    k: int | None = field(default=None, init=False, repr=False, compare=False)
-    rank: int | None = field(default=None, init=False, repr=False, compare=False)
-    sketch: str = field(default=SHARED_SKETCH, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "noise_multiplier", check_noise_multiplier(self.noise_multiplier))
@@ -300,6 +364,27 @@ class NuDPFTRLEvent(PrivacyEvent):
             # algorithm) never lowers the recomputed one; a larger one is kept (conservative)
             sens = max(sens, float(stored))
         object.__setattr__(self, "sensitivity", sens)
+
+    # constant for this mechanism: no sampling, exact norms, no sketch
+    @property
+    def sample_rate(self) -> float:
+        return 1.0
+
+    @property
+    def envelope(self) -> str:
+        return "exact"
+
+    @property
+    def k(self) -> int | None:
+        return None
+
+    @property
+    def rank(self) -> int | None:
+        return None
+
+    @property
+    def sketch(self) -> str:
+        return SHARED_SKETCH
 
     @classmethod
     def prefix(
@@ -346,51 +431,31 @@ class NuDPFTRLEvent(PrivacyEvent):
             "sensitivity": self.sensitivity,
         }
 
-
-def _from_flat_fields(
-    noise_multiplier: float,
-    sample_rate: float,
-    steps: int,
-    envelope: str = "exact",
-    k: int | None = None,
-    rank: int | None = None,
-    mechanism: str = DP_SGD,
-    nu: float | None = None,
-    bands: int | None = None,
-    participations: int | None = None,
-    min_separation: int | None = None,
-    sensitivity: float | None = None,
-    sketch: str = SHARED_SKETCH,
-) -> PrivacyEvent:
-    """The event of the mechanism named by ``mechanism`` (any spelling), from the fields of
-    every event class together; a field the mechanism does not have must be left unset."""
-    mechanism = check_mechanism(mechanism)
-    sigma = check_noise_multiplier(noise_multiplier)
-    q = check_sample_rate(sample_rate)
-    steps = check_steps(steps)
-    ftrl = {
-        "nu": nu,
-        "bands": bands,
-        "participations": participations,
-        "min_separation": min_separation,
-        "sensitivity": sensitivity,
-    }
-    if mechanism != NU_DPFTRL:
-        present = [f for f in DPFTRL_FIELDS if ftrl[f] is not None]
-        if present:
-            raise ValueError(f"fields {present} are only meaningful for mechanism {NU_DPFTRL!r}")
-        return SubsampledGaussianEvent(sigma, q, steps, envelope, k, rank, sketch)
-    dpftrl.check_dpftrl_clipping(envelope)
-    if k is not None or rank is not None:
-        raise ValueError("k and rank are only meaningful for randomized clipping")
-    if sketch != SHARED_SKETCH:
-        raise ValueError("sketch is only meaningful for randomized clipping")
-    if q != 1.0:
-        raise ValueError(
-            f"nu_dpftrl claims no amplification by sampling: sample_rate must be 1 (got {q})"
+    @classmethod
+    def from_json_fields(cls, fields: dict[str, Any]) -> NuDPFTRLEvent:
+        """The Gaussian event's keys must hold this mechanism's constants (no sampling, exact
+        norms, no sketch)."""
+        check_noise_multiplier(fields["noise_multiplier"])
+        q = check_sample_rate(fields.get("sample_rate", 1.0))
+        check_steps(fields["steps"])
+        dpftrl.check_dpftrl_envelope(fields.get("clipping", "exact"))
+        if fields.get("k") is not None or fields.get("rank") is not None:
+            raise ValueError("k and rank are only meaningful for randomized clipping")
+        if fields.get("sketch", SHARED_SKETCH) != SHARED_SKETCH:
+            raise ValueError("sketch is only meaningful for randomized clipping")
+        if q != 1.0:
+            raise ValueError(
+                f"nu_dpftrl claims no amplification by sampling: sample_rate must be 1 (got {q})"
+            )
+        missing = [f for f in ("nu", "participations", "min_separation") if fields.get(f) is None]
+        if missing:
+            raise ValueError(f"a {NU_DPFTRL} event needs {missing}")
+        return cls(
+            fields["noise_multiplier"],
+            fields["steps"],
+            fields["nu"],
+            fields["participations"],
+            fields["min_separation"],
+            fields.get("bands"),
+            fields.get("sensitivity"),
         )
-    missing = [f for f in ("nu", "participations", "min_separation") if ftrl[f] is None]
-    if missing:
-        raise ValueError(f"a {NU_DPFTRL} event needs {missing}")
-    assert nu is not None and participations is not None and min_separation is not None
-    return NuDPFTRLEvent(sigma, steps, nu, participations, min_separation, bands, sensitivity)

@@ -16,15 +16,8 @@ from dprc_core.accounting.accountant import (
     AccountingSettings,
     account,
 )
-from dprc_core.accounting.events import (
-    DP_SGD,
-    NU_DPFTRL,
-    SHARED_SKETCH,
-    PrivacyEvent,
-    check_delta,
-    check_mechanism,
-)
-from dprc_core.accounting.renamed_keywords import renamed_keyword
+from dprc_core.accounting.events import PrivacyEvent, check_delta
+from dprc_core.accounting.events_compat import flat_event
 
 LEDGER_FORMAT = "dprc-privacy-ledger"
 LEDGER_VERSION = 1
@@ -38,62 +31,19 @@ class PrivacyLedger:
         for event in events:
             self.record(event)
 
-    @renamed_keyword("clipping", "envelope")
-    def record(
-        self,
-        event: PrivacyEvent | None = None,
-        *,
-        noise_multiplier: float | None = None,
-        sample_rate: float | None = None,
-        steps: int | None = None,
-        envelope: str = "exact",
-        k: int | None = None,
-        rank: int | None = None,
-        mechanism: str = DP_SGD,
-        nu: float | None = None,
-        bands: int | None = None,
-        participations: int | None = None,
-        min_separation: int | None = None,
-        sketch: str = SHARED_SKETCH,
-        clipping: str | None = None,
-    ) -> PrivacyEvent:
-        """Record an event, given either as a :class:`PrivacyEvent` or by its fields.
+    def record(self, event: PrivacyEvent | None = None, **fields: Any) -> PrivacyEvent:
+        """Record an event (:class:`SubsampledGaussianEvent`, :class:`NuDPFTRLEvent`, …).
 
-        ``sketch``: ``"per_example"`` when the engine drew independent per-example projections
-        (``engine.accounting_sketch``); the default ``"shared"`` is never accounted with the
-        hidden-scale model. ``clipping``: the deprecated name of ``envelope``.
-
-        A ν-DP-FTRL run: ``mechanism="nu_dpftrl"`` with ``nu``, ``participations``,
-        ``min_separation`` (and ``bands``); its ``sample_rate`` defaults to 1 (no sampling)."""
-        ftrl = (nu, bands, participations, min_separation)
+        Deprecated: the event given by the flat fields of every event class
+        (``record(noise_multiplier=..., sample_rate=..., steps=..., mechanism=..., ...)``,
+        :func:`dprc_core.accounting.events_compat.flat_event`)."""
         if event is not None:
             if not isinstance(event, PrivacyEvent):
                 raise TypeError(f"expected a PrivacyEvent, got {type(event).__name__}")
-            if (
-                noise_multiplier is not None
-                or sample_rate is not None
-                or steps is not None
-                or any(v is not None for v in ftrl)
-                or sketch != SHARED_SKETCH
-            ):
+            if fields:
                 raise ValueError("pass either an event or its fields, not both")
         else:
-            mechanism = check_mechanism(mechanism)  # earlier spellings too
-            if mechanism == NU_DPFTRL and sample_rate is None:
-                sample_rate = 1.0
-            if noise_multiplier is None or sample_rate is None or steps is None:
-                raise ValueError("record() needs noise_multiplier, sample_rate and steps")
-            event = PrivacyEvent(
-                noise_multiplier,
-                sample_rate,
-                steps,
-                envelope,
-                k,
-                rank,
-                mechanism,
-                *ftrl,
-                sketch=sketch,
-            )
+            event = flat_event(_where="PrivacyLedger.record", _stacklevel=3, **fields)
         self._events.append(event)
         return event
 

@@ -256,12 +256,11 @@ class _EpochClock:
     the epochs run exactly the planned steps."""
 
     def __init__(self, plan: PrivacyPlan):
-        from dprc_core.accounting.steps import planned_steps
-
-        n, b, mechanism = plan.dataset_size, plan.batch_size, plan.mechanism
+        n, b, noise = plan.dataset_size, plan.batch_size, plan.noise
         self.full_ends: list[int] = []  # where whole epochs 1, 2, ... end
         while not self.full_ends or self.full_ends[-1] < plan.steps:
-            self.full_ends.append(planned_steps(n, b, len(self.full_ends) + 1, mechanism))
+            epochs = len(self.full_ends) + 1
+            self.full_ends.append(noise.steps(n, b, epochs))  # the mechanism's step rule
         self.ends = [*self.full_ends[:-1], plan.steps]  # the epochs that run
         self._ends = frozenset(self.ends)
         starts = [0, *self.ends[:-1]]

@@ -36,7 +36,7 @@ from dprc_core.accounting.dpftrl import (
     dpftrl_noise_multiplier,
 )
 from dprc_core.accounting.events import NuDPFTRLEvent
-from dprc_core.accounting.steps import planned_steps
+from dprc_core.accounting.steps import fixed_order_steps, poisson_steps
 from dprc_core.mechanism_names import GAUSSIAN, LEGACY_NAMES, NU_DPFTRL
 from dprc_core.noise.gaussian import GaussianNoise
 from dprc_core.noise.nu_dpftrl import NuDPFTRLNoise
@@ -273,7 +273,7 @@ class Gaussian(NoiseMechanism):
         return dataclasses.replace(self, secure=bool(secure))
 
     def steps(self, n: int, batch_size: float, epochs: float) -> int:
-        return planned_steps(n, batch_size, epochs)
+        return poisson_steps(n, batch_size, epochs)
 
     def calibrate(self, target_epsilon: float, delta: float, plan: PlanFields) -> float:
         return calibrate_gaussian(
@@ -388,7 +388,7 @@ class NuDPFTRL(NoiseMechanism):
             )
 
     def steps(self, n: int, batch_size: float, epochs: float) -> int:
-        return int(epochs) * -(-n // int(batch_size))  # epochs·⌈N/B⌉: whole cyclic epochs
+        return fixed_order_steps(n, batch_size, epochs)  # epochs·⌈N/B⌉: whole cyclic epochs
 
     def plan_fields(self, n: int, batch_size: float, epochs: float) -> dict[str, Any]:
         return {

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from dprc_core.accounting import PrivacyLedger, noise_multiplier
+from dprc_core.accounting import PrivacyLedger, SubsampledGaussianEvent, noise_multiplier
 from dprc_core.clipping import Clipping, Hutch
 from dprc_core.engine import PrivacyEngine
 from dprc_core.losses import causal_lm_per_sample_loss
@@ -83,9 +83,7 @@ def run(
     # σ was calibrated in the revealed-scale model (the accountant's default sketch), which
     # also bounds the per-example sketch the engine draws; the ledger records that model.
     ledger = PrivacyLedger()
-    ledger.record(
-        noise_multiplier=sigma, sample_rate=q, steps=steps, envelope=engine.accounting_envelope, k=k
-    )
+    ledger.record(SubsampledGaussianEvent(sigma, q, steps, engine.accounting_envelope, k))
     (out_dir / "privacy_ledger.json").write_text(ledger.to_json())
     t0 = time.perf_counter()
     for idx in PoissonSampler(N, q, steps):

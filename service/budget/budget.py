@@ -36,7 +36,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from dprc_core.accounting import PrivacyEvent, SubsampledGaussianEvent
+from dprc_core.accounting import NuDPFTRLEvent, PrivacyEvent, SubsampledGaussianEvent
 from dprc_core.accounting.history import build_leaves, epsilon_for_history
 from dprc_core.training.plan import check_delta_for_size, default_delta
 from service.base.errors import Conflict, InvalidInput
@@ -48,7 +48,7 @@ from service.store.tables import BudgetGroup, File, Job
 def nu_dpftrl_event(sigma: float, steps: int, noise: dict[str, Any]) -> PrivacyEvent:
     """The first ``steps`` steps of a ν-DP-FTRL job: rows 1..steps of its Toeplitz noise, at most
     ⌈steps / steps_per_epoch⌉ participations per example."""
-    return PrivacyEvent.nu_dpftrl_prefix(
+    return NuDPFTRLEvent.prefix(
         sigma, steps, float(noise["nu"]), int(noise["min_separation"]), noise.get("bands")
     )
 

@@ -474,7 +474,7 @@ def _nu_dpftrl_plan(
             code="invalid_value",
         )
     _check_sketch(req)
-    steps = planned_steps(n, batch, n_epochs, "nu_dpftrl")
+    steps = planned_steps(n, batch, n_epochs, fixed_order=True)
     delta = _steps_and_delta(steps, n, req.target_delta, *deltas)
     nu, bands = float(req.nu or 0.0), req.bands
     lib = _calibrated(

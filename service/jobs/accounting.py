@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any, TypeVar
 
-from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent, account
+from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent, SubsampledGaussianEvent, account
 from dprc_core.accounting import noise_multiplier as calibrated_noise_multiplier
 from dprc_core.accounting.describe import (
     ADJACENCY,
@@ -264,7 +264,7 @@ def epsilon(req: AccountantQuery, noise_multiplier: Any, delta: Any) -> Accounta
             code="invalid_value",
         )
     delta = _check("delta", check_delta, delta)
-    event = PrivacyEvent(sigma, q, steps, clipping, k, rank, sketch=sketch)
+    event = SubsampledGaussianEvent(sigma, q, steps, clipping, k, rank, sketch=sketch)
     return _result(event, delta)
 
 
@@ -294,7 +294,7 @@ def calibrate(
         )
     except ValueError as exc:
         raise InvalidInput(str(exc), param="target_epsilon", code="calibration_failed") from exc
-    event = PrivacyEvent(sigma, q, steps, clipping, k, rank, sketch=sketch)
+    event = SubsampledGaussianEvent(sigma, q, steps, clipping, k, rank, sketch=sketch)
     out = _result(event, delta)
     return replace(out, target_epsilon=target, rel_tol=float(rel_tol))
 

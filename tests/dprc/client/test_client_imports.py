@@ -278,8 +278,8 @@ def test_the_restated_step_rule_is_the_planners():
             for e in (0.1, 0.3, 0.5, 1, 1.5, 2, 3, 7.25):
                 assert cli_args.planned_steps(n, b, e) == planned_steps(n, b, e), (n, b, e)
             for e in (1, 2, 5):
-                got = cli_args.planned_steps(n, b, e, "nu_dpftrl")
-                assert got == planned_steps(n, b, e, "nu_dpftrl") == e * math.ceil(n / b)
+                got = cli_args.planned_steps(n, b, e, fixed_order=True)
+                assert got == planned_steps(n, b, e, fixed_order=True) == e * math.ceil(n / b)
 
 
 FTRL_JOBS = [

@@ -4,7 +4,6 @@ builder registry, the calibration of any event family and the `envelope` vocabul
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -36,8 +35,8 @@ SENS = 2.0 * (1 + 1e-9)  # nu = 1, 4 participations: sqrt(4), rounded up (ROUNDO
 
 # ------------------------------------------------------------------ dispatch of the flat form
 def test_the_flat_form_builds_the_subclass_its_fields_name():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the flat form without renamed keywords is silent
+    # the flat form is deprecated: every call warns once, at the caller's line
+    with pytest.warns(DeprecationWarning, match="deprecated") as caught:
         exact = PrivacyEvent(1.0, 0.01, 10)
         hutch = PrivacyEvent(1.0, 0.01, 10, "hutch", 16, 3)
         per_example = PrivacyEvent(1.0, 0.01, 10, "hutchpp", 8, sketch="per_example")
@@ -48,6 +47,7 @@ def test_the_flat_form_builds_the_subclass_its_fields_name():
                               min_separation=10)  # fmt: skip
         by_method = PrivacyEvent.nu_dpftrl(2.0, 40, 1.0, 4, 10)
         prefix = PrivacyEvent.nu_dpftrl_prefix(2.0, 40, 1.0, 10)
+    assert len(caught) == 7 and {w.filename for w in caught} == {__file__}
     assert type(exact) is type(hutch) is type(per_example) is SubsampledGaussianEvent
     assert type(run) is type(legacy) is type(by_method) is type(prefix) is NuDPFTRLEvent
     for e in (exact, hutch, per_example, run, prefix):
