@@ -49,12 +49,14 @@ class NoisePerMicroBatch(PrivacyEngine):
         self._micro_noise = GaussianNoise(self.noise_multiplier * self.max_grad_norm / m)
         self.noise = GaussianNoise(0.0)
 
-    def accumulate(self, loss_fn, batch) -> None:
-        super().accumulate(loss_fn, batch)
+    def accumulate(self, loss_fn, batch, *args, **kwargs) -> None:
+        super().accumulate(loss_fn, batch, *args, **kwargs)
         with torch.no_grad():
             for i, p in enumerate(self.params):
                 grad = p.grad if p.grad is not None else torch.zeros_like(p)
-                p.grad = grad + self._micro_noise.sample(i, grad, self.generators(grad.device))
+                noise = self._micro_noise.sample(i, grad, self.generators(grad.device))
+                assert noise is not None  # a Gaussian of std > 0 always draws
+                p.grad = grad + noise
 
 
 def factory(kind: str, sigma: float, method: str = "exact"):

