@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import os
 
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
+
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from datetime import UTC, datetime  # noqa: E402
@@ -41,8 +42,6 @@ import numpy as np  # noqa: E402
 from dp_accounting.pld import privacy_loss_distribution as dpl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from dprc_core import accounting  # noqa: E402
 from dprc_core.accounting import DEFAULT_SETTINGS, SubsampledGaussianEvent, account  # noqa: E402

@@ -34,110 +34,26 @@ import argparse
 import math
 import os
 import platform
-import sys
 import time
 import warnings
 from pathlib import Path
 
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-sys.path.insert(0, str(ROOT))
 
-from dprc_core import PrivacyEngine, accounting  # noqa: E402
+from benchmarks.kit.engines import CASES, MICRO, C, factory  # noqa: E402
+from dprc_core import accounting  # noqa: E402
 from dprc_core.auditing import (  # noqa: E402
     audit_scores,
     epsilon_lower_bound,
     run_gradient_canary_audit,
     scores_from_updates,
 )
-from dprc_core.clipping import Clipping, norm_from_method  # noqa: E402
-from dprc_core.noise import Gaussian, GaussianNoise  # noqa: E402
 
-M, Q, T, DELTA, C, MICRO = 4000, 0.05, 100, 1e-5, 1.0, 8
-
-
-# ----------------------------------------------------------------------------- broken engines
-class QuarterNoise(PrivacyEngine):
-    """BROKEN: claims σ, adds σC/4."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.noise = GaussianNoise(self.noise_multiplier * self.max_grad_norm / 4)
-
-
-class HalfNoise(PrivacyEngine):
-    """BROKEN: claims σ, adds σC/2."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.noise = GaussianNoise(self.noise_multiplier * self.max_grad_norm / 2)
-
-
-class NoClipping(PrivacyEngine):
-    """BROKEN: per-sample clipping turned off (factors all 1); noise σC as claimed."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.max_grad_norm = math.inf  # min(1, inf / n) = 1; the noise was built with C
-
-
-class NoisePerMicroBatch(PrivacyEngine):
-    """BROKEN: adds N(0, (σC/M)²) to every micro-batch, M the expected number of micro-batches
-    per logical batch, and no noise at the step — total std σC·√M_real/M ≈ σC/√M."""
-
-    def __init__(self, *args, micro_batch_size: int, **kwargs):
-        super().__init__(*args, **kwargs)
-        m = max(1, math.ceil(self.expected_batch_size / micro_batch_size))
-        self._micro_noise = GaussianNoise(self.noise_multiplier * self.max_grad_norm / m)
-        self.noise = GaussianNoise(0.0)
-
-    def accumulate(self, loss_fn, batch) -> None:
-        super().accumulate(loss_fn, batch)
-        with torch.no_grad():
-            for i, p in enumerate(self.params):
-                grad = p.grad if p.grad is not None else torch.zeros_like(p)
-                p.grad = grad + self._micro_noise.sample(i, grad, self.generators(grad.device))
-
-
-def factory(kind: str, sigma: float, method: str = "exact"):
-    """``method``: a norm method, or ``"<method>/per_example"`` for per-example sketches."""
-    norm_method, _, sketch = method.partition("/")
-
-    def make(model, opt, expected_batch_size, seed):
-        kw = dict(
-            clipping=Clipping(C, norm_from_method(norm_method, k=32, sketch=sketch or "shared")),
-            noise=Gaussian(sigma),
-            expected_batch_size=expected_batch_size,
-            seed=seed,
-        )
-        if kind == "real":
-            return PrivacyEngine(model, opt, **kw)
-        if kind == "half_noise":
-            return HalfNoise(model, opt, **kw)
-        if kind == "quarter_noise":
-            return QuarterNoise(model, opt, **kw)
-        if kind == "no_clipping":
-            return NoClipping(model, opt, **kw)
-        if kind == "noise_per_microbatch":
-            return NoisePerMicroBatch(model, opt, micro_batch_size=MICRO, **kw)
-        raise ValueError(kind)
-
-    return make
-
-
-CASES = [
-    ("DP-SGD exact (real engine)", "real", "exact"),
-    ("DP-SGD-RC hutch k=32 (real engine)", "real", "hutch"),
-    ("DP-SGD-RC hutch++ k=32 (real engine)", "real", "hutchpp"),
-    ("BROKEN: noise scaled down 4×", "quarter_noise", "exact"),
-    ("BROKEN: clipping off", "no_clipping", "exact"),
-    ("BROKEN: noise per micro-batch, std / M", "noise_per_microbatch", "exact"),
-    ("DP-SGD-RC hutch k=32, per-example sketches (real engine)", "real", "hutch/per_example"),
-    ("BROKEN: per-example sketches, half the noise", "half_noise", "hutch/per_example"),
-    ("BROKEN: per-example sketches, noise scaled down 4×", "quarter_noise", "hutch/per_example"),
-]
+M, Q, T, DELTA = 4000, 0.05, 100, 1e-5
 
 
 def main() -> None:

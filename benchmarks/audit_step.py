@@ -20,21 +20,18 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import time
 import warnings
 from pathlib import Path
 
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from audit import CASES as ONE_RUN_CASES  # noqa: E402  (benchmarks/audit.py: the engines)
-from audit import factory  # noqa: E402
-
+from benchmarks.kit.engines import CASES as ONE_RUN_CASES  # noqa: E402  (audit.py's engines)
+from benchmarks.kit.engines import factory  # noqa: E402
 from dprc_core import accounting  # noqa: E402
 from dprc_core.auditing.step_trials import run_step_trial_audit  # noqa: E402
 

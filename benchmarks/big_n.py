@@ -48,25 +48,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
 
-from benchmarks.data_scale import (  # noqa: E402 - after the path
+ROOT = Path(__file__).resolve().parents[1]
+
+from benchmarks.data_scale import (  # noqa: E402
     READING_END,
     READING_START,
     LoadWatch,
-    Server,
-    dprc_server,
     machine,
     measure_upload,
-    reset_peak,
     upload_phases,
     warm_up,
 )
-from benchmarks.data_scale import (  # noqa: E402
-    run_child as data_child,
-)
-from tests.serve_process import proc_memory  # noqa: E402
+from benchmarks.data_scale import run_child as data_child  # noqa: E402
+from benchmarks.kit.memory import proc_memory, reset_peak  # noqa: E402
+from benchmarks.kit.server import Server, dprc_server  # noqa: E402
+from benchmarks.kit.timing import repeat_timed  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks" / "big_n.md"
 REPEAT = 5
@@ -87,11 +85,7 @@ def make_file(path: Path, n: int) -> None:
 
 def _timed(call: Callable[[], Any], repeat: int = REPEAT) -> dict[str, float]:
     """Median and slowest of ``repeat`` calls (seconds)."""
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
+    times = repeat_timed(call, repeat)
     return {"median_s": statistics.median(times), "max_s": max(times), "repeat": repeat}
 
 

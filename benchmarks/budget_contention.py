@@ -22,62 +22,37 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
 import httpx
-import uvicorn
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from dprc.app import build_app  # noqa: E402
+from benchmarks.kit.server import (  # noqa: E402
+    exact_job_body,
+    exact_job_event,
+    pg_database,
+    serve_in_thread,
+)
 from dprc_core.accounting import (  # noqa: E402
     PrivacyEvent,
     SubsampledGaussianEvent,
     epsilon_for_events,
 )
-from service import job_runs  # noqa: E402
+from service.jobs import job_runs  # noqa: E402
 from service.base.settings import Settings  # noqa: E402
-from tests.api.conftest import exact_job_body, exact_job_event  # noqa: E402
 
 CLIENTS = 30
 BUDGET = 8.0
-PG_ADMIN = os.environ.get("DPRC_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
 def _lines(n: int, prefix: str = "t") -> bytes:
     return "".join(
         json.dumps({"text": f"{prefix}{i}", "label": i % 2}) + "\n" for i in range(n)
     ).encode()
-
-
-def _serve(settings: Settings):
-    app = build_app(settings)
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    return server, thread, f"http://127.0.0.1:{port}", app.state.store
-
-
-def _pg_database(name: str) -> str:
-    import psycopg
-
-    with psycopg.connect(PG_ADMIN.replace("+psycopg", ""), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + "/" + name
 
 
 def _body(file_id: str, epsilon: float, method: str) -> dict:
@@ -106,7 +81,7 @@ def _event(job: dict) -> PrivacyEvent:
 
 def run(db: str, older: int, method: str = "exact") -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="dprc-bench-"))
-    url = _pg_database(f"dprc_bench_{older}") if db == "postgresql" else None
+    url = pg_database(f"dprc_bench_{older}") if db == "postgresql" else None
     settings = Settings(
         data_dir=tmp,
         database_url=url,
@@ -114,7 +89,7 @@ def run(db: str, older: int, method: str = "exact") -> dict:
         max_active_jobs_per_tenant=1000,
         require_budget=False,
     )  # type: ignore[call-arg]
-    server, thread, base, store = _serve(settings)
+    server, thread, base, store = serve_in_thread(settings)
     try:
         from service.governance.keys import create_key
 
@@ -151,7 +126,7 @@ def run(db: str, older: int, method: str = "exact") -> dict:
                 job_runs.record_progress(store, jid, steps, 0.0)
                 job_runs.end_job(store, jid, "cancelled")
                 e = exact_job_event(j)
-                history.append(SubsampledGaussianEvent(e.noise_multiplier, e.sample_rate, steps))
+                history.append(PrivacyEvent(e.noise_multiplier, e.sample_rate, steps))
             setup = time.perf_counter() - t0
 
         # the clients exist before the burst: building one (its TLS context) costs tens of

@@ -48,19 +48,19 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from tests.serve_process import proc_memory, server_pid  # noqa: E402 - after the path
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
 
-OUT = ROOT / "docs" / "benchmarks" / "data.md"
+ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.kit.memory import proc_memory, reset_peak, status_kib  # noqa: E402
+from benchmarks.kit.pages import PAGES  # noqa: E402
+from benchmarks.kit.server import Server, dprc_server  # noqa: E402
+
+OUT = PAGES / "data.md"
 WORDS = "the of and a to in is was he for it with as his on be at by i this had not are but".split()
-DPRC = [sys.executable, "-m", "dprc.cli"]
 MiB = 1024**2
 PART_BYTES = 64 * MiB  # the official client's default part size, and the service's largest
 ROWS_MARK = "<!-- data_scale rows: "
@@ -68,20 +68,7 @@ READING_START, READING_END = "<!-- reading -->", "<!-- /reading -->"
 
 
 def _rss_mib(field: str = "VmRSS") -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(field)
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
+    return status_kib(field) / 1024
 
 
 def make_file(path: Path, n: int) -> None:
@@ -95,7 +82,7 @@ def make_file(path: Path, n: int) -> None:
 def tokenizer_alone(path: str) -> dict:
     from transformers import AutoTokenizer
 
-    from tests.conftest import minilm_path
+    from benchmarks.kit.peers import minilm_path
 
     tok = AutoTokenizer.from_pretrained(minilm_path())
     with open(path, "rb") as f:
@@ -112,8 +99,8 @@ def tokenizer_alone(path: str) -> dict:
 def one_job(path: str, store: str, out: str) -> dict:
     import torch
 
+    from benchmarks.kit.peers import minilm_path
     from dprc_core.training.runner import JobSpec, run_job
-    from tests.conftest import minilm_path
 
     torch.set_num_threads(os.cpu_count() or 1)
     n = sum(1 for _ in open(path, "rb"))
@@ -138,7 +125,7 @@ def one_job(path: str, store: str, out: str) -> dict:
     model = load_model(Path(spec.model), "classification", num_labels=2)
     del model
     base = _rss_mib()
-    reset = _reset_peak()
+    reset = reset_peak()
     marks: dict[str, float] = {}
     start = time.perf_counter()
 
@@ -166,9 +153,9 @@ def data_phase(path: str, store: str, out: str) -> dict:
     peak RSS above the RSS with the model and tokenizer loaded."""
     import torch
 
+    from benchmarks.kit.peers import minilm_path
     from dprc_core.training.models import load_model
     from dprc_core.training.runner import JobSpec, load_job_data
-    from tests.conftest import minilm_path
 
     n = sum(1 for _ in open(path, "rb"))
     spec = JobSpec(
@@ -184,7 +171,7 @@ def data_phase(path: str, store: str, out: str) -> dict:
 
     load_tokenizer(spec.model)
     base = _rss_mib()
-    reset = _reset_peak()
+    reset = reset_peak()
     start = time.perf_counter()
     data = load_job_data(spec)
     ready = time.perf_counter() - start
@@ -202,55 +189,6 @@ def data_phase(path: str, store: str, out: str) -> dict:
 
 
 # -- a real ``dprc serve`` and an upload through it --------------------------------------------
-
-
-@dataclass(frozen=True)
-class Server:
-    """A running ``dprc serve``: its URL, an admin key, its pid and its data folder."""
-
-    url: str
-    key: str
-    pid: int
-    data_dir: Path
-
-
-def reset_peak(pid: int) -> bool:
-    """Restart ``pid``'s VmHWM from its current RSS (False when the kernel refuses: then the
-    peak since start-up counts, an over-estimate)."""
-    try:
-        Path(f"/proc/{pid}/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-@contextmanager
-def dprc_server(tmp: Path, default_epsilon: float = 8.0) -> Iterator[Server]:
-    """A real ``dprc serve`` on SQLite in ``tmp/data``, embedded worker off (created jobs stay
-    queued), with an admin key of a tenant ``bench`` whose data sets get the budget
-    ``default_epsilon``; started and stopped by the tests' helper (``tests/serve_process.py``)."""
-    from tests.serve_process import dprc_serve
-
-    data_dir = tmp / "data"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DPRC_")}
-    env.update(
-        DPRC_DATA_DIR=str(data_dir),
-        DPRC_DEFAULT_EPSILON_BUDGET=str(default_epsilon),
-        DPRC_EMBEDDED_WORKER="false",
-        DPRC_LOG_LEVEL="warning",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-    )
-    key = subprocess.run(
-        [*DPRC, "keys", "create", "--tenant", "bench", "--role", "admin"],
-        env=env,
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    with dprc_serve(DPRC, env, tmp / "server.log", cwd=ROOT) as url:
-        yield Server(url, key, server_pid(int(url.rsplit(":", 1)[1])), data_dir)
 
 
 class CompletionWatch:

@@ -34,9 +34,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
+
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 B_LOGICAL = 8
 MICRO = 4

@@ -39,15 +39,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import step as step_bench  # noqa: E402
-
+from benchmarks import step as step_bench  # noqa: E402
+from benchmarks.kit.device import Memory  # noqa: E402
+from benchmarks.kit.pages import kept, write_page  # noqa: E402
 from dprc_core import PrivacyEngine  # noqa: E402
 from dprc_core.clipping import Clipping, norm_from_method  # noqa: E402
 from dprc_core.losses import causal_lm_per_sample_loss  # noqa: E402
@@ -88,45 +87,24 @@ def make_step(config: str, seq_len: int, device: torch.device) -> Any:
     return lambda: engine.step(causal_lm_per_sample_loss, batch)
 
 
-def _used_mib(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.memory_allocated(device) / 2**20
-    return step_bench._status_kib("VmRSS") / 1024
-
-
-def _reset(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    else:
-        step_bench.reset_hwm()
-
-
-def _peak_mib(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return step_bench._status_kib("VmHWM") / 1024
-
-
 def measure_one(config: str, seq_len: int, device: torch.device) -> dict[str, float]:
     """In a fresh process: the first step's peak, then the steady steps' (MiB)."""
     step = make_step(config, seq_len, device)
+    memory = Memory(device, checked=True)
     gc.collect()
-    base = _used_mib(device)
-    _reset(device)
+    base = memory.used_mib()
+    memory.reset()
     t0 = time.perf_counter()
     step()
     first_s = time.perf_counter() - t0
-    first = _peak_mib(device)
+    first = memory.peak_mib()
     steady, steady_s = 0.0, []
     for _ in range(2):
-        _reset(device)
+        memory.reset()
         t0 = time.perf_counter()
         step()
         steady_s.append(time.perf_counter() - t0)
-        steady = max(steady, _peak_mib(device))
+        steady = max(steady, memory.peak_mib())
     return {
         "base_mib": base,
         "first_mib": first,
@@ -198,11 +176,7 @@ NOTES_START, NOTES_END = "<!-- notes -->", "<!-- /notes -->"
 
 def kept_notes(path: Path) -> str:
     """The hand-written notes between the markers of the current page, kept as they are."""
-    text = path.read_text() if path.exists() else ""
-    start, end = text.find(NOTES_START), text.find(NOTES_END)
-    if start < 0 or end < start:
-        return f"{NOTES_START}\n{NOTES_END}\n"
-    return text[start : end + len(NOTES_END)] + "\n"
+    return (kept(path, NOTES_START, NOTES_END) or f"{NOTES_START}\n{NOTES_END}") + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -264,8 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         kept_notes(out),
     ]
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(text))
-    print(f"wrote {out}")
+    write_page(out, "\n".join(text))
     return 0
 
 

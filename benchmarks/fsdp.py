@@ -59,18 +59,20 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
 
-OUT = ROOT / "docs" / "benchmarks"
+ROOT = Path(__file__).resolve().parents[1]
+
+from benchmarks.kit.memory import PeakRSS, peak_rss_bytes, rss_bytes  # noqa: E402
+from benchmarks.kit.pages import PAGES  # noqa: E402
+
+OUT = PAGES
 LIVE_MMAP_THRESHOLD = 131072  # bytes: benchmarks/step.py's *live* allocator setting
 MiB = 1 << 20
 GiB = 1 << 30
@@ -123,50 +125,6 @@ CONFIGS: dict[str, tuple[int, bool, str]] = {
 
 
 # ------------------------------------------------------------------ one rank
-def _status(key: str) -> int:
-    """A ``/proc/self/status`` field in bytes (VmRSS, VmHWM)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
-class PeakRSS:
-    """The peak RSS of a phase: VmHWM reset at its start (``/proc/self/clear_refs``) and VmRSS
-    sampled by a background thread; :meth:`peak` is the larger of the two."""
-
-    def __init__(self, every: float = 0.005):
-        self.every = every
-        self.sampled = 0
-        self.hwm_reset = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.sampled = max(self.sampled, _status("VmRSS"))
-            self._stop.wait(self.every)
-
-    def __enter__(self) -> PeakRSS:
-        try:
-            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
-            self.hwm_reset = True
-        except OSError:
-            self.hwm_reset = False
-        self.sampled = _status("VmRSS")
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sampled = max(self.sampled, _status("VmRSS"))
-        self.hwm = _status("VmHWM") if self.hwm_reset else 0
-
-    def peak(self) -> int:
-        return max(self.sampled, self.hwm)
-
-
 def build_model(spec: Spec, sharded: bool, rank: int, world: int, device: str = "cpu") -> Any:
     """The Llama of ``spec``: built on the meta device, sharded (every decoder block, then the
     root) when ``sharded``, materialised with ``to_empty`` and initialised deterministically —
@@ -246,7 +204,7 @@ def rank_main(args: argparse.Namespace) -> None:
     ranks = current_ranks()
     rank = torch.distributed.get_rank() if grouped else 0
     world = torch.distributed.get_world_size() if grouped else 1
-    rss_start = _status("VmRSS")
+    rss_start = rss_bytes()
 
     t0 = time.perf_counter()
     device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
@@ -261,8 +219,8 @@ def rank_main(args: argparse.Namespace) -> None:
         seed=1,
     )
     setup_s = time.perf_counter() - t0
-    rss_setup = _status("VmRSS")
-    peak_setup = max(_status("VmHWM"), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    rss_setup = rss_bytes()
+    peak_setup = max(peak_rss_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, spec.vocab, (spec.batch, spec.seq), generator=gen)
@@ -288,7 +246,7 @@ def rank_main(args: argparse.Namespace) -> None:
 
     with PeakRSS() as warm:
         warm_s, _ = one_step()
-    rss_steps_start = _status("VmRSS")
+    rss_steps_start = rss_bytes()
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

@@ -55,8 +55,6 @@ import importlib.util
 import json
 import platform
 import statistics
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -65,17 +63,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from anywhere: import the checkout's dprc_core
-    sys.path.insert(0, str(ROOT))
-BENCH = Path(__file__).resolve().parent
-if str(BENCH) not in sys.path:  # benchmarks/norm_layer.py, imported as a module
-    sys.path.insert(0, str(BENCH))
+
+from benchmarks.kit.device import Memory, sync  # noqa: E402
+from benchmarks.kit.pages import git_commit  # noqa: E402
+from benchmarks.kit.peers import HAVE_OPACUS, nonprivate_step, opacus_ghost_step  # noqa: E402
 
 STARTED = time.monotonic()  # the section's clock starts when its process does
-HAVE_OPACUS = importlib.util.find_spec("opacus") is not None
 
 # ---------------------------------------------------------------------------------- settings
 BUDGET_S = 480.0  # the whole of scripts/gpu_check.sh on the device: 8 minutes
@@ -344,49 +341,6 @@ def plan_lines(plan: Plan, dry: bool, gpus: int) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------- device
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _status_kib(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{key} not in /proc/self/status")
-
-
-class Memory:
-    """Peak memory of what runs between ``reset()`` and ``peak_mib()``: on CUDA
-    ``max_memory_allocated``; on the CPU (dry run) the process's peak RSS (VmHWM after
-    ``echo 5 > /proc/self/clear_refs``), which only has to be a number there."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-
-    def used_mib(self) -> float:
-        if self.device.type == "cuda":
-            return torch.cuda.memory_allocated(self.device) / 2**20
-        return _status_kib("VmRSS") / 1024
-
-    def reset(self) -> None:
-        gc.collect()
-        if self.device.type == "cuda":
-            sync(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            return
-        try:
-            Path("/proc/self/clear_refs").write_text("5")
-        except OSError:
-            pass  # the peak then includes what ran before: acceptable for the dry run
-
-    def peak_mib(self) -> float:
-        if self.device.type == "cuda":
-            sync(self.device)
-            return torch.cuda.max_memory_allocated(self.device) / 2**20
-        return _status_kib("VmHWM") / 1024
-
-
 def free_memory(device: torch.device) -> None:
     """Collect the cell's objects (hooks make cycles) and return CUDA's cached blocks."""
     gc.collect()
@@ -437,19 +391,6 @@ def make_batch(seq_len: int, batch: int, vocab: int, device: torch.device) -> di
     return {"input_ids": ids, "labels": ids}
 
 
-def _nonprivate_step(
-    model: torch.nn.Module, opt: torch.optim.Optimizer, batch: dict[str, Any]
-) -> Callable[[], None]:
-    from dprc_core.losses import causal_lm_per_sample_loss
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        causal_lm_per_sample_loss(model, batch).mean().backward()
-        opt.step()
-
-    return step
-
-
 def _dprc_step(
     mode: str,
     model: torch.nn.Module,
@@ -484,40 +425,6 @@ def _dprc_step(
     return step
 
 
-def _opacus_step(
-    model: torch.nn.Module, opt: torch.optim.Optimizer, batch: dict[str, Any]
-) -> Callable[[], None]:
-    """Opacus fast gradient clipping with ghost norms, as in benchmarks/step.py, with the
-    cell's B as the expected batch size and the loss over float32 logits (as dprc's)."""
-    from torch.utils.data import DataLoader, TensorDataset
-
-    opacus_engine = importlib.import_module("opacus").PrivacyEngine  # optional: no stubs
-
-    ids = batch["input_ids"]
-    b, t = ids.shape
-    loader = DataLoader(TensorDataset(ids.cpu()), batch_size=b)
-    gsm, dp_opt, criterion, _ = opacus_engine().make_private(
-        module=model,
-        optimizer=opt,
-        data_loader=loader,
-        criterion=torch.nn.CrossEntropyLoss(),
-        noise_multiplier=NOISE_MULTIPLIER,
-        max_grad_norm=MAX_GRAD_NORM,
-        grad_sample_mode="ghost",
-        poisson_sampling=False,
-    )
-    targets = ids[:, 1:].reshape(-1)
-
-    def step() -> None:
-        dp_opt.zero_grad(set_to_none=True)
-        logits = gsm(input_ids=ids).logits[:, :-1].float()
-        loss = criterion(logits.reshape(b * (t - 1), -1), targets, shape=(b, t - 1))
-        loss.backward()
-        dp_opt.step()
-
-    return step
-
-
 def make_step(
     cell: Cell, scale: Scale, device: torch.device, methods: Counter[str]
 ) -> Callable[[], None]:
@@ -528,9 +435,9 @@ def make_step(
     batch = make_batch(seq_len, batch_size, scale.model["vocab_size"], device)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
     if cell.mode == "nonprivate":
-        return _nonprivate_step(model, opt, batch)
+        return nonprivate_step(model, opt, batch)
     if cell.mode == "opacus":
-        return _opacus_step(model, opt, batch)
+        return opacus_ghost_step(model, opt, batch, NOISE_MULTIPLIER, MAX_GRAD_NORM)[0]
     return _dprc_step(cell.mode, model, opt, batch, methods)
 
 
@@ -758,7 +665,7 @@ def step_summary(payload: dict[str, Any]) -> list[str]:
 def run_norm_section(scale: Scale, results: Results) -> int:
     """The norm pass alone on the paper's layer: exact against hutch k = 32 (memory, then
     interleaved timing), with norm_layer.py's inputs, runner and FLOP counts."""
-    import norm_layer
+    from benchmarks import norm_layer
 
     device = torch.device(scale.device)
     (p, d), b, t = scale.norm_shape, scale.norm_batch, scale.norm_seq
@@ -815,26 +722,6 @@ def norm_summary(payload: dict[str, Any]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------- results
-def git_commit() -> str:
-    """The checkout's commit (+ a note when the tree differs from it), or 'unknown'."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
-        )
-        if head.returncode != 0:
-            return "unknown"
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
-
-
 def device_name(scale: Scale) -> str:
     if scale.device == "cuda":
         return f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})"

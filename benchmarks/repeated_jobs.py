@@ -14,27 +14,26 @@ import argparse
 import gc
 import os
 import platform
-import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
 
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
+from benchmarks.kit.memory import statm_rss_bytes  # noqa: E402
+from benchmarks.kit.peers import minilm_path  # noqa: E402
 from dprc_core.training.models import LoraSpec  # noqa: E402
 from dprc_core.training.runner import JobSpec, run_job  # noqa: E402
-from tests.conftest import minilm_path  # noqa: E402  (the offline MiniLM weights)
 
 DATA = ROOT / "data" / "demo"
 
 
 def rss_gib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+    return statm_rss_bytes() / 2**30
 
 
 def main() -> None:

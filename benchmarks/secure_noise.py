@@ -39,18 +39,16 @@ import argparse
 import os
 import platform
 import statistics
-import sys
 import time
 import warnings
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from dprc_core import PrivacyEngine  # noqa: E402
 from dprc_core.clipping import Clipping, Exact  # noqa: E402

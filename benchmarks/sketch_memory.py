@@ -22,14 +22,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import norm_layer as nl  # noqa: E402
-
+from benchmarks import norm_layer as nl  # noqa: E402
+from benchmarks.kit import device, memory  # noqa: E402
 from dprc_core.estimators import MatrixContribution  # noqa: E402
 from dprc_core.norm_methods import matrix_sq_norms  # noqa: E402
 from dprc_core.sketches import ExampleProjections  # noqa: E402
@@ -66,16 +65,16 @@ def one(method: str, sketch: str, p: int, d: int, k: int) -> dict:
     a, g = nl.make_inputs(B, T, p, d, torch.device("cpu"))
     run = _runner(a, g, method, sketch, k)
     gc.collect()
-    if nl.hwm_reset_works():
-        nl.reset_peak_rss()
-        base = nl.rss_bytes()
+    if device.hwm_reset_works():
+        memory.reset_peak()
+        base = memory.rss_bytes()
         run()
-        extra = nl.peak_rss_bytes() - base
+        extra = memory.peak_rss_bytes() - base
     else:
-        base = nl.rss_bytes()
-        with nl.RssSampler() as sampler:
+        base = memory.rss_bytes()
+        with memory.PeakRSS(every=0.001, reset_hwm=False) as sampler:
             run()
-        extra = sampler.peak - base
+        extra = sampler.peak() - base
     times = nl.time_runs(run, torch.device("cpu"), 5, 5.0)
     return {
         "method": method,

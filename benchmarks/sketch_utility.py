@@ -44,9 +44,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from dprc_core.training.plan import plan_privacy  # noqa: E402
 
@@ -98,7 +98,7 @@ def _per_example_sigma(task) -> float:
 
 def run_cell(key: str, work: Path) -> dict:
     """One cell (see ``_key``), in this process: the row's run and its test metric."""
-    import utility as u  # benchmarks/utility.py: its data, task and run_dp
+    from benchmarks import utility as u  #: its data, task and run_dp
 
     task_name, label, seed = _parse(key)
     _, method, sketch, sigma_of = next(row for row in ROWS if row[0] == label)

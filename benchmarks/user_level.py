@@ -66,9 +66,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from benchmarks.kit.group_privacy import group_privacy_example_budget, user_sizes  # noqa: E402
 
 DOCS = ROOT / "docs" / "benchmarks"
 CELLS = DOCS / "user_level.json"
@@ -109,40 +111,11 @@ BY_LABEL = {r.label: r for r in ROWS + REFERENCES}
 BASE = ROWS[0].label  # the paired differences are to this row
 
 
-# --------------------------------------------------------------------------- group privacy
-def group_privacy_example_budget(
-    epsilon_user: float, delta_user: float, k: int
-) -> tuple[float, float]:
-    """The per-example (ε_ex, δ_ex) whose guarantee, by the group-privacy lemma, is
-    (``epsilon_user``, ``delta_user``) for any group of ``k`` examples (a user of at most k
-    lines).
-
-    The lemma: an (ε, δ)-DP mechanism is (kε, δ·Σ_{i<k} e^{iε})-DP for data sets that differ
-    in k examples — chain the k neighbouring data sets D₀ … D_k:
-    P[M(D₀) ∈ S] ≤ e^ε P[M(D₁) ∈ S] + δ ≤ … ≤ e^{kε} P[M(D_k) ∈ S] + δ(1 + e^ε + … + e^{(k−1)ε}).
-    The sum is (e^{kε} − 1)/(e^ε − 1) ≤ k·e^{(k−1)ε}, the usual simplified statement; the
-    exact sum is used (a slightly larger δ_ex, i.e. less noise for the example-level row).
-    Generic (it holds for every mechanism) and loose for the subsampled Gaussian, but it is
-    the conversion the issue asks for."""
-    if not (isinstance(k, int) and k >= 1):
-        raise ValueError(f"k must be a positive integer, got {k!r}")
-    if not (epsilon_user > 0 and 0 < delta_user < 1):
-        raise ValueError(f"need ε > 0 and δ in (0, 1), got ({epsilon_user}, {delta_user})")
-    eps_ex = epsilon_user / k
-    return eps_ex, delta_user * math.expm1(eps_ex) / math.expm1(k * eps_ex)
-
-
 # --------------------------------------------------------------------------- data
-def user_sizes(users: int, largest: int) -> list[int]:
-    """Lines of the r-th largest user, r = 1 … users: max(1, ⌊largest / r⌋) (Zipf's
-    rank-size law, exponent 1; the largest user holds exactly ``largest``)."""
-    return [max(1, largest // r) for r in range(1, users + 1)]
-
-
 def _windows() -> list[str]:
     """utility.py's LM text, every topic (sorted by name), in order: 64-character windows that
     never straddle two topics."""
-    import utility as u
+    from benchmarks import utility as u
 
     out: list[str] = []
     for _, paras in sorted(u._paragraphs().items()):
@@ -315,7 +288,7 @@ def run_cell(key: str, work: Path) -> dict[str, Any]:
         test = _test_loss(load_model(model_dir, "causal_lm"), data, model_dir)
         return {"label": label, "seed": seed, "test": test, "sigma": None, "wall": 0.0}
     if row.unit == "nonprivate":
-        import utility as u
+        from benchmarks import utility as u
 
         task = u.Task(
             "lm",

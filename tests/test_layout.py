@@ -13,6 +13,9 @@
   runs (``api.app.create_app`` with the dispatcher). ``dprc.client`` talks to a server over
   HTTP and imports none of ``api``, ``service`` or ``worker``.
 
+* ``benchmarks`` never imports ``tests``; ``tests`` imports of ``benchmarks`` only
+  ``benchmarks.kit``.
+
 Every ``.py`` file is walked, function-local imports included.
 """
 
@@ -137,4 +140,25 @@ def test_service_rooms_import_only_the_rooms_below():
                 target = _service_room(name)
                 if name == "service" or (target is not None and target not in allowed):
                     offenders.append(f"{path.relative_to(ROOT)}: {name}")
+
+
+def _imports_of(folder: str) -> list[tuple[str, str]]:
+    return [
+        (str(path.relative_to(ROOT)), name)
+        for path in (ROOT / folder).rglob("*.py")
+        for name in imported_packages(path)
+    ]
+
+
+def test_benchmarks_and_tests_meet_only_in_the_kit():
+    """No benchmark imports ``tests``; a test imports of ``benchmarks`` only ``benchmarks.kit``
+    (what tests guard of a benchmark lives there, not in a script)."""
+    offenders = [
+        f"{path}: {name}" for path, name in _imports_of("benchmarks") if _is_under(name, "tests")
+    ]
+    offenders += [
+        f"{path}: {name}"
+        for path, name in _imports_of("tests")
+        if _is_under(name, "benchmarks") and not _is_under(name, "benchmarks.kit")
+    ]
     assert not offenders, offenders

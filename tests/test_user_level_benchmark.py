@@ -1,34 +1,13 @@
-"""benchmarks/user_level.py: the group-privacy conversion and the users' sizes, checked against
-independent computations (no training)."""
+"""benchmarks/user_level.py's group-privacy conversion and users' sizes (benchmarks.kit.
+group_privacy), checked against independent computations (no training)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location(
-        "user_level_benchmark", ROOT / "benchmarks" / "user_level.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    path = list(sys.path)
-    try:
-        spec.loader.exec_module(module)
-    finally:  # the script puts benchmarks/ first on the path: not for the other tests
-        sys.path[:] = path
-    return module
-
-
-ul = _module()
+from benchmarks.kit import group_privacy as ul
 
 
 def _chain(eps: float, delta: float, k: int) -> tuple[float, float]:

@@ -20,8 +20,8 @@ import psycopg
 import pytest
 import uvicorn
 
+from benchmarks.kit.server import exact_job_body, exact_job_event  # noqa: F401 (tests')
 from dprc.app import build_app
-from dprc_core.accounting import PrivacyEvent
 from service.base.settings import Settings
 from service.governance.keys import create_key
 from service.store.store import Store
@@ -189,20 +189,3 @@ def labelled_lines(n: int) -> bytes:
     return jsonl(
         [{"text": f"review {i} was {'good' if i % 2 else 'bad'}", "label": i % 2} for i in range(n)]
     )
-
-
-def exact_job_body(file_id: str, epsilon: float) -> dict:
-    """A create body of a one-epoch MiniLM job with exact clipping (batch 20): cheap to plan,
-    so budget tests and benchmarks measure the budget, not the calibration."""
-    return {
-        "model": "minilm-l6-v2",
-        "training_file": file_id,
-        "hyperparameters": {"n_epochs": 1, "batch_size": 20},
-        "privacy": {"target_epsilon": epsilon, "clipping": {"method": "exact"}},
-    }
-
-
-def exact_job_event(job: dict) -> PrivacyEvent:
-    """The privacy event a created exact-clipping job was charged (from its privacy object)."""
-    p = job["privacy"]
-    return PrivacyEvent(p["noise_multiplier"], p["sample_rate"], p["steps"], "exact", None)
