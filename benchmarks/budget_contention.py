@@ -42,8 +42,8 @@ from dprc_core.accounting import (  # noqa: E402
     SubsampledGaussianEvent,
     epsilon_for_events,
 )
-from service.jobs import job_runs  # noqa: E402
 from service.base.settings import Settings  # noqa: E402
+from service.jobs import job_runs  # noqa: E402
 
 CLIENTS = 30
 BUDGET = 8.0

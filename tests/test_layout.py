@@ -162,3 +162,72 @@ def test_benchmarks_and_tests_meet_only_in_the_kit():
         if _is_under(name, "benchmarks") and not _is_under(name, "benchmarks.kit")
     ]
     assert not offenders, offenders
+
+
+# The noise mechanisms own their rules (dprc_core/noise/mechanisms.py): nothing else compares
+# a mechanism's name or tests an object's mechanism class; code asks the mechanism's
+# capabilities. The data migrations read stored names of history (service/migrations).
+MECHANISM_NAMES = {"gaussian", "nu_dpftrl", "dp-sgd", "nu-dp-ftrl", "nu-dpftrl"}
+MECHANISM_CONSTANTS = {"GAUSSIAN", "NU_DPFTRL"}
+MECHANISM_CLASSES = {"Gaussian", "NuDPFTRL"}
+MECHANISM_HOMES = {"dprc_core/noise/mechanisms.py", "dprc_core/mechanism_names.py"}
+
+
+def _names_a_mechanism(node: ast.AST) -> bool:
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_names_a_mechanism(e) for e in node.elts)
+    if isinstance(node, ast.Constant) and node.value in MECHANISM_NAMES:
+        return True
+    if isinstance(node, ast.Name) and node.id in MECHANISM_CONSTANTS:
+        return True
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "name"
+        and isinstance(node.value, ast.Name)
+        and node.value.id in MECHANISM_CLASSES
+    )
+
+
+def mechanism_branches(path: Path) -> list[int]:
+    """Lines of ``path`` that compare with a mechanism's name or test for a mechanism class."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(_names_a_mechanism(s) for s in sides):
+                lines.append(node.lineno)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "isinstance"
+            and len(node.args) == 2
+        ):
+            kinds = node.args[1]
+            names = kinds.elts if isinstance(kinds, ast.Tuple) else [kinds]
+            if any(isinstance(k, ast.Name) and k.id in MECHANISM_CLASSES for k in names):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_nothing_outside_the_mechanism_classes_branches_on_a_mechanism():
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for package in ("dprc_core", "service", "api", "worker", "dprc")
+        for path in (ROOT / package).rglob("*.py")
+        if str(path.relative_to(ROOT)) not in MECHANISM_HOMES and "migrations" not in path.parts
+        for line in mechanism_branches(path)
+    ]
+    assert not offenders, offenders
+
+
+def test_the_mechanism_branch_finder_finds_branches(tmp_path):
+    """The rule above can fail: each form it looks for is found."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "if m == 'nu_dpftrl': pass\n"
+        "if m.name != Gaussian.name: pass\n"
+        "if x in (NU_DPFTRL,): pass\n"
+        "if isinstance(n, (Gaussian, int)): pass\n"
+        "if m.sampling == 'fixed_order': pass\n"
+    )
+    assert mechanism_branches(probe) == [1, 2, 3, 4]

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from dprc_core.clipping import Clipping
-from dprc_core.noise import Gaussian, noise_from_dict
+from dprc_core.mechanism_names import GAUSSIAN
+from dprc_core.noise.mechanisms import noise_from_dict, noise_from_request
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.data import DataError
 from dprc_core.training.models import LoraSpec, ModelLoadError
@@ -39,7 +40,6 @@ from dprc_core.training.runner import (
     JobResult,
     JobSpec,
     Progress,
-    mechanism_fields,
     prepare_data_stores,
     run_job,
 )
@@ -208,14 +208,14 @@ def _privacy_fields(store: Store, req: runs.JobRequest) -> dict[str, Any]:
             f"the stored noise multiplier {noise.noise_multiplier} is not the job's "
             f"{req.noise_multiplier}",
         )
-    if isinstance(noise, Gaussian):
-        # secure mode is the worker's setting (docs/engine.md); an attempt that runs otherwise
-        # than the job was created with says so in an event (_attempt_spec)
-        noise = dataclasses.replace(noise, secure=store.settings.secure_rng)
-    fields = mechanism_fields(clipping, noise)
-    fields.pop("max_seq_len", None)  # the hyperparameters' (Clipping.to_dict took it from them)
+    # secure mode is the worker's setting (docs/engine.md), for a mechanism that can take it;
+    # an attempt that runs otherwise than the job was created with says so in an event
+    # (_attempt_spec)
+    noise = noise.with_secure(store.settings.secure_rng)
     return {
-        **fields,
+        "clipping": clipping,
+        "noise": noise,
+        "secure_rng": noise.secure,
         **unit_fields(pr),
         "target_epsilon": None,
         "target_delta": float(pr["target_delta"]),
@@ -240,7 +240,10 @@ def _legacy_privacy_fields(store: Store, req: runs.JobRequest) -> dict[str, Any]
     """The spec's privacy fields of a job stored without ``privacy.mechanisms``."""
     settings, pr = store.settings, req.privacy
     clip = pr["clipping"]
-    noise = pr.get("noise") or {"mechanism": "gaussian"}
+    asked = pr.get("noise") or {}
+    noise = noise_from_request(
+        asked.get("mechanism", GAUSSIAN), nu=asked.get("nu"), bands=asked.get("bands")
+    ).with_secure(settings.secure_rng)
     return {
         "target_epsilon": None,
         "target_delta": float(pr["target_delta"]),
@@ -252,10 +255,8 @@ def _legacy_privacy_fields(store: Store, req: runs.JobRequest) -> dict[str, Any]
         # accounts shared for a plan that resolves to exact norms only
         "sketch": str(clip.get("sketch", "shared")),
         "report_train_loss": bool(pr.get("report_train_loss", True)),
-        "noise_mechanism": noise["mechanism"],
-        "secure_rng": settings.secure_rng and noise["mechanism"] == "gaussian",
-        "nu": noise.get("nu"),
-        "bands": noise.get("bands"),
+        "noise": noise,
+        "secure_rng": noise.secure,
     }
 
 
@@ -403,19 +404,20 @@ def _attempt_spec(store: Store, req: runs.JobRequest) -> JobSpec:
         runs.record_event(
             store,
             req.id,
-            "Secure mode covers Gaussian noise only: this job's ν-DP-FTRL noise and batch "
-            "order come from torch's generator, seeded from the OS"
-            if spec.noise_mechanism != "gaussian"
+            f"Secure mode covers Gaussian noise only: this job's {spec.mechanism.title} noise and "
+            "batch order come from torch's generator, seeded from the OS"
+            if not spec.mechanism.secure_capable
             else "Secure mode is on, but this job resumes from a checkpoint written without "
             "it: its noise and batches continue from torch's generator",
         )
-    stored = (req.privacy.get("mechanisms") or {}).get("noise") or {}
-    if stored.get("mechanism") == Gaussian.name and bool(stored.get("secure")) != spec.secure_rng:
+    stored_noise = (req.privacy.get("mechanisms") or {}).get("noise")
+    stored = noise_from_dict(stored_noise) if stored_noise else spec.mechanism
+    if stored.secure_capable and stored.secure != spec.secure_rng:
         runs.record_event(
             store,
             req.id,
             f"Secure mode is {'on' if spec.secure_rng else 'off'} on this worker and was "
-            f"{'on' if stored.get('secure') else 'off'} where the job was created: the "
+            f"{'on' if stored.secure else 'off'} where the job was created: the "
             "worker's setting decides where its noise and batches come from",
         )
     latest = ckpt_io.latest_checkpoint(Path(spec.output_dir))

@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from dprc_core.noise import NoiseMechanism
+from dprc_core.noise.mechanisms import mechanism_names, noise_from_request
 from dprc_core.norm_methods import offered_names
 from service.store.job_status import JobStatus
 
@@ -93,6 +95,8 @@ class Hyperparameters(Strict):
 # the registered norm methods offered to service users (dprc_core/norm_methods.py): a new
 # method is one registration
 NormMethodName = Literal[tuple(offered_names())]  # type: ignore[valid-type]  # from the registry
+# the registered noise mechanisms (dprc_core/noise/mechanisms.py): a new one is one subclass
+MechanismName = Literal[mechanism_names()]  # type: ignore[valid-type]  # from the registry
 
 
 # how randomized clipping draws its projections (dprc_core/sketches.py)
@@ -143,7 +147,7 @@ class Clipping(Strict):
 
 
 class Noise(Strict):
-    mechanism: Literal["gaussian", "nu_dpftrl"] = Field(
+    mechanism: MechanismName = Field(  # type: ignore[valid-type]  # see MechanismName
         default="gaussian",
         description="gaussian: DP-SGD, Poisson sampling, independent noise; nu_dpftrl: "
         "correlated noise (ν-DP-FTRL), fixed-order batches, no amplification, exact "
@@ -158,11 +162,12 @@ class Noise(Strict):
 
     @model_validator(mode="after")
     def _fields(self) -> Noise:
-        if self.mechanism == "gaussian" and (self.nu is not None or self.bands is not None):
-            raise ValueError("nu and bands apply to the nu_dpftrl mechanism only")
-        if self.mechanism == "nu_dpftrl" and self.nu is None:
-            raise ValueError("the nu_dpftrl mechanism needs nu (the damping, in [0, 1])")
+        self.mechanism_object()  # the mechanism's own fields, checked by its class
         return self
+
+    def mechanism_object(self) -> NoiseMechanism:
+        """The mechanism this names, without σ (a ValueError names what it refuses)."""
+        return noise_from_request(self.mechanism, nu=self.nu, bands=self.bands)
 
 
 class PrivacyUnit(Strict):

@@ -18,7 +18,7 @@ answered by :func:`dprc_core.accounting.events_compat.flat_event`, with a warnin
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from dprc_core.accounting import dpftrl
@@ -174,6 +174,10 @@ class PrivacyEvent(metaclass=_EventType):
         """μ = sensitivity/σ of a ν-DP-FTRL event (the whole run is one Gaussian mechanism)."""
         raise ValueError("mu is defined for nu_dpftrl events only")
 
+    def first_steps(self, steps: int) -> PrivacyEvent:
+        """The event of this event's first ``steps`` steps (a job settled after ``steps``)."""
+        raise NotImplementedError
+
     def to_dict(self) -> dict[str, Any]:
         """The event's JSON object (ledgers, checkpoints and the service's rows hold it)."""
         raise NotImplementedError
@@ -282,6 +286,10 @@ class SubsampledGaussianEvent(PrivacyEvent):
         object.__setattr__(self, "k", k)
         object.__setattr__(self, "rank", rank)
         object.__setattr__(self, "sketch", check_sketch(self.sketch, envelope))
+
+    def first_steps(self, steps: int) -> SubsampledGaussianEvent:
+        """``steps`` of the same independent steps."""
+        return replace(self, steps=steps)
 
     def to_dict(self) -> dict[str, Any]:
         """``sketch`` is written only when it is not the default ``"shared"``."""
@@ -414,6 +422,10 @@ class NuDPFTRLEvent(PrivacyEvent):
         """μ = sensitivity/σ (the whole run is one Gaussian mechanism)."""
         assert self.sensitivity is not None  # set in __post_init__
         return self.sensitivity / self.noise_multiplier
+
+    def first_steps(self, steps: int) -> NuDPFTRLEvent:
+        """Rows 1..``steps`` of the same run (:meth:`prefix`)."""
+        return self.prefix(self.noise_multiplier, steps, self.nu, self.min_separation, self.bands)
 
     def to_dict(self) -> dict[str, Any]:
         return {

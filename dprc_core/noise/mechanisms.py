@@ -127,6 +127,7 @@ class NoiseMechanism:
     mechanism states. Subclasses are frozen dataclasses with a ``noise_multiplier`` field."""
 
     name: ClassVar[str]
+    title: ClassVar[str]  # its name in prose ("Gaussian", "ν-DP-FTRL")
     # what the mechanism needs and allows (the planner and the engine ask these)
     sampling: ClassVar[str]  # "poisson" (amplified by sampling) | "fixed_order" (no sampling)
     exact_clipping_only: ClassVar[bool] = False  # randomized clipping refused
@@ -257,6 +258,7 @@ class Gaussian(NoiseMechanism):
     noise_multiplier: float | None = None
     secure: bool = False
     name: ClassVar[str] = GAUSSIAN
+    title: ClassVar[str] = "Gaussian"
     sampling: ClassVar[str] = "poisson"
     secure_capable: ClassVar[bool] = True
     json_fields: ClassVar[tuple[str, ...]] = ("noise_multiplier", "secure")
@@ -340,6 +342,7 @@ class NuDPFTRL(NoiseMechanism):
     nu: float | None = None
     bands: int | None = None
     name: ClassVar[str] = NU_DPFTRL
+    title: ClassVar[str] = "ν-DP-FTRL"
     sampling: ClassVar[str] = "fixed_order"
     exact_clipping_only: ClassVar[bool] = True
     exact_clipping_reason: ClassVar[str] = (

@@ -31,12 +31,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from dprc_core.accounting import NuDPFTRLEvent, PrivacyEvent, SubsampledGaussianEvent
+from dprc_core.accounting import PrivacyEvent
 from dprc_core.accounting.history import build_leaves, epsilon_for_history
 from dprc_core.training.plan import check_delta_for_size, default_delta
 from service.base.errors import Conflict, InvalidInput
@@ -45,39 +44,19 @@ from service.store.metrics import BUDGET_REFUSALS
 from service.store.tables import BudgetGroup, File, Job
 
 
-def nu_dpftrl_event(sigma: float, steps: int, noise: dict[str, Any]) -> PrivacyEvent:
-    """The first ``steps`` steps of a ν-DP-FTRL job: rows 1..steps of its Toeplitz noise, at most
-    ⌈steps / steps_per_epoch⌉ participations per example."""
-    return NuDPFTRLEvent.prefix(
-        sigma, steps, float(noise["nu"]), int(noise["min_separation"]), noise.get("bands")
-    )
-
-
-def _event(job: Job, steps: int) -> PrivacyEvent | None:
-    if steps <= 0:
-        return None
-    noise = (job.privacy or {}).get("noise") or {}
-    if noise.get("mechanism") == "nu_dpftrl":
-        return nu_dpftrl_event(job.noise_multiplier, steps, noise)
-    return SubsampledGaussianEvent(
-        noise_multiplier=job.noise_multiplier,
-        sample_rate=job.sample_rate,
-        steps=steps,
-        envelope=job.accounting_envelope,
-        k=job.accounting_k,
-        sketch=job.accounting_sketch,
-    )
-
-
 def planned_event(job: Job) -> PrivacyEvent:
-    event = _event(job, job.steps_total)
-    assert event is not None
-    return event
+    """The job's planned privacy event: the one stored form, ``privacy.event`` (written at
+    creation, re-accounted in place when an ``auto`` job resolves to exact norms; migration
+    0012 wrote it for older jobs), read by the event classes' registry."""
+    return PrivacyEvent.from_dict(job.privacy["event"])
 
 
 def spent_event(job: Job) -> PrivacyEvent | None:
-    """The steps that ran (the worker counts a step as soon as it starts)."""
-    return _event(job, job.steps_done)
+    """The steps that ran (the worker counts a step as soon as it starts): the planned
+    event's first ``steps_done`` steps."""
+    if job.steps_done <= 0:
+        return None
+    return planned_event(job).first_steps(job.steps_done)
 
 
 def compose(events: Sequence[PrivacyEvent | None], delta: float) -> float:

@@ -29,19 +29,18 @@ import math
 import threading
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
-from dprc_core.accounting import DEFAULT_SETTINGS, PrivacyEvent
-from dprc_core.accounting.describe import sketch_words
-from dprc_core.accounting.events import PER_EXAMPLE_SKETCH, SHARED_SKETCH, default_sketch
+from dprc_core.accounting import PrivacyEvent
+from dprc_core.accounting.events import SHARED_SKETCH, default_sketch
 from dprc_core.clipping import DEFAULT_K, Auto, Clipping, norm_from_method
-from dprc_core.noise import Gaussian, NoiseMechanism, NuDPFTRL
+from dprc_core.noise import Gaussian, NoiseMechanism
 from dprc_core.norm_methods import get_norm_method
-from dprc_core.training.plan import PrivacyPlan, default_delta, plan_privacy, planned_steps
+from dprc_core.plan_errors import PlanError
+from dprc_core.training.plan import PrivacyPlan, default_delta, plan_privacy
 from service.base.errors import InvalidInput
-from service.budget.budget import check_delta_for
 from service.store.metrics import CALIBRATION_SECONDS
 
 MAX_STEPS = 200_000
@@ -100,6 +99,12 @@ class JobPlan:
         assert self.privacy is not None, "service plans are made by make_plan"
         return self.privacy.event()
 
+    @property
+    def noise(self) -> NoiseMechanism:
+        """The noise mechanism of this plan, with its σ."""
+        assert self.privacy is not None, "service plans are made by make_plan"
+        return self.privacy.noise
+
     def mechanisms(
         self, max_grad_norm: float, max_seq_len: int, sketch: str, *, secure: bool
     ) -> dict[str, Any]:
@@ -107,67 +112,20 @@ class JobPlan:
         ``privacy.mechanisms``; the worker builds its engine from exactly them): the norm
         method with its k, the run's ``sketch`` (:func:`job_sketch`) and, for ``auto``, the
         ``max_seq_len`` it resolves for; the planned σ; ``secure``: the service's secure mode
-        (Gaussian noise only)."""
+        (taken by a mechanism that can draw from the secure stream)."""
         norm = norm_from_method(
             self.method,
             k=self.k if self.k is not None else DEFAULT_K,
             max_seq_len=max_seq_len if self.method == Auto.method else None,
             sketch=sketch,
         )
-        noise: NoiseMechanism
-        if self.mechanism == NuDPFTRL.name:
-            noise = NuDPFTRL(self.noise_multiplier, nu=self.nu, bands=self.bands)
-        else:
-            noise = Gaussian(self.noise_multiplier, secure=secure)
+        noise = self.noise.with_secure(secure)
         return {"clipping": Clipping(max_grad_norm, norm).to_dict(), "noise": noise.to_dict()}
 
-    def noise(self) -> dict[str, Any]:
-        """What the job row stores as ``privacy.noise`` (read back by budgets and workers)."""
-        if self.mechanism == "nu_dpftrl":
-            return {
-                "mechanism": "nu_dpftrl",
-                "nu": self.nu,
-                "bands": self.bands,
-                "min_separation": self.min_separation,
-            }
-        return {"mechanism": "gaussian"}
-
     def accountant(self) -> dict[str, Any]:
-        if self.mechanism == "nu_dpftrl":
-            return {
-                "mechanism": "nu_dpftrl",
-                "adjacency": "zero-out (implied by add/remove), no amplification",
-                "sampling": "fixed order: shuffle once, cyclic epochs",
-                "clipping": "exact",
-                "nu": self.nu,
-                "bands": self.bands,
-                "participations": self.n_epochs,
-                "min_separation": self.min_separation,
-                "steps_rule": "n_epochs * ceil(N / batch_size)",
-                "sensitivity": "matrix mechanism, as implemented (docs/accounting.md §9)",
-                "sketch": SHARED_SKETCH,
-            }
-        per_user = self.unit == "user"
-        return {
-            "mechanism": "gaussian",
-            "unit": self.unit,
-            "adjacency": "add/remove of one user with all their lines (epsilon is the larger "
-            "of the two directions)"
-            if per_user
-            else "add/remove (epsilon is the larger of the two directions)",
-            "sampling": "poisson over users, at most max_examples_per_user lines each"
-            if per_user
-            else "poisson",
-            "clipping": self.accounting_envelope,
-            "k": self.accounting_k,
-            "envelope": "dimension-free" if self.accounting_k is not None else None,
-            "rank": None,
-            "sketch": self.sketch,
-            "sketch_model": sketch_words(self.accounting_envelope, self.sketch),
-            "steps_rule": "ceil(n_epochs * N / batch_size)"
-            + (" (N: users; batch_size: expected users a step)" if per_user else ""),
-            "settings": asdict(DEFAULT_SETTINGS),
-        }
+        """How the plan is accounted, for people (the job's ``privacy.accountant``)."""
+        assert self.privacy is not None, "service plans are made by make_plan"
+        return self.noise.accountant_facts(self.privacy)
 
 
 @dataclass(frozen=True)
@@ -178,15 +136,40 @@ class PlanRequest:
     target_delta: float | None = None
     n_epochs: int | Literal["auto"] = "auto"
     batch_size: int | Literal["auto"] = "auto"
-    method: str = "auto"  # exact | hutch | hutchpp | auto
+    method: str = "auto"  # a registered norm method (dprc_core.norm_methods)
     k: int | None = None
-    mechanism: str = "gaussian"  # gaussian | nu_dpftrl
-    nu: float | None = None
-    bands: int | None = None
+    noise: NoiseMechanism = field(default_factory=Gaussian)  # without σ
     sketch: str = SHARED_SKETCH  # shared | per_example (randomized clipping only; job_sketch)
-    unit: str = (
-        "example"  # example | user (N: the data set's users; service/budget/privacy_unit.py)
-    )
+    unit: str = "example"  # example | user (N: the data set's users)
+    sharding: str = "none"  # the job's sharding (the mechanism says whether it allows it)
+
+
+# The library plan's fields as the API names them: a PlanError on a field is a 400 naming it.
+API_FIELDS = {
+    "dataset_size": "training_file",
+    "batch_size": "hyperparameters.batch_size",
+    "epochs": "hyperparameters.n_epochs",
+    "target_epsilon": "privacy.target_epsilon",
+    "noise_multiplier": "privacy.target_epsilon",
+    "delta": "privacy.target_delta",
+    "clipping": "privacy.clipping.method",
+    "k": "privacy.clipping.k",
+    "sketch": "privacy.clipping.sketch",
+    "noise": "privacy.noise.mechanism",
+    "nu": "privacy.noise.nu",
+    "bands": "privacy.noise.bands",
+    "unit": "privacy.unit",
+    "sharding": "sharding",
+    "secure": "privacy.noise.mechanism",
+}
+# the code of a refused δ (the API's long-standing one)
+_FIELD_CODES = {"delta": "invalid_delta"}
+
+
+def refusal(exc: PlanError) -> InvalidInput:
+    """A library plan rule's refusal as the API's 400, naming the API's field."""
+    code = exc.code if exc.code != "invalid_value" else _FIELD_CODES.get(exc.field, exc.code)
+    return InvalidInput(str(exc), param=API_FIELDS[exc.field], code=code)
 
 
 @lru_cache(maxsize=512)
@@ -197,12 +180,11 @@ def library_plan(
     clipping: str,
     k: int | None,
     target_epsilon: float,
-    delta: float,
-    mechanism: str,
-    nu: float | None,
-    bands: int | None,
+    delta: float | None,
+    noise: NoiseMechanism,
     sketch: str = SHARED_SKETCH,
     unit: str = "example",
+    sharding: str = "none",
 ) -> PrivacyPlan:
     """The library's plan (σ calibrated for the target); cached, as retried and repeated
     jobs ask for the same plan."""
@@ -215,55 +197,56 @@ def library_plan(
             k=k,
             target_epsilon=target_epsilon,
             delta=delta,
-            mechanism=mechanism,
-            nu=nu,
-            bands=bands,
+            mechanism=noise,
             sketch=sketch,
             unit=unit,
+            sharding=sharding,
+            max_steps=MAX_STEPS,
         )
 
 
 def _calibrated(
+    req: PlanRequest,
     n: int,
     batch: int,
     n_epochs: int,
     clipping: str,
     k: int | None,
-    target_epsilon: float,
-    delta: float,
-    mechanism: str = "gaussian",
-    nu: float | None = None,
-    bands: int | None = None,
-    param: str = "privacy.target_epsilon",
-    sketch: str = SHARED_SKETCH,
-    unit: str = "example",
+    delta: float | None,
 ) -> PrivacyPlan:
+    """The library's plan; its rules' refusals as 400s naming the API's fields, a calibration
+    that cannot reach the target as ``calibration_failed``."""
+    started = time.perf_counter()
+    cached = library_plan.cache_info().hits
     try:
-        started = time.perf_counter()
-        cached = library_plan.cache_info().hits
         plan = library_plan(
             n,
             batch,
             n_epochs,
             clipping,
             k,
-            target_epsilon,
+            req.target_epsilon,
             delta,
-            mechanism,
-            nu,
-            bands,
-            sketch,
-            unit,
+            req.noise,
+            req.sketch,
+            req.unit,
+            req.sharding,
         )
-        if library_plan.cache_info().hits == cached:  # a calibration ran (not a cached plan)
-            CALIBRATION_SECONDS.observe(time.perf_counter() - started)
+    except PlanError as exc:
+        raise refusal(exc) from exc
     except (ValueError, RuntimeError) as exc:
         raise InvalidInput(
-            f"cannot calibrate the noise: {exc}", param=param, code="calibration_failed"
+            f"cannot calibrate the noise: {exc}",
+            param="privacy.target_epsilon",
+            code="calibration_failed",
         ) from exc
-    if not math.isfinite(plan.planned_epsilon) or plan.planned_epsilon > target_epsilon:
+    if library_plan.cache_info().hits == cached:  # a calibration ran (not a cached plan)
+        CALIBRATION_SECONDS.observe(time.perf_counter() - started)
+    if not math.isfinite(plan.planned_epsilon) or plan.planned_epsilon > req.target_epsilon:
         raise InvalidInput(  # pragma: no cover - the calibration guarantees it
-            "calibration did not reach the target epsilon", param=param, code="calibration_failed"
+            "calibration did not reach the target epsilon",
+            param="privacy.target_epsilon",
+            code="calibration_failed",
         )
     return plan
 
@@ -276,60 +259,23 @@ def make_plan(
     group_delta: float | None = None,
     budget_delta: float | None = None,
 ) -> JobPlan:
-    """The job's plan on ``n`` units. ``group_delta``: the δ its budget group states ε's at
-    (:func:`service.budget.budget.group_delta`), the default δ; ``budget_delta``: the group's
-    budget's
-    δ (None: the group has no budget), the largest δ a job may name."""
-    deltas = (group_delta, budget_delta)
+    """The job's plan on ``n`` units: the library's plan (:func:`plan_privacy`, the one home
+    of the plan rules), with what the service adds — the defaults of epochs, batch and k, the
+    norm method's accounting envelope (``auto`` planned as hutch), and δ: the group's
+    (``group_delta``: the δ its budget group states ε's at, the default), at most the budget's
+    (``budget_delta``; None: the group has no budget) — :func:`_delta`."""
     n_epochs = DEFAULT_EPOCHS if req.n_epochs == "auto" else req.n_epochs
     batch = min(DEFAULT_BATCH, n) if req.batch_size == "auto" else req.batch_size
-    if batch > n:
+    entry = get_norm_method(req.method)  # the registry says what each method needs
+    if not entry.randomized and req.k is not None:
         raise InvalidInput(
-            f"batch_size={batch} is larger than the data set (N={n} {req.unit}s); the expected "
-            "Poisson "
-            "batch size must be at most N",
-            param="hyperparameters.batch_size",
+            "k is only meaningful for hutch, hutchpp and auto clipping",
+            param="privacy.clipping.k",
             code="invalid_value",
         )
-    if req.mechanism == "nu_dpftrl":
-        return _nu_dpftrl_plan(req, n, n_epochs, batch, deltas)
-    _check_sketch(req)
-    steps = planned_steps(n, batch, n_epochs)
-    delta = _steps_and_delta(steps, n, req.target_delta, *deltas)
-    method = req.method
-    entry = get_norm_method(method)  # the registry says what each method needs
-    if not entry.randomized:
-        if req.k is not None:
-            raise InvalidInput(
-                "k is only meaningful for hutch, hutchpp and auto clipping",
-                param="privacy.clipping.k",
-                code="invalid_value",
-            )
-        k, acc_clip, acc_k = None, entry.envelope, None
-    else:
-        k = req.k if req.k is not None else default_k
-        if k < 2:
-            raise InvalidInput(
-                "k must be >= 2 for randomized clipping (the envelope needs chi2(k) log-concave)",
-                param="privacy.clipping.k",
-                code="invalid_value",
-            )
-        acc_clip, acc_k = entry.envelope, k
-    # exact norms draw no sketch (a per_example request with them was refused above)
-    acc_sketch = req.sketch if acc_clip != "exact" else SHARED_SKETCH
-    lib = _calibrated(
-        n,
-        batch,
-        n_epochs,
-        acc_clip,
-        acc_k,
-        req.target_epsilon,
-        delta,
-        sketch=acc_sketch,
-        unit=req.unit,
-    )
-    assert lib.steps == steps and lib.delta == delta and lib.sketch == acc_sketch
-    assert lib.unit == req.unit
+    k = (req.k if req.k is not None else default_k) if entry.randomized else None
+    delta = _delta(n, req.target_delta, group_delta, budget_delta)
+    lib = _calibrated(req, n, batch, n_epochs, entry.envelope, k, delta)
     return JobPlan(
         n,
         n_epochs,
@@ -338,12 +284,16 @@ def make_plan(
         lib.steps,
         req.target_epsilon,
         lib.delta,
-        method,
+        req.method,
         k,
-        acc_clip,
-        acc_k,
+        lib.clipping,
+        lib.k,
         lib.noise_multiplier,
         lib.planned_epsilon,
+        lib.mechanism,
+        lib.nu,
+        lib.bands,
+        lib.min_separation,
         sketch=lib.sketch,
         privacy=lib,
         unit=lib.unit,
@@ -377,140 +327,49 @@ def delta_warnings(delta: float, n: int, unit: str = "example") -> list[dict[str
     ]
 
 
-def job_sketch(method: str, mechanism: str, sketch: str | None) -> str:
+def job_sketch(method: str, noise: NoiseMechanism, sketch: str | None) -> str:
     """The sketch a job runs with: as asked, else the library's default — per-example
-    projections for a randomized method, shared (nothing drawn) for exact norms and for
-    nu_dpftrl, which takes exact norms only."""
+    projections for a randomized method, shared (nothing drawn) for exact norms and for a
+    mechanism that takes exact norms only."""
     if sketch is not None:
         return sketch
-    if mechanism == "nu_dpftrl":
-        return SHARED_SKETCH
-    return default_sketch(get_norm_method(method).randomized)
+    return default_sketch(get_norm_method(method).randomized and not noise.exact_clipping_only)
 
 
-def _check_sketch(req: PlanRequest) -> None:
-    """The sketch names how randomized clipping draws its projections: per_example needs a
-    randomized method (the registry says which are)."""
-    if req.sketch == SHARED_SKETCH:
-        return
-    if req.sketch != PER_EXAMPLE_SKETCH:  # the API's schema allows only the two
-        raise InvalidInput(
-            f"sketch must be 'shared' or 'per_example', got {req.sketch!r}",
-            param="privacy.clipping.sketch",
-            code="invalid_value",
-        )
-    if req.mechanism == "nu_dpftrl" or not get_norm_method(req.method).randomized:
-        why = (
-            "the nu_dpftrl mechanism takes exact clipping only"
-            if req.mechanism == "nu_dpftrl"
-            else f"clipping method {req.method!r} computes exact norms"
-        )
-        raise InvalidInput(
-            "privacy.clipping.sketch = 'per_example' needs a randomized clipping method "
-            f"(hutch, hutchpp or auto): {why} and draws no sketch; leave the sketch "
-            "'shared' (the default)",
-            param="privacy.clipping.sketch",
-            code="invalid_value",
-        )
-
-
-def _steps_and_delta(
-    steps: int,
+def _delta(
     n: int,
     target_delta: float | None,
     group_delta: float | None = None,
     budget_delta: float | None = None,
-) -> float:
-    """Refuse too many steps; δ: the request's (at most 1/N and at most the budget's δ), else
-    the group's δ, else 1/N^1.1 rounded down.
+) -> float | None:
+    """δ: the request's (at most the budget's δ; the library refuses one above 1/N), else the
+    group's δ, else None (the library's default, 1/N^1.1 rounded down).
 
     One δ (issue 40): a job's default δ is its budget group's (``group_delta``), not one of its
     own training file's N, so the job's page, its ledger, its checkpoints' metadata and its data
     set's page state ε at the same δ. The budget composes every job's *event* (σ, q, steps) at
-    the group's δ whatever δ a job names (service/budget/budget.py), so the group's charge is sound
-    for
-    any job δ; a job's δ only says at which δ its own ε is printed. A job may name a smaller δ
-    (its ε at that δ is larger than at the budget's: still an upper bound of what it states); a
-    larger one is refused (400 ``invalid_delta`` naming ``privacy.target_delta``): its printed
-    ε would be smaller than the ε it costs the budget at the budget's δ, the two numbers the
-    issue saw disagree. A group's δ above 1/N of this file (a budget set when the group was
-    smaller than the file that joined it later) is no default: the file's 1/N^1.1 (smaller than
-    the group's δ, so again an upper bound) is used instead."""
-    if steps > MAX_STEPS:
-        raise InvalidInput(
-            f"this job would run {steps} steps (at most {MAX_STEPS})",
-            param="hyperparameters.n_epochs",
-            code="invalid_value",
-        )
+    the group's δ whatever δ a job names (service/budget/budget.py), so the group's charge is
+    sound for any job δ; a job's δ only says at which δ its own ε is printed. A job may name a
+    smaller δ (its ε at that δ is larger than at the budget's: still an upper bound of what it
+    states); a larger one is refused (400 ``invalid_delta`` naming ``privacy.target_delta``):
+    its printed ε would be smaller than the ε it costs the budget at the budget's δ. A group's
+    δ above 1/N of this file (a budget set when the group was smaller than the file that joined
+    it later) is no default: the file's 1/N^1.1 (smaller than the group's δ, so again an upper
+    bound) is used instead."""
     if target_delta is None:
         if group_delta is not None and group_delta <= 1 / n:
             return group_delta
-        return default_delta(n)
-    delta = check_delta_for(n, target_delta, "privacy.target_delta")
-    if budget_delta is not None and delta > budget_delta:
+        return default_delta(n) if n >= 2 else None
+    if budget_delta is not None and target_delta > budget_delta:
         raise InvalidInput(
-            f"privacy.target_delta={delta:g} is above the delta of the data set's budget "
+            f"privacy.target_delta={target_delta:g} is above the delta of the data set's budget "
             f"({budget_delta:g}): the budget charges every job at its delta, so a job's "
             "epsilon at a larger delta would understate what it costs. Name a delta at most "
             f"{budget_delta:g}, or leave target_delta out (the budget's delta)",
             param="privacy.target_delta",
             code="invalid_delta",
         )
-    return delta
-
-
-def _nu_dpftrl_plan(
-    req: PlanRequest,
-    n: int,
-    n_epochs: int,
-    batch: int,
-    deltas: tuple[float | None, float | None] = (None, None),
-) -> JobPlan:
-    if req.method != "exact" or req.k is not None:
-        raise InvalidInput(
-            "correlated noise (nu_dpftrl) needs privacy.clipping.method = 'exact' (and no k): "
-            "randomized clipping with correlated noise has no privacy analysis",
-            param="privacy.clipping.method",
-            code="invalid_value",
-        )
-    _check_sketch(req)
-    steps = planned_steps(n, batch, n_epochs, fixed_order=True)
-    delta = _steps_and_delta(steps, n, req.target_delta, *deltas)
-    nu, bands = float(req.nu or 0.0), req.bands
-    lib = _calibrated(
-        n,
-        batch,
-        n_epochs,
-        "exact",
-        None,
-        req.target_epsilon,
-        delta,
-        "nu_dpftrl",
-        nu,
-        bands,
-        param="privacy.noise",
-    )
-    assert lib.steps == steps and lib.min_separation is not None
-    return JobPlan(
-        n,
-        n_epochs,
-        batch,
-        lib.sample_rate,
-        lib.steps,
-        req.target_epsilon,
-        lib.delta,
-        "exact",
-        None,
-        "exact",
-        None,
-        lib.noise_multiplier,
-        lib.planned_epsilon,
-        "nu_dpftrl",
-        nu,
-        bands,
-        lib.min_separation,
-        privacy=lib,
-    )
+    return target_delta
 
 
 def __getattr__(name: str) -> Any:

@@ -62,7 +62,7 @@ def file_unit(file: File) -> str:
     return USER if file.n_users is not None else EXAMPLE
 
 
-def resolve_unit(file: File, asked: UnitRequest, settings: Settings, *, mechanism: str) -> JobUnit:
+def resolve_unit(file: File, asked: UnitRequest, settings: Settings) -> JobUnit:
     """The job's unit on ``file`` (a fine-tune data set), or 400 naming what does not fit."""
     has_users = file.n_users is not None
     if asked.type == EXAMPLE:
@@ -98,13 +98,6 @@ def resolve_unit(file: File, asked: UnitRequest, settings: Settings, *, mechanis
             f"{file.user_field!r} (the field it was uploaded with)",
             param="privacy.unit.field",
             code="privacy_unit_mismatch",
-        )
-    if mechanism != "gaussian":
-        raise InvalidInput(
-            "privacy.unit 'user' takes the gaussian noise mechanism (ν-DP-FTRL's fixed-order "
-            "batches of users are not implemented)",
-            param="privacy.noise.mechanism",
-            code="invalid_value",
         )
     m = asked.max_examples_per_user
     largest = settings.max_physical_batch_size

@@ -4,12 +4,13 @@ after running it (progress, checkpoints, the end). Status changes go through
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import select
 
@@ -185,6 +186,12 @@ def record_accounting(store: Store, job_id: str, envelope: str, sketch: str) -> 
             None,
             SHARED_SKETCH,
         )
+        charged = budget.planned_event(job)
+        exact = dataclasses.replace(
+            cast(Any, charged), envelope=EXACT_ENVELOPE, k=None, sketch=SHARED_SKETCH
+        )
+        privacy["event"] = exact.to_dict()
+        job.privacy = dict(privacy)  # the planned event below is the re-accounted one
         planned = epsilon_for_events([budget.planned_event(job)], float(privacy["target_delta"]))
         accountant = dict(privacy.get("accountant") or {})
         accountant.update(

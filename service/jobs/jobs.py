@@ -28,6 +28,9 @@ from sqlalchemy.orm import Session
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger
 from dprc_core.accounting.events import SHARED_SKETCH
 from dprc_core.mechanism_names import GAUSSIAN
+from dprc_core.noise import NoiseMechanism
+from dprc_core.noise.mechanisms import noise_from_dict, noise_from_request
+from dprc_core.plan_errors import PlanError
 from dprc_core.sharding import SHARDINGS
 from dprc_core.training.data import DataError, label_names, read_examples
 from dprc_core.training.models import (
@@ -88,11 +91,27 @@ class PrivacySettings:
     norm_method: str = "auto"  # a registered norm method (dprc_core.norm_methods)
     k: int | None = None
     sketch: str | None = None  # None: the library's default (job_sketch)
-    mechanism: str = "gaussian"  # gaussian | nu_dpftrl
+    # the noise mechanism (without σ); or named flat: mechanism with its own fields
+    noise: NoiseMechanism | None = None
+    mechanism: str | None = None
     nu: float | None = None
     bands: int | None = None
     report_train_loss: bool = True
     unit: UnitRequest = field(default_factory=UnitRequest)  # what ε protects
+
+    def __post_init__(self) -> None:
+        if self.noise is None:
+            try:
+                noise = noise_from_request(self.mechanism or GAUSSIAN, nu=self.nu, bands=self.bands)
+            except PlanError as exc:
+                raise planning.refusal(exc) from exc
+            object.__setattr__(self, "noise", noise)
+
+    @property
+    def mechanism_object(self) -> NoiseMechanism:
+        """The noise mechanism asked (without σ)."""
+        assert self.noise is not None  # set by __post_init__
+        return self.noise
 
 
 @dataclass(frozen=True)
@@ -140,6 +159,14 @@ def privacy_of(row: JobRow) -> dict[str, Any]:
     accountant.setdefault("sketch", row.accounting_sketch)
     unit = str((privacy.get("unit") or {}).get("type", "example"))
     size, delta = privacy.get("dataset_size"), privacy.get("target_delta")
+    if "noise" not in privacy and "mechanisms" in privacy and size is not None:
+        # what was asked of the noise, and its plan's own fields: from the one stored form
+        noise = noise_from_dict(privacy["mechanisms"]["noise"])
+        hp = row.hyperparameters
+        privacy["noise"] = {
+            **noise.request_fields(),
+            **noise.plan_fields(int(size), hp["batch_size"], hp["n_epochs"]),
+        }
     privacy["warnings"] = (
         planning.delta_warnings(float(delta), int(size), unit)
         if size is not None and delta is not None
@@ -201,7 +228,7 @@ def create_job(
         file = _training_file(session, caller, req.training_file)
         fmt, group_id = file.data_format, file.group_id
         train = _StoredData.of(file)
-        unit = resolve_unit(file, req.privacy.unit, store.settings, mechanism=req.privacy.mechanism)
+        unit = resolve_unit(file, req.privacy.unit, store.settings)
         assert group_id is not None
         group = budget.group_of(session, file)
         assert group is not None
@@ -232,7 +259,7 @@ def create_job(
     mechanisms = plan.mechanisms(
         pr.max_grad_norm,
         req.hyperparameters.max_seq_len,
-        planning.job_sketch(pr.norm_method, pr.mechanism, pr.sketch),
+        planning.job_sketch(pr.norm_method, pr.mechanism_object, pr.sketch),
         secure=store.settings.secure_rng,
     )
     new = _NewJob(req, plan, privacy_event, idem, mechanisms, unit)
@@ -277,9 +304,9 @@ def _check_devices(settings: Settings, devices: int) -> None:
 
 
 def _check_sharding(req: JobRequest) -> None:
-    """``sharding: fsdp`` shards the model over the job's ranks: it needs two of them at least,
-    and independent (Gaussian) noise: ν-DP-FTRL's correlated noise state is not sharded (the
-    engine refuses it under FSDP). The privacy plan does not depend on the sharding."""
+    """``sharding: fsdp`` shards the model over the job's ranks: it needs two of them at least
+    (whether the noise mechanism allows sharding is the plan's rule, refused by the planner).
+    The privacy plan does not depend on the sharding."""
     if req.sharding not in SHARDINGS:
         raise InvalidInput(
             f"sharding={req.sharding!r}: one of {', '.join(SHARDINGS)}",
@@ -294,13 +321,6 @@ def _check_sharding(req: JobRequest) -> None:
             f"the job has devices={req.devices} (on one device, leave sharding at none)",
             param="sharding",
             code="sharding_needs_devices",
-        )
-    if req.privacy.mechanism != GAUSSIAN:
-        raise InvalidInput(
-            f"sharding=fsdp takes the gaussian noise mechanism only: {req.privacy.mechanism}'s "
-            "correlated noise state (its noise history) is not sharded over the ranks",
-            param="sharding",
-            code="sharding_unsupported",
         )
 
 
@@ -655,11 +675,10 @@ def plan_request(req: JobRequest) -> planning.PlanRequest:
         batch_size=hp.batch_size,
         method=pr.norm_method,
         k=pr.k,
-        mechanism=pr.mechanism,
-        nu=pr.nu,
-        bands=pr.bands,
-        sketch=planning.job_sketch(pr.norm_method, pr.mechanism, pr.sketch),
+        noise=pr.mechanism_object,
+        sketch=planning.job_sketch(pr.norm_method, pr.mechanism_object, pr.sketch),
         unit=pr.unit.type,
+        sharding=req.sharding,
     )
 
 
@@ -699,9 +718,8 @@ def _stored_privacy(
         "clipping": {
             "method": plan.method,
             "k": plan.k,
-            "sketch": planning.job_sketch(pr.norm_method, pr.mechanism, pr.sketch),
+            "sketch": planning.job_sketch(pr.norm_method, pr.mechanism_object, pr.sketch),
         },
-        "noise": plan.noise(),
         "report_train_loss": pr.report_train_loss,
         "unit": unit.stored(),
         "dataset_size": plan.n_examples,
@@ -711,6 +729,9 @@ def _stored_privacy(
         "planned_epsilon": plan.planned_epsilon,
         "accountant": plan.accountant(),
         "mechanisms": mechanisms,
+        # the planned privacy event, the one form the budget, the ledgers and the consistency
+        # check read (re-accounted in place when an auto job resolves to exact norms)
+        "event": plan.event().to_dict(),
     }
 
 
