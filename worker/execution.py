@@ -240,7 +240,9 @@ def _legacy_privacy_fields(store: Store, req: runs.JobRequest) -> dict[str, Any]
     """The spec's privacy fields of a job stored without ``privacy.mechanisms``."""
     settings, pr = store.settings, req.privacy
     clip = pr["clipping"]
-    asked = pr.get("noise") or {}
+    # what was asked of the noise: as stored then, or as the planned event (migration 0012)
+    # names the mechanism and its own fields
+    asked = pr.get("noise") or pr.get("event") or {}
     noise = noise_from_request(
         asked.get("mechanism", GAUSSIAN), nu=asked.get("nu"), bands=asked.get("bands")
     ).with_secure(settings.secure_rng)

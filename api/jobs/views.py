@@ -19,7 +19,7 @@ from api.jobs.schemas import (
     PrivacyUnit,
     ShardingName,
 )
-from service.budget.privacy_unit import UnitRequest
+from service.budget.job_units import UnitRequest
 from service.governance.keys import Caller
 from service.jobs import jobs
 from service.store.job_status import JobStatus

@@ -32,8 +32,12 @@ from dprc_core.accounting import cli_args, dpftrl_cli
 from dprc_core.accounting.accountant import DEFAULT_SETTINGS, account
 from dprc_core.accounting.calibration import noise_multiplier
 from dprc_core.accounting.describe import describe_event
-from dprc_core.accounting.events import NuDPFTRLEvent, PrivacyEvent, SubsampledGaussianEvent
-from dprc_core.accounting.pld_builders import event_type_named
+from dprc_core.accounting.events import (
+    NuDPFTRLEvent,
+    PrivacyEvent,
+    SubsampledGaussianEvent,
+    event_type_named,
+)
 
 
 def add_subparser(subparsers: Any) -> None:

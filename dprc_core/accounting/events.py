@@ -18,6 +18,7 @@ answered by :func:`dprc_core.accounting.events_compat.flat_event`, with a warnin
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -37,7 +38,8 @@ from dprc_core.accounting.event_checks import (
     check_steps,
     is_real,
 )
-from dprc_core.mechanism_names import GAUSSIAN, NOISE_MECHANISMS, NU_DPFTRL
+from dprc_core.accounting.renamed_keywords import take_renamed
+from dprc_core.mechanism_names import GAUSSIAN, LEGACY_NAMES, NOISE_MECHANISMS, NU_DPFTRL
 from dprc_core.norm_methods import ENVELOPES
 
 __all__ = [
@@ -103,8 +105,6 @@ class _EventType(type):
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls is PrivacyEvent:
-            from dprc_core.accounting.events_compat import flat_event
-
             return flat_event(*args, _where="PrivacyEvent", _stacklevel=3, **kwargs)
         return super().__call__(*args, **kwargs)
 
@@ -193,8 +193,6 @@ class PrivacyEvent(metaclass=_EventType):
         """The event a JSON object written by :meth:`to_dict` describes, of the registered
         class its ``mechanism`` names (any spelling; the Poisson-subsampled Gaussian when
         absent); on an event class, an event of another class is refused."""
-        from dprc_core.accounting.pld_builders import event_type_named, registered_event_types
-
         if not isinstance(data, dict):
             raise ValueError(f"an event must be a JSON object, got {type(data).__name__}")
         event_type = event_type_named(data.get("mechanism", DP_SGD))
@@ -471,3 +469,96 @@ class NuDPFTRLEvent(PrivacyEvent):
             fields.get("bands"),
             fields.get("sensitivity"),
         )
+
+
+# -- the deprecated flat form, answered here only ------------------------------------------
+
+
+def _fields(
+    noise_multiplier: float | None = None,
+    sample_rate: float | None = None,
+    steps: int | None = None,
+    envelope: str = "exact",
+    k: int | None = None,
+    rank: int | None = None,
+    mechanism: str = DP_SGD,
+    nu: float | None = None,
+    bands: int | None = None,
+    participations: int | None = None,
+    min_separation: int | None = None,
+    sensitivity: float | None = None,
+    sketch: str = SHARED_SKETCH,
+) -> dict[str, Any]:
+    """The flat fields as the event's JSON object (``clipping`` holds the envelope), the
+    fields left unset left out."""
+    data = {
+        "noise_multiplier": noise_multiplier,
+        "sample_rate": sample_rate,
+        "steps": steps,
+        "clipping": envelope,
+        "k": k,
+        "rank": rank,
+        "mechanism": mechanism,
+        "nu": nu,
+        "bands": bands,
+        "participations": participations,
+        "min_separation": min_separation,
+        "sensitivity": sensitivity,
+        "sketch": sketch,
+    }
+    return {key: value for key, value in data.items() if value is not None}
+
+
+def flat_event(
+    *args: Any, _where: str = "flat_event", _stacklevel: int = 2, **kwargs: Any
+) -> PrivacyEvent:
+    """Deprecated: the event of the mechanism the flat fields name (``noise_multiplier,
+    sample_rate, steps, envelope="exact", k=None, rank=None, mechanism="gaussian", nu=None,
+    bands=None, participations=None, min_separation=None, sensitivity=None,
+    sketch="shared"``; ``clipping``: the deprecated name of ``envelope``), validated by its
+    class. A field the mechanism does not have must be left unset; a ν-DP-FTRL run's
+    ``sample_rate`` may be left out (it is 1)."""
+    warnings.warn(
+        f"{_where}() with the flat fields of every event class is deprecated: build the "
+        "event's class (SubsampledGaussianEvent, NuDPFTRLEvent, ...) directly",
+        DeprecationWarning,
+        stacklevel=_stacklevel,
+    )
+    if "clipping" in kwargs and len(args) > 3:  # the envelope given by position too
+        raise TypeError(f"{_where}() got both 'envelope' and its deprecated name 'clipping'")
+    take_renamed(kwargs, "clipping", "envelope", _where, stacklevel=_stacklevel)
+    return PrivacyEvent.from_dict(_fields(*args, **kwargs))
+
+
+# -- the event classes by name ---------------------------------------------------------------
+
+_EVENT_TYPES: dict[str, type[PrivacyEvent]] = {}
+
+
+def register_event_type(event_type: type[PrivacyEvent]) -> None:
+    """Register ``event_type`` under its ``mechanism`` name (one class per name); the
+    accountant's builders call it (:func:`dprc_core.accounting.pld_builders.pld_builder`)."""
+    named = _EVENT_TYPES.get(event_type.mechanism)
+    if named is not None and named is not event_type:
+        raise ValueError(
+            f"mechanism {event_type.mechanism!r} is already the name of {named.__name__}"
+        )
+    _EVENT_TYPES[event_type.mechanism] = event_type
+
+
+def registered_event_types() -> tuple[type[PrivacyEvent], ...]:
+    """The registered event classes, in the order they were registered."""
+    return tuple(_EVENT_TYPES.values())
+
+
+def event_type_named(name: object) -> type[PrivacyEvent]:
+    """The registered event class whose ``mechanism`` is ``name`` (or one of its earlier
+    spellings, :data:`dprc_core.mechanism_names.LEGACY_NAMES`); ``ValueError`` naming the
+    registered mechanisms otherwise."""
+    if isinstance(name, str):
+        event_type = _EVENT_TYPES.get(LEGACY_NAMES.get(name, name))
+        if event_type is not None:
+            return event_type
+    names = sorted(_EVENT_TYPES)
+    spellings = (*names, *(old for old, new in LEGACY_NAMES.items() if new in _EVENT_TYPES))
+    raise ValueError(f"unknown mechanism {name!r}; expected one of {spellings}")

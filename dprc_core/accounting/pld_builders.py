@@ -25,9 +25,13 @@ from typing import Generic, Protocol, TypeVar
 
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
-from dprc_core.accounting.events import PrivacyEvent, UnsupportedMechanismError
+from dprc_core.accounting.events import (
+    PrivacyEvent,
+    UnsupportedMechanismError,
+    register_event_type,
+)
+from dprc_core.accounting.events import event_type_named as event_type_named  # where it was
 from dprc_core.accounting.settings import AccountingSettings
-from dprc_core.mechanism_names import LEGACY_NAMES
 
 E = TypeVar("E", bound=PrivacyEvent)
 B = TypeVar("B", bound="PLDBuilder")
@@ -99,11 +103,7 @@ def pld_builder(event_type: type[E]) -> Callable[[type[B]], type[B]]:
     def register(builder: type[B]) -> type[B]:
         if event_type in _BUILDERS:
             raise ValueError(f"{event_type.__name__} already has a PLD builder")
-        named = _by_name().get(event_type.mechanism)
-        if named is not None:
-            raise ValueError(
-                f"mechanism {event_type.mechanism!r} is already the name of {named.__name__}"
-            )
+        register_event_type(event_type)
         _BUILDERS[event_type] = builder()
         return builder
 
@@ -123,20 +123,3 @@ def builder_for(event: PrivacyEvent) -> PLDBuilder:
 def registered_event_types() -> tuple[type[PrivacyEvent], ...]:
     """The event classes with a registered builder, in the order they were registered."""
     return tuple(_BUILDERS)
-
-
-def _by_name() -> dict[str, type[PrivacyEvent]]:
-    return {t.mechanism: t for t in _BUILDERS}
-
-
-def event_type_named(name: object) -> type[PrivacyEvent]:
-    """The registered event class whose ``mechanism`` is ``name`` (or one of its earlier
-    spellings, :data:`dprc_core.mechanism_names.LEGACY_NAMES`); ``ValueError`` naming the
-    registered mechanisms otherwise."""
-    by_name = _by_name()
-    if isinstance(name, str):
-        event_type = by_name.get(LEGACY_NAMES.get(name, name))
-        if event_type is not None:
-            return event_type
-    spellings = (*sorted(by_name), *(old for old, new in LEGACY_NAMES.items() if new in by_name))
-    raise ValueError(f"unknown mechanism {name!r}; expected one of {spellings}")

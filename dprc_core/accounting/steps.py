@@ -41,7 +41,7 @@ def planned_steps(
     ``mechanism`` (deprecated): the job's mechanism name, whose registered event class says
     whether its batches are fixed-order."""
     if mechanism is not None:
-        from dprc_core.accounting.pld_builders import event_type_named
+        from dprc_core.accounting.events import event_type_named
 
         warnings.warn(
             "planned_steps(..., mechanism) is deprecated, pass fixed_order=",

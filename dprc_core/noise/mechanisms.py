@@ -196,7 +196,7 @@ class NoiseMechanism:
             )
         if unit != "example" and not cls.user_level:
             raise PlanError(
-                "unit",
+                "noise",
                 f"privacy unit {unit!r} takes the {_allowing('user_level')} noise mechanism: "
                 f"{cls.name} is accounted per example (fixed-order batches of lines)",
             )

@@ -405,13 +405,15 @@ class Budget:
 
 
 def group_budget(group: BudgetGroup, live: float | None = None) -> Budget | None:
-    """The budget a group shows (None: it has none); ``live`` (:func:`live_spent`) replaces
-    the stored ``spent``, which is refreshed only when a job is created or ends."""
+    """The budget a group shows (None: it has none); ``live`` (:func:`live_spent`, up to
+    SPENT_REFRESH_SECONDS old) raises the stored ``spent``, which is refreshed only when a job
+    is created or ends: spent only grows, so the larger of the two is the fresher (a job that
+    ended after the live value was composed shows what it spent, never the older 0)."""
     if group.epsilon_budget is None or group.delta is None:
         return None
     spent, committed = group.epsilon_spent, group.epsilon_committed
     if live is not None:
-        spent = live
+        spent = max(live, spent)
     return Budget(
         epsilon=group.epsilon_budget,
         delta=group.delta,

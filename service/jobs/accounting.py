@@ -42,7 +42,7 @@ from dprc_core.accounting.events import (
 from dprc_core.mechanism_names import NU_DPFTRL
 from service.base.errors import InvalidInput
 from service.budget import budget, planning
-from service.budget.privacy_unit import resolve_unit
+from service.budget.job_units import resolve_unit
 from service.data import files
 from service.governance.keys import Caller
 from service.jobs import jobs

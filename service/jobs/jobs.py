@@ -45,7 +45,7 @@ from service.base.ids import new_id
 from service.base.pagination import cursor_page
 from service.base.settings import Settings
 from service.budget import budget, planning
-from service.budget.privacy_unit import JobUnit, UnitRequest, resolve_unit
+from service.budget.job_units import JobUnit, UnitRequest, resolve_unit
 from service.data import files
 from service.governance import audit
 from service.governance.audit import Act
