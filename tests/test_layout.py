@@ -119,15 +119,11 @@ def _service_room(name: str) -> str | None:
 
 def test_every_service_module_lives_in_a_room():
     loose = sorted(
-        str(p.relative_to(ROOT))
-        for p in (ROOT / "service").glob("*.py")
-        if p.name != "__init__.py"
+        str(p.relative_to(ROOT)) for p in (ROOT / "service").glob("*.py") if p.name != "__init__.py"
     )
     assert not loose, loose
     rooms = sorted(
-        p.name
-        for p in (ROOT / "service").iterdir()
-        if p.is_dir() and (p / "__init__.py").exists()
+        p.name for p in (ROOT / "service").iterdir() if p.is_dir() and (p / "__init__.py").exists()
     )
     assert rooms == sorted(SERVICE_ROOMS), rooms
 
