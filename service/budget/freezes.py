@@ -103,7 +103,7 @@ def acknowledge(store: Store, caller: Caller, group_id: str, reason: str | None)
     """Lift the freeze of one of the caller's tenant's groups (admins only, with a reason;
     audited with the freeze it lifts). 404 for another tenant's or an unknown group, 409
     ``budget_group_not_frozen`` when it is not frozen."""
-    authorize(caller, Action.CHANGE_BUDGET)
+    authorize(caller, Action.LIFT_FREEZE)
     reason = _reason(reason)
     with locked_session(store.sessions) as session:
         session.get(Tenant, caller.tenant_id, with_for_update=True)  # lock order: tenant first

@@ -41,6 +41,7 @@ class Action(StrEnum):
     SET_BUDGET = "set_budget"  # a new data set's budget and unit; approve or reject uploads
     CHANGE_BUDGET = "change_budget"  # ε or δ of a data set after its upload
     MANAGE_POLICY = "manage_policy"  # the tenant's settings (service/organization_settings)
+    LIFT_FREEZE = "lift_freeze"  # acknowledge a data set frozen by a restore (admins only)
     MANAGE_KEYS = "manage_keys"
     READ_AUDIT_LOG = "read_audit_log"
 

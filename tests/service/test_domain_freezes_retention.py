@@ -60,13 +60,9 @@ def test_a_frozen_data_set_refuses_new_jobs_until_an_admin_acknowledges(domain):
         freezes.acknowledge(domain.store, domain.globex.admin, data_set.group_id, "not mine")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: docs/governance.md ('admins only') and docs/operations.md ('admin keys only "
-    "(403 otherwise)') reserve the acknowledgement to admins, but service.budget.freezes."
-    "acknowledge authorizes Action.CHANGE_BUDGET, which data_owner keys hold",
-)
 def test_only_an_admin_lifts_a_freeze(domain):
+    """docs/governance.md ('admins only') and docs/operations.md ('admin keys only (403
+    otherwise)'): a data owner, who may change a budget, may not lift a restore's freeze."""
     acme = domain.acme
     data_set = domain.upload(acme.owner, reviews(), epsilon=8.0)
     _freeze(domain, data_set.group_id)
