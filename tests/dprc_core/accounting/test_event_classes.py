@@ -19,6 +19,7 @@ from dprc_core.accounting import (
     calibrate,
     epsilon,
     epsilon_for_events,
+    events,
     noise_multiplier,
     pld_builders,
 )
@@ -237,6 +238,7 @@ def test_an_event_class_without_a_builder_is_refused():
 
 def test_the_accountant_refuses_a_registered_class_it_does_not_declare(monkeypatch):
     monkeypatch.setattr(pld_builders, "_BUILDERS", dict(pld_builders._BUILDERS))
+    monkeypatch.setattr(events, "_EVENT_TYPES", dict(events._EVENT_TYPES))  # the names too
 
     @pld_builders.pld_builder(_LaplaceEvent)
     class _LaplacePLD(pld_builders.PLDBuilder[_LaplaceEvent]):

@@ -14,6 +14,7 @@ from dprc_core.accounting import (
     PrivacyEvent,
     PrivacyLedger,
     SubsampledGaussianEvent,
+    events,
     pld_builders,
 )
 from dprc_core.accounting.events_compat import flat_event
@@ -68,6 +69,7 @@ def test_an_unknown_mechanism_is_a_clear_value_error(name):
 
 def test_a_mechanism_name_is_registered_once(monkeypatch):
     monkeypatch.setattr(pld_builders, "_BUILDERS", dict(pld_builders._BUILDERS))
+    monkeypatch.setattr(events, "_EVENT_TYPES", dict(events._EVENT_TYPES))  # the names too
 
     class _Twin(SubsampledGaussianEvent):
         pass
