@@ -1,8 +1,10 @@
 """Per-rank programs for tests/dprc_core/distributed/test_ddp.py, run under ``torchrun`` (gloo,
 CPU).
 
-``python -m torch.distributed.run --standalone --nproc-per-node 2 ddp_scenarios.py NAME OUT``
-Each rank writes its results to ``OUT/<name>-rank<r>.safetensors`` (tensors) or ``.json``.
+``python -m torch.distributed.run --standalone --nproc-per-node 2 ddp_scenarios.py NAMES OUT``
+(``NAMES``: one scenario or several, comma-separated, run in turn in the same ranks: the tests
+start torchrun once, since the start of a rank costs seconds). Each rank writes its results to
+``OUT/<name>-rank<r>.safetensors`` (tensors) or ``.json``.
 The models and batches are built from fixed seeds, so the test process builds the very same
 ones for its single-process reference (:func:`build_case`).
 """
@@ -206,14 +208,17 @@ def scenario_units(out: Path) -> None:
 def main() -> None:
     name, out = sys.argv[1], Path(sys.argv[2])
     torch.distributed.init_process_group(backend="gloo")
+    scenarios = {
+        "steps": scenario_steps,
+        "noise": scenario_noise,
+        "sampler": scenario_sampler,
+        "dpftrl": scenario_dpftrl,
+        "units": scenario_units,
+    }
     try:
-        {
-            "steps": scenario_steps,
-            "noise": scenario_noise,
-            "sampler": scenario_sampler,
-            "dpftrl": scenario_dpftrl,
-            "units": scenario_units,
-        }[name](out)
+        for one in name.split(","):
+            scenarios[one](out)
+            torch.distributed.barrier()  # the next scenario starts on every rank together
     finally:
         torch.distributed.destroy_process_group()
 
