@@ -12,7 +12,9 @@ ones for its single-process reference (:func:`build_case`).
 from __future__ import annotations
 
 import json
+import os
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -217,7 +219,15 @@ def main() -> None:
     }
     try:
         for one in name.split(","):
-            scenarios[one](out)
+            try:
+                scenarios[one](out)
+            except BaseException:  # recorded for its test; the launch ends here (the other
+                # ranks may wait in a collective: torchrun stops them when this one exits)
+                rank = torch.distributed.get_rank()
+                (out / f"{one}-rank{rank}.error").write_text(traceback.format_exc())
+                sys.stderr.write(traceback.format_exc())
+                sys.stderr.flush()
+                os._exit(1)
             torch.distributed.barrier()  # the next scenario starts on every rank together
     finally:
         torch.distributed.destroy_process_group()

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import tempfile
+import traceback
 import warnings
 from pathlib import Path
 
@@ -353,7 +354,15 @@ def main() -> None:
     }
     try:
         for one in name.split(","):
-            scenarios[one](out)
+            try:
+                scenarios[one](out)
+            except BaseException:  # recorded for its test; the launch ends here (the other
+                # ranks may wait in a collective: torchrun stops them when this one exits)
+                rank = torch.distributed.get_rank()
+                (out / f"{one}-rank{rank}.error").write_text(traceback.format_exc())
+                sys.stderr.write(traceback.format_exc())
+                sys.stderr.flush()
+                os._exit(1)
             torch.distributed.barrier()  # the next scenario starts on every rank together
     finally:
         torch.distributed.destroy_process_group()

@@ -26,7 +26,7 @@ from tests.dprc_core.distributed import ddp_scenarios as sc
 
 @pytest.fixture(scope="module")
 def steps_out(ddp_out) -> Path:
-    return ddp_out()
+    return ddp_out("steps")
 
 
 @pytest.mark.parametrize("method", sc.METHODS)
@@ -53,7 +53,7 @@ def test_two_ranks_take_the_single_process_step_on_the_union_batch(steps_out, me
 
 
 def test_the_noise_is_drawn_once_with_the_single_process_law(ddp_out):
-    tmp_path = ddp_out()
+    tmp_path = ddp_out("noise")
     w0 = load_file(str(tmp_path / "noise-rank0.safetensors"))["w"]
     w1 = load_file(str(tmp_path / "noise-rank1.safetensors"))["w"]
     assert torch.equal(w0, w1)  # every rank takes the same update
@@ -85,7 +85,7 @@ def test_the_noise_is_drawn_once_with_the_single_process_law(ddp_out):
 def test_nu_dpftrl_on_two_ranks_is_the_single_process_run(ddp_out):
     """The correlated noise exists once (rank 0's state), so 2 ranks on fixed-order batches
     take the single process's noisy steps."""
-    tmp_path = ddp_out()
+    tmp_path = ddp_out("dpftrl")
     model, data = sc.build_case()
     engine = sc.make_engine(model, "exact", sigma=0.8, nu=0.3)
     batches = [b.tolist() for b in FixedOrderSampler(sc.N_EXAMPLES, 4, steps=5, seed=2)]
@@ -98,7 +98,7 @@ def test_nu_dpftrl_on_two_ranks_is_the_single_process_run(ddp_out):
 
 
 def test_the_ranks_parts_are_exactly_the_single_process_batches(ddp_out):
-    tmp_path = ddp_out()
+    tmp_path = ddp_out("sampler")
     parts = [json.loads((tmp_path / f"sampler-rank{r}.json").read_text()) for r in (0, 1)]
     single = [t.tolist() for t in PoissonSampler(50, 0.1, 40, seed=5)]
     assert len(parts[0]["explicit"]) == len(parts[1]["explicit"]) == 40  # every rank, every step

@@ -12,7 +12,7 @@ import json
 
 
 def test_a_unit_on_two_ranks_is_refused_on_both_and_disjoint_units_step(ddp_out):
-    tmp_path = ddp_out()
+    tmp_path = ddp_out("units")
     for rank in (0, 1):
         got = json.loads((tmp_path / f"units-rank{rank}.json").read_text())
         assert got["disjoint"] == got["again"] == 4  # 2 users a rank, 4 in the batch
@@ -27,7 +27,7 @@ def test_a_unit_on_two_ranks_is_refused_on_both_and_disjoint_units_step(ddp_out)
 
 
 def test_a_user_on_two_ranks_of_a_sharded_model_is_refused_on_both(fsdp_out):
-    tmp_path = fsdp_out(2)
+    tmp_path = fsdp_out(2, "units")
     for rank in (0, 1):
         got = json.loads((tmp_path / f"units-rank{rank}.json").read_text())
         assert got["sizes"] == [4, 4]  # 2 users a rank, 4 in the batch

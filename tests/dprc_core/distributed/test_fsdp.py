@@ -28,7 +28,7 @@ from tests.dprc_core.distributed import fsdp_scenarios as sc
 
 @pytest.fixture(scope="module", params=[2, 3])
 def steps_out(request, fsdp_out) -> tuple[Path, int]:
-    return fsdp_out(request.param), request.param
+    return fsdp_out(request.param, "steps"), request.param
 
 
 @pytest.mark.parametrize("lora", [False, True])
@@ -72,7 +72,7 @@ def _variance_ratio(path: Path) -> tuple[float, int]:
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_each_coordinate_is_noised_once_with_the_single_process_law(fsdp_out, world):
-    tmp_path = fsdp_out(world)
+    tmp_path = fsdp_out(world, "noise")
     for kind in ("plain", "secure"):
         ratios = [
             _variance_ratio(tmp_path / f"noise-{kind}-rank{r}.safetensors") for r in range(world)
@@ -94,7 +94,7 @@ def test_each_coordinate_is_noised_once_with_the_single_process_law(fsdp_out, wo
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_local_parameters_and_optimizer_state_are_a_wth_of_the_whole(fsdp_out, world):
-    tmp_path = fsdp_out(world)
+    tmp_path = fsdp_out(world, "memory")
     shapes = json.loads((tmp_path / "memory-rank0.json").read_text())["shapes"]
     whole = sum(math.prod(shape) * size for shape, size in shapes.values())
     row = sum(math.prod(shape[1:]) * size for shape, size in shapes.values())
@@ -107,7 +107,7 @@ def test_local_parameters_and_optimizer_state_are_a_wth_of_the_whole(fsdp_out, w
 
 
 def test_what_a_sharded_engine_refuses_it_refuses_on_every_rank(fsdp_out):
-    tmp_path = fsdp_out(2)
+    tmp_path = fsdp_out(2, "refusals")
     for rank in (0, 1):
         found = json.loads((tmp_path / f"refusals-rank{rank}.json").read_text())
         # a float32 model whose samples mix: refused by the check in its own dtypes
@@ -119,7 +119,7 @@ def test_what_a_sharded_engine_refuses_it_refuses_on_every_rank(fsdp_out):
 
 
 def test_bf16_mixed_precision_takes_the_float32_step_to_bf16_accuracy(fsdp_out):
-    tmp_path = fsdp_out(2)
+    tmp_path = fsdp_out(2, "mixed")
     from transformers import AutoModelForCausalLM
 
     initial = AutoModelForCausalLM.from_pretrained(tmp_path / "llama", dtype=torch.float32)
