@@ -15,6 +15,7 @@ references built here:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -31,6 +32,23 @@ def steps_out(request, fsdp_out) -> tuple[Path, int]:
     return fsdp_out(request.param, "steps"), request.param
 
 
+@functools.cache
+def _reference(folder: Path, method: str, lora: bool) -> tuple[dict, list[dict], float]:
+    """The single process's steps on the union batches from the launch's model (they do not
+    depend on the ranks' micro-batches): its trainable weights after them, its step stats, and
+    how far the weights moved."""
+    model = sc.llama(folder, lora)
+    engine = sc.make_engine(model, method)
+    ref_stats = sc.run_steps(engine, sc.BATCHES, micro=None)
+    ref = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    moved = 0.0
+    initial = sc.llama(folder, lora)
+    for name, p in initial.named_parameters():
+        if p.requires_grad:
+            moved = max(moved, (ref[name] - p.detach()).abs().max().item())
+    return ref, ref_stats, moved
+
+
 @pytest.mark.parametrize("lora", [False, True])
 @pytest.mark.parametrize("method", sc.METHODS)
 @pytest.mark.parametrize("micro", [None, 2])
@@ -38,15 +56,7 @@ def test_sharded_ranks_take_the_single_process_step_on_the_union_batch(
     steps_out, method, micro, lora
 ):
     out, world = steps_out
-    model = sc.llama(out / "llama", lora)
-    engine = sc.make_engine(model, method)
-    ref_stats = sc.run_steps(engine, sc.BATCHES, micro=None)
-    ref = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
-    moved = 0.0
-    initial = sc.llama(out / "llama", lora)
-    for name, p in initial.named_parameters():
-        if p.requires_grad:
-            moved = max(moved, (ref[name] - p.detach()).abs().max().item())
+    ref, ref_stats, moved = _reference(out / "llama", method, lora)
     assert moved > 1e-4  # the steps really moved the weights
     tag = f"steps-{'lora-' if lora else ''}{method.replace('/', '-')}-{micro}"
     for rank in range(world):
