@@ -1,8 +1,10 @@
 """Per-rank programs for tests/dprc_core/distributed/test_ddp.py, run under ``torchrun`` (gloo,
 CPU).
 
-``python -m torch.distributed.run --standalone --nproc-per-node 2 ddp_scenarios.py NAME OUT``
-Each rank writes its results to ``OUT/<name>-rank<r>.safetensors`` (tensors) or ``.json``.
+``python -m torch.distributed.run --standalone --nproc-per-node 2 ddp_scenarios.py NAMES OUT``
+(``NAMES``: one scenario or several, comma-separated, run in turn in the same ranks: the tests
+start torchrun once, since the start of a rank costs seconds). Each rank writes its results to
+``OUT/<name>-rank<r>.safetensors`` (tensors) or ``.json``.
 The models and batches are built from fixed seeds, so the test process builds the very same
 ones for its single-process reference (:func:`build_case`).
 """
@@ -10,7 +12,9 @@ ones for its single-process reference (:func:`build_case`).
 from __future__ import annotations
 
 import json
+import os
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -206,14 +210,25 @@ def scenario_units(out: Path) -> None:
 def main() -> None:
     name, out = sys.argv[1], Path(sys.argv[2])
     torch.distributed.init_process_group(backend="gloo")
+    scenarios = {
+        "steps": scenario_steps,
+        "noise": scenario_noise,
+        "sampler": scenario_sampler,
+        "dpftrl": scenario_dpftrl,
+        "units": scenario_units,
+    }
     try:
-        {
-            "steps": scenario_steps,
-            "noise": scenario_noise,
-            "sampler": scenario_sampler,
-            "dpftrl": scenario_dpftrl,
-            "units": scenario_units,
-        }[name](out)
+        for one in name.split(","):
+            try:
+                scenarios[one](out)
+            except BaseException:  # recorded for its test; the launch ends here (the other
+                # ranks may wait in a collective: torchrun stops them when this one exits)
+                rank = torch.distributed.get_rank()
+                (out / f"{one}-rank{rank}.error").write_text(traceback.format_exc())
+                sys.stderr.write(traceback.format_exc())
+                sys.stderr.flush()
+                os._exit(1)
+            torch.distributed.barrier()  # the next scenario starts on every rank together
     finally:
         torch.distributed.destroy_process_group()
 

@@ -1,11 +1,13 @@
 """Per-rank programs for tests/dprc_core/distributed/test_fsdp.py: FSDP2-sharded models
 (``fully_shard`` on every block and the root) under ``torchrun`` (gloo, CPU, float64).
 
-``python -m torch.distributed.run --standalone --nproc-per-node W fsdp_scenarios.py NAME OUT``
-Each rank writes ``OUT/<name>-rank<r>.safetensors`` / ``.json``: the whole parameters after the
-steps (gathered with ``get_model_state_dict(full_state_dict=True)``), and what the test checks.
-Models and batches come from fixed seeds, so the test process builds the same ones for its
-single-process reference.
+``python -m torch.distributed.run --standalone --nproc-per-node W fsdp_scenarios.py NAMES OUT``
+(``NAMES``: one scenario or several, comma-separated, run in turn in the same ranks: the tests
+start one torchrun a world size, since the start of a rank — torch and transformers imported —
+costs seconds). Each rank writes ``OUT/<name>-rank<r>.safetensors`` / ``.json``: the whole
+parameters after the steps (gathered with ``get_model_state_dict(full_state_dict=True)``), and
+what the test checks. Models and batches come from fixed seeds, so the test process builds the
+same ones for its single-process reference.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import os
 import sys
 import tempfile
+import traceback
 import warnings
 from pathlib import Path
 
@@ -341,15 +344,26 @@ def main() -> None:
     name, out = sys.argv[1], Path(sys.argv[2])
     torch.distributed.init_process_group(backend="gloo")
     os.environ.setdefault("TMPDIR", tempfile.gettempdir())
+    scenarios = {
+        "steps": scenario_steps,
+        "noise": scenario_noise,
+        "memory": scenario_memory,
+        "refusals": scenario_refusals,
+        "mixed": scenario_mixed,
+        "units": scenario_units,
+    }
     try:
-        {
-            "steps": scenario_steps,
-            "noise": scenario_noise,
-            "memory": scenario_memory,
-            "refusals": scenario_refusals,
-            "mixed": scenario_mixed,
-            "units": scenario_units,
-        }[name](out)
+        for one in name.split(","):
+            try:
+                scenarios[one](out)
+            except BaseException:  # recorded for its test; the launch ends here (the other
+                # ranks may wait in a collective: torchrun stops them when this one exits)
+                rank = torch.distributed.get_rank()
+                (out / f"{one}-rank{rank}.error").write_text(traceback.format_exc())
+                sys.stderr.write(traceback.format_exc())
+                sys.stderr.flush()
+                os._exit(1)
+            torch.distributed.barrier()  # the next scenario starts on every rank together
     finally:
         torch.distributed.destroy_process_group()
     # Leave without running C++ static destructors: at interpreter exit after FSDP2 on gloo a

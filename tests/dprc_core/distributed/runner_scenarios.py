@@ -1,10 +1,11 @@
 """A job run with its noise set to zero after planning, for test_fsdp_train.py: under
 ``torchrun`` (every rank) or as one process.
 
-``python -m torch.distributed.run --standalone --nproc-per-node W runner_scenarios.py SPEC``
-runs the job of the YAML ``SPEC`` through the runner (``start_run``: loading, sharding, the
-engine, the sampler) with the engine's noise std set to 0, so that the sharded run can be
-compared coordinate by coordinate with the single process on the same Poisson batches.
+``python -m torch.distributed.run --standalone --nproc-per-node W runner_scenarios.py SPEC...``
+runs the job of each YAML ``SPEC`` in turn (one launch: a rank's start costs seconds) through
+the runner (``start_run``: loading, sharding, the engine, the sampler) with the engine's noise
+std set to 0, so that the sharded run can be compared coordinate by coordinate with the single
+process on the same Poisson batches.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def run_without_noise(spec_path: str) -> None:
 
 if __name__ == "__main__":
     joined = join_torchrun_group("cpu")
-    run_without_noise(sys.argv[1])
+    for spec_path in sys.argv[1:]:
+        run_without_noise(spec_path)
     if joined:
         torch.distributed.destroy_process_group()
         os._exit(0)  # gloo's threads can abort an orderly interpreter exit

@@ -1,17 +1,14 @@
 """Data-parallel DP-SGD on 2 gloo ranks (CPU) against single-process references.
 
-Each scenario runs as a real ``torchrun`` job (tests/dprc_core/distributed/ddp_scenarios.py) with a
-timeout, so a rank that waits on a collective the other skipped fails the test instead of
-hanging it.
+The scenarios (tests/dprc_core/distributed/ddp_scenarios.py) run in one real ``torchrun`` job
+(``ddp_out``, tests/dprc_core/distributed/conftest.py) with a timeout, so a rank that waits on a
+collective the other skipped fails the tests instead of hanging them.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,30 +23,10 @@ from dprc_core.noise import Gaussian
 from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
 from tests.dprc_core.distributed import ddp_scenarios as sc
 
-SCRIPT = Path(sc.__file__)
-
-
-def torchrun(name: str, out: Path, nproc: int = 2, timeout: float = 180) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        str(SCRIPT),
-        name,
-        str(out),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPT.parents[3])}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
 
 @pytest.fixture(scope="module")
-def steps_out(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("ddp-steps")
-    torchrun("steps", out)
-    return out
+def steps_out(ddp_out) -> Path:
+    return ddp_out("steps")
 
 
 @pytest.mark.parametrize("method", sc.METHODS)
@@ -75,8 +52,8 @@ def test_two_ranks_take_the_single_process_step_on_the_union_batch(steps_out, me
     assert all(i % 2 == 0 for i in sc.BATCHES[1])
 
 
-def test_the_noise_is_drawn_once_with_the_single_process_law(tmp_path):
-    torchrun("noise", tmp_path)
+def test_the_noise_is_drawn_once_with_the_single_process_law(ddp_out):
+    tmp_path = ddp_out("noise")
     w0 = load_file(str(tmp_path / "noise-rank0.safetensors"))["w"]
     w1 = load_file(str(tmp_path / "noise-rank1.safetensors"))["w"]
     assert torch.equal(w0, w1)  # every rank takes the same update
@@ -105,10 +82,10 @@ def test_the_noise_is_drawn_once_with_the_single_process_law(tmp_path):
     assert torch.equal(model.weight.detach(), w0)
 
 
-def test_nu_dpftrl_on_two_ranks_is_the_single_process_run(tmp_path):
+def test_nu_dpftrl_on_two_ranks_is_the_single_process_run(ddp_out):
     """The correlated noise exists once (rank 0's state), so 2 ranks on fixed-order batches
     take the single process's noisy steps."""
-    torchrun("dpftrl", tmp_path)
+    tmp_path = ddp_out("dpftrl")
     model, data = sc.build_case()
     engine = sc.make_engine(model, "exact", sigma=0.8, nu=0.3)
     batches = [b.tolist() for b in FixedOrderSampler(sc.N_EXAMPLES, 4, steps=5, seed=2)]
@@ -120,8 +97,8 @@ def test_nu_dpftrl_on_two_ranks_is_the_single_process_run(tmp_path):
             assert err <= 1e-12 * max(want.abs().max().item(), 1.0), (rank, name, err)
 
 
-def test_the_ranks_parts_are_exactly_the_single_process_batches(tmp_path):
-    torchrun("sampler", tmp_path)
+def test_the_ranks_parts_are_exactly_the_single_process_batches(ddp_out):
+    tmp_path = ddp_out("sampler")
     parts = [json.loads((tmp_path / f"sampler-rank{r}.json").read_text()) for r in (0, 1)]
     single = [t.tolist() for t in PoissonSampler(50, 0.1, 40, seed=5)]
     assert len(parts[0]["explicit"]) == len(parts[1]["explicit"]) == 40  # every rank, every step

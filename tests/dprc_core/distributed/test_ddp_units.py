@@ -3,18 +3,16 @@ whose rows two ranks carry is refused at ``step()`` on both ranks — each rank 
 rows of the user as one sample, so the user would contribute up to C twice — and so are an
 example id on two ranks and ranks disagreeing on the unit; batches whose units are on one rank
 each step (``scenario_units`` of tests/dprc_core/distributed/ddp_scenarios.py, and of
-fsdp_scenarios.py for an FSDP2-sharded model)."""
+fsdp_scenarios.py for an FSDP2-sharded model), in the launches the other tests here share
+(tests/dprc_core/distributed/conftest.py)."""
 
 from __future__ import annotations
 
 import json
 
-from tests.dprc_core.distributed import test_fsdp
-from tests.dprc_core.distributed.test_ddp import torchrun
 
-
-def test_a_unit_on_two_ranks_is_refused_on_both_and_disjoint_units_step(tmp_path):
-    torchrun("units", tmp_path, timeout=120)
+def test_a_unit_on_two_ranks_is_refused_on_both_and_disjoint_units_step(ddp_out):
+    tmp_path = ddp_out("units")
     for rank in (0, 1):
         got = json.loads((tmp_path / f"units-rank{rank}.json").read_text())
         assert got["disjoint"] == got["again"] == 4  # 2 users a rank, 4 in the batch
@@ -28,8 +26,8 @@ def test_a_unit_on_two_ranks_is_refused_on_both_and_disjoint_units_step(tmp_path
         assert got["steps"] == 2  # the refused batches took no step
 
 
-def test_a_user_on_two_ranks_of_a_sharded_model_is_refused_on_both(tmp_path):
-    test_fsdp.torchrun("units", tmp_path, 2, timeout=180)
+def test_a_user_on_two_ranks_of_a_sharded_model_is_refused_on_both(fsdp_out):
+    tmp_path = fsdp_out(2, "units")
     for rank in (0, 1):
         got = json.loads((tmp_path / f"units-rank{rank}.json").read_text())
         assert got["sizes"] == [4, 4]  # 2 users a rank, 4 in the batch

@@ -1,6 +1,7 @@
-"""FSDP2-sharded DP-SGD (issue 29) on 2 and 3 gloo ranks (CPU, float64), each scenario a real
-``torchrun`` job (tests/dprc_core/distributed/fsdp_scenarios.py) with a timeout, against
-single-process references built here:
+"""FSDP2-sharded DP-SGD (issue 29) on 2 and 3 gloo ranks (CPU, float64), the scenarios
+(tests/dprc_core/distributed/fsdp_scenarios.py) run in one real ``torchrun`` job a world size
+(``fsdp_out``, tests/dprc_core/distributed/conftest.py) with a timeout, against single-process
+references built here:
 
 * σ = 0: the sharded ranks take the single process's step on the union batch, to 1e-10 — exact
   and per-example Hutchinson norms, with and without micro-batches, with a rank whose part is
@@ -14,11 +15,9 @@ single-process references built here:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,28 +26,27 @@ from safetensors.torch import load_file
 
 from tests.dprc_core.distributed import fsdp_scenarios as sc
 
-SCRIPT = Path(sc.__file__)
-
-
-def torchrun(name: str, out: Path, nproc: int, timeout: float = 400) -> None:
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={nproc}", str(SCRIPT), name, str(out),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPT.parents[3])}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    if proc.returncode != 0:  # the lines that say why, without the libraries' warnings
-        lines = (proc.stdout + proc.stderr).splitlines()
-        keep = [ln for ln in lines if "Warning" not in ln and "warnings.warn" not in ln]
-        why = [ln for ln in keep if any(w in ln for w in ("terminate", "what()", "Error"))]
-        raise AssertionError("\n".join(why[:40] + ["..."] + keep[-80:]))
-
 
 @pytest.fixture(scope="module", params=[2, 3])
-def steps_out(request, tmp_path_factory) -> tuple[Path, int]:
-    out = tmp_path_factory.mktemp(f"fsdp-steps-{request.param}")
-    torchrun("steps", out, request.param)
-    return out, request.param
+def steps_out(request, fsdp_out) -> tuple[Path, int]:
+    return fsdp_out(request.param, "steps"), request.param
+
+
+@functools.cache
+def _reference(folder: Path, method: str, lora: bool) -> tuple[dict, list[dict], float]:
+    """The single process's steps on the union batches from the launch's model (they do not
+    depend on the ranks' micro-batches): its trainable weights after them, its step stats, and
+    how far the weights moved."""
+    model = sc.llama(folder, lora)
+    engine = sc.make_engine(model, method)
+    ref_stats = sc.run_steps(engine, sc.BATCHES, micro=None)
+    ref = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    moved = 0.0
+    initial = sc.llama(folder, lora)
+    for name, p in initial.named_parameters():
+        if p.requires_grad:
+            moved = max(moved, (ref[name] - p.detach()).abs().max().item())
+    return ref, ref_stats, moved
 
 
 @pytest.mark.parametrize("lora", [False, True])
@@ -58,15 +56,7 @@ def test_sharded_ranks_take_the_single_process_step_on_the_union_batch(
     steps_out, method, micro, lora
 ):
     out, world = steps_out
-    model = sc.llama(out / "llama", lora)
-    engine = sc.make_engine(model, method)
-    ref_stats = sc.run_steps(engine, sc.BATCHES, micro=None)
-    ref = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
-    moved = 0.0
-    initial = sc.llama(out / "llama", lora)
-    for name, p in initial.named_parameters():
-        if p.requires_grad:
-            moved = max(moved, (ref[name] - p.detach()).abs().max().item())
+    ref, ref_stats, moved = _reference(out / "llama", method, lora)
     assert moved > 1e-4  # the steps really moved the weights
     tag = f"steps-{'lora-' if lora else ''}{method.replace('/', '-')}-{micro}"
     for rank in range(world):
@@ -91,8 +81,8 @@ def _variance_ratio(path: Path) -> tuple[float, int]:
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_each_coordinate_is_noised_once_with_the_single_process_law(tmp_path, world):
-    torchrun("noise", tmp_path, world)
+def test_each_coordinate_is_noised_once_with_the_single_process_law(fsdp_out, world):
+    tmp_path = fsdp_out(world, "noise")
     for kind in ("plain", "secure"):
         ratios = [
             _variance_ratio(tmp_path / f"noise-{kind}-rank{r}.safetensors") for r in range(world)
@@ -113,8 +103,8 @@ def test_each_coordinate_is_noised_once_with_the_single_process_law(tmp_path, wo
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_local_parameters_and_optimizer_state_are_a_wth_of_the_whole(tmp_path, world):
-    torchrun("memory", tmp_path, world)
+def test_local_parameters_and_optimizer_state_are_a_wth_of_the_whole(fsdp_out, world):
+    tmp_path = fsdp_out(world, "memory")
     shapes = json.loads((tmp_path / "memory-rank0.json").read_text())["shapes"]
     whole = sum(math.prod(shape) * size for shape, size in shapes.values())
     row = sum(math.prod(shape[1:]) * size for shape, size in shapes.values())
@@ -126,8 +116,8 @@ def test_local_parameters_and_optimizer_state_are_a_wth_of_the_whole(tmp_path, w
         assert m["state"] > 0
 
 
-def test_what_a_sharded_engine_refuses_it_refuses_on_every_rank(tmp_path):
-    torchrun("refusals", tmp_path, 2)
+def test_what_a_sharded_engine_refuses_it_refuses_on_every_rank(fsdp_out):
+    tmp_path = fsdp_out(2, "refusals")
     for rank in (0, 1):
         found = json.loads((tmp_path / f"refusals-rank{rank}.json").read_text())
         # a float32 model whose samples mix: refused by the check in its own dtypes
@@ -138,8 +128,8 @@ def test_what_a_sharded_engine_refuses_it_refuses_on_every_rank(tmp_path):
         assert "fully_shard the root module too" in found["partly"]
 
 
-def test_bf16_mixed_precision_takes_the_float32_step_to_bf16_accuracy(tmp_path):
-    torchrun("mixed", tmp_path, 2)
+def test_bf16_mixed_precision_takes_the_float32_step_to_bf16_accuracy(fsdp_out):
+    tmp_path = fsdp_out(2, "mixed")
     from transformers import AutoModelForCausalLM
 
     initial = AutoModelForCausalLM.from_pretrained(tmp_path / "llama", dtype=torch.float32)

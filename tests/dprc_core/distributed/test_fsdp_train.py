@@ -3,7 +3,8 @@ the model (FSDP2) and trains the single process's job — with the noise set to 
 weights to 1e-9; its checkpoints are ordinary safetensors ``from_pretrained`` loads; a rank killed
 with SIGKILL ends the job and a new attempt resumes from the checkpoint (each rank's own noise
 stream and optimizer shard restored) to the uninterrupted run's weights, with the ledger and ε
-exactly the plan's; what cannot resume is refused."""
+exactly the plan's, and its checkpoint resumes only sharded on as many ranks; what cannot run
+sharded is refused."""
 
 from __future__ import annotations
 
@@ -59,14 +60,19 @@ def test_sharded_job_without_noise_trains_the_single_process_job(job, tmp_path):
     checkpoint equals the single process's, and from_pretrained loads it."""
     from transformers import AutoModelForCausalLM
 
-    for method in ("exact", "hutch"):
+    methods = ("exact", "hutch")
+    sharded = []
+    for method in methods:
         single = write_spec(tmp_path / f"single-{method}", job, norm_method=method)
         run_without_noise(str(single))
-        sharded = write_spec(tmp_path / f"fsdp-{method}", job, norm_method=method, sharding="fsdp")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node=2", str(SCENARIOS), str(sharded)]  # fmt: skip
-        done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
+        sharded.append(
+            write_spec(tmp_path / f"fsdp-{method}", job, norm_method=method, sharding="fsdp")
+        )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node=2", str(SCENARIOS), *map(str, sharded)]  # fmt: skip
+    done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for method in methods:
         want = final_weights(tmp_path / f"single-{method}" / "out")
         got = final_weights(tmp_path / f"fsdp-{method}" / "out")
         assert_same_weights(got, want)
@@ -87,7 +93,9 @@ def test_sharded_job_without_noise_trains_the_single_process_job(job, tmp_path):
         assert oct((last / "resume" / "rank-00001").stat().st_mode & 0o777) == "0o700"
 
 
-def test_a_killed_rank_ends_the_sharded_job_and_a_new_attempt_resumes_exactly(job, tmp_path):
+def test_a_killed_rank_ends_the_sharded_job_a_new_attempt_resumes_exactly_and_only_sharded(
+    job, tmp_path
+):
     reference = write_spec(tmp_path / "whole", job)
     proc = dprc_train(reference, "--nproc-per-node=2", "--sharding=fsdp")
     stdout, stderr = proc.communicate(timeout=300)
@@ -123,6 +131,16 @@ def test_a_killed_rank_ends_the_sharded_job_and_a_new_attempt_resumes_exactly(jo
     # each rank's noise stream and optimizer shard resumed: the uninterrupted run's weights
     assert_same_weights(final_weights(out), final_weights(tmp_path / "whole" / "out"))
 
+    # a sharded checkpoint resumes only sharded, on as many ranks (this job's folder: no other
+    # sharded run is started for it)
+    unsharded = write_spec(tmp_path / "killed", job)  # the same folder, unsharded
+    proc = dprc_train(unsharded, "--nproc-per-node=2")
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode != 0 and "resume with the same sharding" in stderr
+    proc = dprc_train(unsharded, "--nproc-per-node=3", "--sharding=fsdp")
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode != 0 and "resume with the same sharding" in stderr
+
 
 def test_what_cannot_run_sharded_is_refused(job, tmp_path):
     with pytest.raises(ValueError, match="gaussian noise"):
@@ -133,17 +151,3 @@ def test_what_cannot_run_sharded_is_refused(job, tmp_path):
     one = dprc_train(write_spec(tmp_path / "one", job, sharding="fsdp"))
     _, stderr = one.communicate(timeout=120)
     assert one.returncode != 0 and "--nproc-per-node" in stderr
-
-
-def test_a_sharded_checkpoint_resumes_only_sharded_on_as_many_ranks(job, tmp_path):
-    spec = write_spec(tmp_path, job, sharding="fsdp", epochs=0.25)
-    proc = dprc_train(spec, "--nproc-per-node=2")
-    _, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 0, stderr[-3000:]
-    longer = write_spec(tmp_path, job, epochs=0.25)  # the same folder, unsharded
-    proc = dprc_train(longer, "--nproc-per-node=2")
-    _, stderr = proc.communicate(timeout=300)
-    assert proc.returncode != 0 and "resume with the same sharding" in stderr
-    proc = dprc_train(longer, "--nproc-per-node=3", "--sharding=fsdp")
-    _, stderr = proc.communicate(timeout=300)
-    assert proc.returncode != 0 and "resume with the same sharding" in stderr
