@@ -1,4 +1,4 @@
-"""The domain layer, shared by the HTTP API (``api``) and the workers (``worker``): settings,
-the store (engine, tables, migrations), the job lifecycle (statuses, transitions, leases),
-budget settlement, privacy planning, the model registry, the worker-side job operations, the
-``Dispatcher`` protocol and the domain errors. No FastAPI and no Celery here."""
+"""The domain layer, shared by the HTTP API (``api``) and the workers (``worker``), in rooms
+each over the ones before it: ``base`` → ``store`` → ``governance`` → ``budget`` → ``data`` →
+``models`` → ``jobs`` → ``admin`` (docs/design.md §1 and its module map). No FastAPI and no
+Celery here."""
