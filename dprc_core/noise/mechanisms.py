@@ -212,7 +212,9 @@ class NoiseMechanism:
     def check_schedule(self, n: int, batch_size: float, epochs: float) -> None:
         """Refuse a batch size or number of epochs this mechanism's sampling cannot run."""
         ok_b = isinstance(batch_size, (int, float)) and not isinstance(batch_size, bool)
-        if not ok_b or not math.isfinite(batch_size) or not 0 < batch_size <= n:
+        if ok_b and math.isfinite(batch_size) and batch_size > n:
+            raise PlanError("batch_size", _larger_than_the_data(batch_size, n))
+        if not ok_b or not math.isfinite(batch_size) or not 0 < batch_size:
             raise PlanError("batch_size", f"batch_size must be in (0, N={n}], got {batch_size!r}")
         ok_e = isinstance(epochs, (int, float)) and not isinstance(epochs, bool)
         if not ok_e or not math.isfinite(epochs) or not 0 < epochs <= 10_000:
@@ -376,11 +378,10 @@ class NuDPFTRL(NoiseMechanism):
         return {"mechanism": self.name, "nu": self.nu, "bands": self.bands}
 
     def check_schedule(self, n: int, batch_size: float, epochs: float) -> None:
-        if (
-            isinstance(batch_size, bool)
-            or not isinstance(batch_size, int)
-            or not 0 < batch_size <= n
-        ):
+        whole = isinstance(batch_size, int) and not isinstance(batch_size, bool)
+        if whole and batch_size > n:
+            raise PlanError("batch_size", _larger_than_the_data(batch_size, n))
+        if not whole or not 0 < batch_size:
             raise PlanError(
                 "batch_size",
                 f"{self.name} needs an integer batch_size in [1, N={n}], got {batch_size!r}",
@@ -438,6 +439,13 @@ class NuDPFTRL(NoiseMechanism):
             "sensitivity": "matrix mechanism, as implemented (docs/accounting.md §9)",
             "sketch": SHARED,
         }
+
+
+def _larger_than_the_data(batch_size: float, n: int) -> str:
+    return (
+        f"batch_size={batch_size:g} is larger than the data set (N={n}): the expected batch "
+        "size must be at most N"
+    )
 
 
 def _allowing(capability: str) -> str:
