@@ -246,9 +246,16 @@ class JobSpec:
         if isinstance(noise, dict):
             noise = noise_from_dict(noise)
         if noise is None:
-            noise = as_noise_mechanism(
-                self.noise_mechanism or GAUSSIAN, self.nu, self.bands, warn=False
+            asked = self.noise_mechanism or GAUSSIAN
+            # what the mechanism cannot run at all is said before its own fields are checked
+            mechanism_class(asked).check_options(
+                randomized=False,
+                sketch=None,
+                unit=self.privacy_unit,
+                sharding=self.sharding,
+                secure=self.secure_rng,
             )
+            noise = as_noise_mechanism(asked, self.nu, self.bands, warn=False)
         elif not isinstance(noise, NoiseMechanism):
             raise ValueError(f"noise must be a noise mechanism or its JSON, got {noise!r}")
         elif flat_given and _set_fields(noise.request_fields()) != _flat_request(self):
