@@ -26,6 +26,8 @@ import os
 
 import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
 
+from benchmarks.kit.pages import ROOT  # noqa: E402
+
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
     os.environ[_var] = "1"
 
@@ -35,13 +37,10 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from datetime import UTC, datetime  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import dp_accounting  # noqa: E402
 import numpy as np  # noqa: E402
 from dp_accounting.pld import privacy_loss_distribution as dpl  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 
 from dprc_core import accounting  # noqa: E402
 from dprc_core.accounting import DEFAULT_SETTINGS, SubsampledGaussianEvent, account  # noqa: E402

@@ -19,7 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
+
+from benchmarks.kit.pages import ROOT  # noqa: E402
+
 DPRC = Path(sys.executable).parent / "dprc"
 CLOSED = "http://127.0.0.1:9"
 JOB = ["--sigma", "1.1", "--delta", "1e-5", "-q", "0.01", "--steps", "10"]

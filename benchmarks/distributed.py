@@ -36,7 +36,7 @@ from pathlib import Path
 
 import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.kit.pages import ROOT  # noqa: E402
 
 B_LOGICAL = 8
 MICRO = 4

@@ -31,17 +31,17 @@ import math
 import os
 import platform
 import time
-from pathlib import Path
 
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
 import numpy as np
 import torch
 
+from benchmarks.kit.pages import ROOT  # noqa: E402
 from dprc_core import accounting
 from dprc_core.accounting.dpftrl import nu_dpftrl_coefficients
 from dprc_core.noise import NuDPFTRLNoise
 from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
 
-ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 DELTA = 1e-5
 NOISE_SD = 0.1

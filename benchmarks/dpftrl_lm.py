@@ -47,9 +47,11 @@ import textwrap
 import time
 from pathlib import Path
 
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
 import numpy as np
 import torch
 
+from benchmarks.kit.pages import ROOT  # noqa: E402
 from dprc_core.losses import causal_lm_per_sample_loss
 from dprc_core.training.data import Examples, tokenize
 from dprc_core.training.models import load_model, load_tokenizer
@@ -57,7 +59,6 @@ from dprc_core.training.plan import plan_privacy
 from dprc_core.training.runner import JobSpec, evaluate, run_job
 from dprc_core.training.tiny import build_tiny_llama
 
-ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 WIDTH = 64  # characters per line (= tokens: character tokenizer)
 MIN_CHARS = 16

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
 
-ROOT = Path(__file__).resolve().parents[1]
-
+from benchmarks.kit.pages import ROOT  # noqa: E402
 from dprc_core.accounting import SubsampledGaussianEvent, epsilon_for_events, noise_multiplier  # noqa: E402
 from dprc_core.accounting.history import clear_cache, epsilon_for_history  # noqa: E402
 

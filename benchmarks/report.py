@@ -11,9 +11,11 @@ the ``<!-- summary -->`` markers of the current docs/benchmarks.md is kept as it
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
+
+from benchmarks.kit.pages import ROOT  # noqa: E402
+
 DOCS = ROOT / "docs"
 PAGES = DOCS / "benchmarks"
 INDEX = DOCS / "benchmarks.md"

@@ -42,14 +42,12 @@ import statistics
 import time
 import warnings
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-
+from benchmarks.kit.pages import ROOT  # noqa: E402
 from dprc_core import PrivacyEngine  # noqa: E402
 from dprc_core.clipping import Clipping, Exact  # noqa: E402
 from dprc_core.losses import causal_lm_per_sample_loss  # noqa: E402

@@ -22,6 +22,8 @@ import os
 
 import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
 
+from benchmarks.kit.pages import ROOT  # noqa: E402
+
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
     os.environ[_var] = "1"
 
@@ -30,9 +32,6 @@ import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from datetime import UTC, datetime  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 
 from dprc_core import accounting  # noqa: E402
 from dprc_core.accounting.steps import planned_steps  # noqa: E402

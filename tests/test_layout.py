@@ -231,3 +231,21 @@ def test_the_mechanism_branch_finder_finds_branches(tmp_path):
         "if m.sampling == 'fixed_order': pass\n"
     )
     assert mechanism_branches(probe) == [1, 2, 3, 4]
+
+
+def test_every_benchmark_script_stands_on_the_kit():
+    """Issue 41: the scripts share benchmarks/kit (paths, pages, memory, timing, servers)."""
+    scripts = [
+        p
+        for p in (ROOT / "benchmarks").glob("*.py")
+        if p.name not in ("__init__.py", "_bootstrap.py")
+    ]
+    assert scripts
+    loose = [
+        p.name
+        for p in scripts
+        if not any(
+            _is_under(n, "benchmarks.kit") or n == "benchmarks" for n in imported_packages(p)
+        )
+    ]
+    assert not loose, loose
