@@ -27,6 +27,7 @@ import os
 import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
 
 from benchmarks.kit.pages import ROOT  # noqa: E402
+from benchmarks.kit.timing import timed  # noqa: E402
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
     os.environ[_var] = "1"
@@ -34,7 +35,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUME
 import argparse  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
-import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from datetime import UTC, datetime  # noqa: E402
 
@@ -73,12 +73,6 @@ def dp_accounting_sigma() -> float:
         dp_accounting.LowerEndpointAndGuess(0.3, 1.0),
         tol=0.005 * 0.8,
     )
-
-
-def timed(fn: Callable[[], float]) -> tuple[float, float]:
-    t0 = time.perf_counter()
-    value = fn()
-    return time.perf_counter() - t0, value
 
 
 def interleaved(tasks: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
