@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import dprc_core
 from api.accountant.router import router as accountant_router
 from api.body_limit import BodyLimit
+from api.completions.router import router as completions_router
 from api.dashboard.router import mount_dashboard
 from api.errors import error_body, install_handlers
 from api.files.router import router as files_router
@@ -35,6 +36,7 @@ from service.base.logging_setup import log_context
 from service.base.settings import Settings, get_settings
 from service.data import uploads
 from service.data.rekey import open_current_store
+from service.inference.relay import Relay
 from service.jobs.dispatch import Dispatcher, NoDispatcher
 from service.store.store import Store, ping, readiness
 
@@ -73,11 +75,13 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.store = open_current_store(settings)
         app.state.dispatcher = dispatcher(app.state.store)
+        app.state.relay = Relay(settings)  # generation: its engine starts on first use
         sweeper = asyncio.create_task(_sweep_uploads(app.state.store))
         yield
         sweeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sweeper
+        await app.state.relay.aclose()
         app.state.dispatcher.stop()
         app.state.store.engine.dispose()
 
@@ -131,6 +135,7 @@ def create_app(
         uploads_router,
         jobs_router,
         models_router,
+        completions_router,
         accountant_router,
         keys_router,
         organization_router,

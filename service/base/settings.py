@@ -165,6 +165,52 @@ class Settings(BaseSettings):
         description="the bearer token GET /metrics needs (Prometheus exposition); unset: "
         "/metrics is 404",
     )
+    # -- generation: /v1/chat/completions and /v1/completions (docs/inference.md) --
+    inference_engine: Literal["embedded", "off"] = Field(
+        default="embedded",
+        description="embedded: the API starts its own generation engine (python -m inference, "
+        "a separate process on 127.0.0.1) on the first completion request; off: completions "
+        "are served only by vLLM (vllm_url) for the models it serves, else 400",
+    )
+    inference_url: str | None = Field(
+        default=None,
+        description="the URL of an embedded engine started apart (python -m inference); the "
+        "API then does not start its own. Needs inference_token",
+    )
+    inference_token: str | None = Field(
+        default=None,
+        min_length=16,
+        description="the bearer token of the engine at inference_url (a started engine gets a "
+        "random one)",
+    )
+    inference_cache_bytes: int = Field(
+        default=4 * 1024**3,
+        ge=1,
+        description="the embedded engine's model cache: the bytes of weights it keeps loaded; "
+        "the least recently used model leaves first",
+    )
+    inference_max_batch: int = Field(
+        default=8, ge=1, description="sequences the embedded engine generates at once"
+    )
+    inference_max_queue: int = Field(
+        default=64,
+        ge=0,
+        description="requests that wait for the embedded engine; more are answered 429 with "
+        "Retry-After",
+    )
+    inference_start_seconds: float = Field(
+        default=180, gt=0, description="how long a request waits for the engine to start"
+    )
+    vllm_url: str | None = Field(
+        default=None,
+        description="a vLLM OpenAI-compatible server (http://vllm:8000) serving vllm_model with "
+        "--enable-lora: that model and the LoRA fine-tunes of it are routed there",
+    )
+    vllm_model: str | None = Field(
+        default=None,
+        description="the allow-listed model the vLLM server serves (its --served-model-name)",
+    )
+    vllm_api_key: str | None = Field(default=None, description="vLLM's --api-key, if set")
     log_format: Literal["text", "json"] = Field(
         default="text",
         description="text, or json: one JSON object a line with time, level, logger, message "

@@ -85,6 +85,7 @@ class FineTuned:
     base: Model
     archive: Path
     lora: bool  # a job of its chain trained LoRA adapters: its checkpoint holds adapters only
+    start_model: str = ""  # the model its job started from (allow-listed, or a full ft: one)
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,13 @@ def _lookup(session: Session, settings: Settings, tenant_id: int, name: str) -> 
         raise missing
     lora = any(bool((r.hyperparameters or {}).get("lora")) for r in chain)
     return FineTuned(
-        name, job.id, job.finished_at or job.created_at, base, Path(archive.storage_path), lora
+        name,
+        job.id,
+        job.finished_at or job.created_at,
+        base,
+        Path(archive.storage_path),
+        lora,
+        job.model,
     )
 
 
