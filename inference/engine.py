@@ -36,6 +36,7 @@ from inference.models import Loaded, ModelCache
 log = logging.getLogger("inference")
 
 SEED_MOD = 2**63
+INTERNAL = APIError(500, "the engine failed on this request", "internal_error")
 
 
 @dataclass
@@ -275,7 +276,7 @@ class Engine:
                 self._iterate()
             except Exception as err:  # keep the thread alive; fail what was running
                 log.exception("generation step failed: %s", type(err).__name__)
-                self._abort(APIError(500, "the engine failed on this request", "internal_error"))
+                self._abort(INTERNAL)
 
     def _purge(self) -> None:
         """Drop cancelled jobs from the queue (the lock is held)."""
@@ -300,6 +301,10 @@ class Engine:
                 entry = self.cache.acquire(head.model)
             except APIError as err:
                 head.fail(err)
+                return
+            except Exception as err:
+                log.exception("model %s: acquiring failed: %s", head.model, type(err).__name__)
+                head.fail(INTERNAL)
                 return
             self._batch = Batch(entry)
             self._admit([head])
@@ -368,6 +373,10 @@ class Engine:
             except APIError as err:
                 job.fail(err)
                 continue
+            except Exception as err:
+                log.warning("model %s: tokenizing failed: %s", job.model, type(err).__name__)
+                job.fail(INTERNAL)
+                continue
             room = batch.entry.positions - len(ids)
             max_new = room if job.max_new is None else min(job.max_new, room)
             job.prompt_tokens = len(ids)
@@ -375,7 +384,14 @@ class Engine:
             rows += [Row(job, i, ids, max_new, batch.entry.tokenizer) for i in range(job.n)]
             job.emit("start", len(ids))
         if rows:
-            batch.join(rows)
+            try:
+                batch.join(rows)
+            except Exception as err:  # the prefill failed: the running rows are intact
+                log.exception(
+                    "model %s: prefill failed: %s", batch.entry.reg.name, type(err).__name__
+                )
+                for job in {id(r.job): r.job for r in rows}.values():
+                    job.fail(INTERNAL)
 
     def _decode(self, batch: Batch) -> None:
         t0 = time.perf_counter()

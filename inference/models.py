@@ -215,7 +215,7 @@ class ModelCache:
         t0 = time.perf_counter()
         try:
             entry = load(reg)
-        except (OSError, ValueError, RuntimeError, KeyError, TypeError) as err:
+        except Exception as err:  # a broken folder fails in many ways: answer it, go on
             log.warning("model %s failed to load: %s", name, type(err).__name__)
             raise bad_request(
                 f"the model {name!r} could not be loaded: {type(err).__name__}: {err}"[:1000],

@@ -38,7 +38,8 @@ class Engine:
         return {"Authorization": f"Bearer {self.token}"}
 
     def post(self, path: str, body: object, **kw) -> httpx.Response:
-        return httpx.post(self.url + path, json=body, headers=self.headers(), timeout=60, **kw)
+        kw.setdefault("timeout", 60)
+        return httpx.post(self.url + path, json=body, headers=self.headers(), **kw)
 
     def stats(self) -> dict:
         return httpx.get(self.url + "/stats", headers=self.headers(), timeout=10).json()
@@ -133,3 +134,12 @@ def greedy_reference(model, ids: list[int], k: int) -> list[int]:
             max_new_tokens=k,
         )
     return out[0, len(ids) :].tolist()
+
+
+@pytest.fixture(scope="session")
+def engine(tmp_path_factory, byte_llama) -> Iterator[Engine]:
+    """One engine (default limits, token set) with ``tiny`` registered, shared by the modules
+    that need no special settings."""
+    with running_engine(tmp_path_factory.mktemp("engine"), "--max-new-tokens-limit", "512") as e:
+        e.register("tiny", byte_llama)
+        yield e

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dprc_core.training.chat_template import chat_template_of
-from tests.inference.conftest import greedy_reference, reference_model, running_engine
+from tests.inference.conftest import greedy_reference, reference_model
 
 PART = {"type": "text", "text": "wörld ✓"}
 CHATS = [
@@ -23,13 +23,6 @@ CHATS = [
 ]
 PROMPTS = ["Once upon a time", "a", "The quick brown fox jumps over the lazy dog", "∑ über"]
 K = 24
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory, byte_llama):
-    with running_engine(tmp_path_factory.mktemp("engine"), "--max-batch", "8") as e:
-        e.register("tiny", byte_llama)
-        yield e
 
 
 @pytest.fixture(scope="module")
