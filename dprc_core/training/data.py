@@ -545,7 +545,7 @@ def _chat_masks(
         assert ex.messages is not None
         messages = [{k: v for k, v in m.items() if k != "weight"} for m in ex.messages]
         try:
-            texts, indices = render_jinja_template(
+            texts, indices = render_jinja_template(  # type: ignore[str-unpack] # (str, spans)
                 conversations=[messages],
                 chat_template=template,
                 return_assistant_tokens_mask=True,

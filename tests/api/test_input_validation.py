@@ -33,8 +33,19 @@ def test_upload_reads_lines_as_the_worker_does(server):
         # the chat roles the worker reads are accepted at upload
         chat = jsonl(
             [
-                {"messages": [{"role": "developer", "content": "be brief"}]},
-                {"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "x"}]},
+                {
+                    "messages": [
+                        {"role": "developer", "content": "be brief"},
+                        {"role": "assistant", "content": "ok"},
+                    ]
+                },
+                {
+                    "messages": [
+                        {"role": "user", "content": "hi"},
+                        {"role": "tool", "content": "x"},
+                        {"role": "assistant", "content": "y"},
+                    ]
+                },
             ]
         )
         r = _upload(http, chat)

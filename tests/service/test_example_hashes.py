@@ -35,7 +35,18 @@ def _expected(data: bytes) -> list[str]:
 
 FILES = {
     "text": _jsonl([{"text": f"t{i % 7}"} for i in range(40)]),
-    "chat": _jsonl([{"messages": [{"role": "user", "content": f"c{i}"}]} for i in range(5)]),
+    "chat": _jsonl(
+        [
+            {
+                "messages": [
+                    {"role": "user", "content": f"c{i}"},
+                    {"role": "assistant", "content": "a"},
+                ]
+            }
+            for i in range(5)
+        ]
+    ),
+    "prompt-completion": _jsonl([{"prompt": f"p{i}", "completion": "c"} for i in range(3)]),
     "labels": _jsonl([{"text": f"r{i}", "label": i % 3} for i in range(9)]),
     "int-and-str-label": _jsonl([{"text": "a", "label": 1}, {"text": "b", "label": "1"}]),
     "one-label": _jsonl([{"text": "a", "label": "x"}, {"text": "b", "label": "x"}]),
