@@ -1,5 +1,6 @@
-"""The chat template a model is trained and served with: the tokenizer's own where it has one,
-else :data:`DEFAULT_CHAT_TEMPLATE` (documented in docs/data.md, "Chat lines").
+"""The chat template a model is trained and served with: the tokenizer's own where it has one
+(trained through TRL's training version where it has no generation markers), else
+:data:`DEFAULT_CHAT_TEMPLATE` (documented in docs/data.md, "Chat lines").
 
 The default is a Zephyr-like template that needs no special token beyond the tokenizer's end of
 sequence: each message is ``<|role|>`` and a newline, its content, the end-of-sequence token and
