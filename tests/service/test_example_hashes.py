@@ -15,7 +15,7 @@ import pytest
 from dprc_core.training.data import DataError, read_examples, summarize_jsonl
 from service.base.errors import InvalidInput
 from service.data import example_hashes
-from service.data.example_hashes import Digests, hash_examples, hash_file
+from service.data.example_hashes import Digests, canonical_text, hash_examples, hash_file
 
 SECRET = b"k" * 32
 
@@ -27,7 +27,9 @@ def _jsonl(rows: list[dict]) -> bytes:
 def _expected(data: bytes) -> list[str]:
     return sorted(
         {
-            hmac.new(SECRET, ex.text.encode(), hashlib.sha256).hexdigest()
+            # the canonical key of the example's text (a chat's lines joined by newlines, which
+            # it makes spaces; the other files' texts are their own keys)
+            hmac.new(SECRET, canonical_text(ex.text).encode(), hashlib.sha256).hexdigest()
             for ex in read_examples(data.splitlines(keepends=True))
         }
     )

@@ -416,3 +416,18 @@ def test_a_dp_job_on_chat_lines_trains_the_answers_only(tmp_path):
     labels[0, k] = (labels[0, k] + 1) % len(saved)
     moved = causal_lm_per_sample_loss(model, {**batch, "labels": labels})
     assert not torch.isclose(moved[0], loss[0]) and torch.equal(moved[1], loss[1])
+
+
+def test_a_prompt_completion_lines_identity_is_its_text(tmp_path):
+    from service.data.example_hashes import hash_examples
+
+    secret = b"k" * 32
+    pairs = [{"prompt": "Hello ", "completion": "World"}, {"prompt": "a", "completion": "b"}]
+    texts = [{"text": "hello  world"}, {"text": "ab"}]  # canonically the same texts
+    digests = [
+        list(hash_examples("\n".join(json.dumps(r) for r in rows).encode(), secret).digests)
+        for rows in (pairs, texts)
+    ]
+    assert digests[0] == digests[1]
+    (ex, _) = parse_jsonl([json.dumps(p) for p in pairs], "causal_lm").items
+    assert ex.format == "prompt_completion" and ex.text == "Hello World"
