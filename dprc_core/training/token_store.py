@@ -163,6 +163,27 @@ class StoreKey:
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:40]
 
 
+def store_key(
+    path: str | Path,
+    tokenizer: Any,
+    max_seq_len: int,
+    task: str,
+    classes: Sequence[str] | None,
+    user_field: str | None = None,
+) -> StoreKey:
+    """The key of the store of ``path`` for this tokenizer and settings (the module
+    docstring: what it holds)."""
+    return StoreKey(
+        file_sha256(path),
+        tokenizer_fingerprint(tokenizer),
+        max_seq_len,
+        task,
+        tuple(classes) if classes is not None else None,
+        user_field,
+        chat_template_key(tokenizer) if task == "causal_lm" else None,
+    )
+
+
 class TokenStore:
     """A built store, memory-mapped: ``len()`` and ``batch(index)`` as
     :class:`dprc_core.training.data.TokenizedData`."""
@@ -291,15 +312,7 @@ def open_or_build(
         raise ValueError(f"max_seq_len must be an integer >= 2, got {max_seq_len!r}")
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    key = StoreKey(
-        file_sha256(path),
-        tokenizer_fingerprint(tokenizer),
-        max_seq_len,
-        task,
-        tuple(classes) if classes is not None else None,
-        user_field,
-        chat_template_key(tokenizer) if task == "causal_lm" else None,
-    )
+    key = store_key(path, tokenizer, max_seq_len, task, classes, user_field)
     final = root / key.digest()
     store = _open_verified(final, report)
     if store is not None and SEQUENCES in store.meta["sha256"]:
