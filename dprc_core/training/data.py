@@ -2,7 +2,10 @@
 
 One JSON object per line:
 
-* causal LM: ``{"text": "..."}`` or OpenAI chat format ``{"messages": [{"role", "content"}...]}``
+* causal LM: ``{"text": "..."}`` (every token trained), OpenAI chat format
+  ``{"messages": [{"role", "content", "weight"?, "name"?}...]}`` (rendered with the chat
+  template; the assistant's answers trained) or ``{"prompt": "...", "completion": "..."}`` (the
+  completion trained), as TRL's SFTTrainer trains them (docs/data.md, "Chat lines")
 * classification: ``{"text": "...", "label": <str or int>}``
 
 The privacy unit is one line (one example). Validation stops at the first bad line and names
@@ -19,6 +22,9 @@ from typing import Any, Protocol
 
 import torch
 
+from dprc_core.training.chat_template import training_chat_template
+
+IGNORE_INDEX = -100  # as dprc_core.losses: a label that is no target
 TASKS = ("causal_lm", "classification")
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
 
@@ -32,23 +38,72 @@ class Examples:
     task: str
     texts: list[str]
     labels: list[Any] = field(default_factory=list)  # classification only, as in the file
+    # the examples themselves (chat and prompt-completion lines are tokenized from them)
+    items: list[Example] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.texts)
 
 
-def _chat_text(messages: Any, line: int) -> str:
+MESSAGE_KEYS = ("role", "content", "weight", "name")
+
+
+def _chat_messages(messages: Any, line: int) -> tuple[str, tuple[dict[str, Any], ...]]:
+    """A chat line's text (its messages joined as ``role: content`` lines: the example's
+    identity, kept as it always was) and its messages as checked: ``role`` and a string
+    ``content``, optionally a string ``name``, and on assistant messages only a ``weight`` of
+    0 or 1 (OpenAI's: 0 leaves the answer untrained); at least one assistant message of
+    weight 1 (the default)."""
     if not isinstance(messages, list) or not messages:
         raise DataError(f"line {line}: 'messages' must be a non-empty list")
     parts = []
+    out = []
+    answers = 0
     for j, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("content"), str):
             raise DataError(f"line {line}: messages[{j}] needs a string 'content'")
         role = m.get("role")
         if role not in CHAT_ROLES:
             raise DataError(f"line {line}: messages[{j}] has role {role!r}; one of {CHAT_ROLES}")
+        unknown = sorted(set(m) - set(MESSAGE_KEYS))
+        if unknown:
+            raise DataError(
+                f"line {line}: messages[{j}] has the unsupported key {unknown[0]!r}; a message "
+                f"holds {', '.join(MESSAGE_KEYS)} (weight on assistant messages only)"
+            )
+        if "name" in m and not isinstance(m["name"], str):
+            raise DataError(f"line {line}: messages[{j}]'s 'name' must be a string")
+        message: dict[str, Any] = {"role": role, "content": m["content"]}
+        if "name" in m:
+            message["name"] = m["name"]
+        if "weight" in m:
+            w = m["weight"]
+            if role != "assistant":
+                raise DataError(
+                    f"line {line}: messages[{j}] is a {role} message with a 'weight'; only "
+                    "assistant messages carry one"
+                )
+            if isinstance(w, bool) or w not in (0, 1):
+                raise DataError(
+                    f"line {line}: messages[{j}] has weight {json.dumps(w)[:40]}; a weight is "
+                    "0 (not trained) or 1 (trained)"
+                )
+            message["weight"] = int(w)
+        if role == "assistant" and message.get("weight", 1) == 1:
+            answers += 1
+        out.append(message)
         parts.append(f"{role}: {m['content']}")
-    return "\n".join(parts)
+    if answers == 0:
+        has_assistant = any(m["role"] == "assistant" for m in out)
+        raise DataError(
+            f"line {line}: "
+            + (
+                "every assistant message has weight 0: nothing to train"
+                if has_assistant
+                else "no assistant message: nothing to train (the answers are what is trained)"
+            )
+        )
+    return "\n".join(parts), tuple(out)
 
 
 def decode_json_line(raw: str | bytes, line: int) -> Any:
@@ -88,21 +143,32 @@ def _check_strings(value: Any, line: int) -> None:
             stack.extend(v)
 
 
-FORMATS = ("text", "chat", "classification")
-FORMATS_FOR_TASK = {"causal_lm": ("text", "chat"), "classification": ("classification",)}
+FORMATS = ("text", "chat", "prompt_completion", "classification")
+FORMATS_FOR_TASK = {
+    "causal_lm": ("text", "chat", "prompt_completion"),
+    "classification": ("classification",),
+}
+MASKED_FORMATS = ("chat", "prompt_completion")  # formats that train some tokens only
 
 
 @dataclass(frozen=True)
 class Example:
-    """One line's example: its format (``text | chat | classification``), the text a model
-    sees (a chat's messages joined as ``role: content`` lines), for classification the label
-    as in the file, and the user the line belongs to when it says (user-level DP,
-    docs/privacy_unit.md; never shown to the model)."""
+    """One line's example: its format (``text | chat | prompt_completion | classification``),
+    its text (the example's identity, :mod:`service.data.example_hashes`: a text line's text,
+    a chat's messages joined as ``role: content`` lines, a prompt-completion line's prompt
+    immediately followed by its completion), for classification the label as in the file,
+    the user the line belongs to when it says (user-level DP, docs/privacy_unit.md; never
+    shown to the model), a chat's messages as checked (with their weights) or a
+    prompt-completion line's two parts (what is tokenized), and the line's number."""
 
     format: str
     text: str
     label: str | int | None = None
     user: str | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
+    prompt: str | None = None
+    completion: str | None = None
+    line: int = field(default=0, compare=False)
 
 
 DEFAULT_USER_FIELD = "user_id"
@@ -158,13 +224,35 @@ def read_example(obj: Any, line: int, user_field: str | None = None) -> Example:
         unknown = set(obj) - {"messages"}
         if unknown:
             raise DataError(f"line {line}: unknown fields {sorted(unknown)[:5]}")
-        return Example("chat", _chat_text(obj["messages"], line), user=user)
+        text, messages = _chat_messages(obj["messages"], line)
+        return Example("chat", text, user=user, messages=messages, line=line)
+    if "prompt" in obj or "completion" in obj:
+        unknown = set(obj) - {"prompt", "completion"}
+        if unknown:
+            raise DataError(
+                f"line {line}: unknown fields {sorted(unknown)[:5]}; a prompt-completion line "
+                'is {"prompt": "...", "completion": "..."}'
+            )
+        prompt, completion = obj.get("prompt"), obj.get("completion")
+        if not isinstance(prompt, str) or not isinstance(completion, str) or not completion:
+            raise DataError(
+                f"line {line}: a prompt-completion line needs a string 'prompt' and a "
+                "non-empty string 'completion'"
+            )
+        return Example(
+            "prompt_completion",
+            prompt + completion,
+            user=user,
+            prompt=prompt,
+            completion=completion,
+            line=line,
+        )
     unknown = set(obj) - {"text", "label"}
     if unknown:
         raise DataError(
             f"line {line}: unknown fields {sorted(unknown)[:5]}; expected "
-            '{"text": ...}, {"text": ..., "label": ...} or {"messages": [...]} (each may '
-            'name its user: "user_id")'
+            '{"text": ...}, {"text": ..., "label": ...}, {"messages": [...]} or '
+            '{"prompt": ..., "completion": ...} (each may name its user: "user_id")'
         )
     text = obj.get("text")
     if not isinstance(text, str) or not text.strip():
@@ -172,14 +260,14 @@ def read_example(obj: Any, line: int, user_field: str | None = None) -> Example:
             f"line {line}: needs a non-empty string 'text' (not only whitespace; or 'messages')"
         )
     if "label" not in obj:
-        return Example("text", text, user=user)
+        return Example("text", text, user=user, line=line)
     label = obj["label"]
     if isinstance(label, bool) or not isinstance(label, (str, int)):
         raise DataError(
             f"line {line}: needs a 'label' that is a string or an integer, "
             f"got {json.dumps(label)[:40]}"
         )
-    return Example("classification", text, label, user)
+    return Example("classification", text, label, user, line=line)
 
 
 def read_examples(
@@ -208,7 +296,8 @@ def read_examples(
             if task == "classification":
                 raise DataError(f"line {i}: needs a 'label' (string or integer)")
             raise DataError(
-                f"line {i}: unknown fields ['label']; a causal LM reads 'text' or 'messages'"
+                f"line {i}: unknown fields ['label']; a causal LM reads 'text', 'messages' or "
+                "'prompt' and 'completion'"
             )
         if first is None:
             first = ex.format
@@ -256,6 +345,7 @@ def parse_jsonl(lines: Iterable[str | bytes], task: str) -> Examples:
     out = Examples(task, [])
     for ex in read_examples(lines, task):
         out.texts.append(ex.text)
+        out.items.append(ex)
         if ex.label is not None:
             out.labels.append(ex.label)
     if not out.texts:
@@ -286,11 +376,13 @@ class Batches(Protocol):
 
 @dataclass
 class TokenizedData:
-    """Token ids per example (truncated to ``max_seq_len``) and class ids for classification."""
+    """Token ids per example (truncated to ``max_seq_len``), class ids for classification, and
+    for chat and prompt-completion lines which tokens are trained (1) or not (0)."""
 
     input_ids: list[list[int]]
     labels: list[int] | None
     pad_id: int
+    trained: list[list[int]] | None = None
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -308,7 +400,19 @@ class TokenizedData:
         out = {"input_ids": ids, "attention_mask": mask}
         if self.labels is not None:
             out["labels"] = torch.tensor([self.labels[i] for i in idx], dtype=torch.long)
+        if self.trained is not None:
+            trained = torch.zeros((len(idx), width), dtype=torch.bool)
+            for row, i in enumerate(idx):
+                seq = self.trained[i]
+                trained[row, : len(seq)] = torch.tensor(seq, dtype=torch.bool)
+            out["labels"] = token_labels(ids, trained)
         return out
+
+
+def token_labels(input_ids: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
+    """Per-token labels of a causal-LM batch: the ids, -100 where a token is not trained
+    (padding included: it is never marked trained)."""
+    return input_ids.masked_fill(~trained.bool(), IGNORE_INDEX)
 
 
 def tokenize(
@@ -316,12 +420,16 @@ def tokenize(
 ) -> TokenizedData:
     """Tokenize every example (:func:`truncated_ids`: memory bounded by ``max_seq_len``, not
     by the longest line); an example that tokenizes to nothing usable is an error (for a
-    causal LM, at least two tokens are needed to have one next-token target)."""
+    causal LM, at least two tokens are needed to have one next-token target). Chat and
+    prompt-completion lines: :func:`masked_ids` (which tokens are trained)."""
     if not isinstance(max_seq_len, int) or max_seq_len < 2:
         raise ValueError(f"max_seq_len must be an integer >= 2, got {max_seq_len!r}")
     pad = tokenizer.pad_token_id
     if pad is None:
         pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+    if examples.items and examples.items[0].format in MASKED_FORMATS:
+        pairs = masked_ids(tokenizer, examples.items, max_seq_len)
+        return TokenizedData([p[0] for p in pairs], None, int(pad), [p[1] for p in pairs])
     enc = truncated_ids(tokenizer, examples.texts, max_seq_len)
     need = 2 if examples.task == "causal_lm" else 1
     for i, ids in enumerate(enc):
@@ -380,4 +488,164 @@ def truncated_ids(tokenizer: Any, texts: Sequence[str], max_seq_len: int) -> lis
             if longer == out[i] and len(longer) == max_seq_len:
                 break  # two windows keep the same max_seq_len ids: the cut changes nothing
             out[i] = longer
+    return out
+
+
+# Chat and prompt-completion lines (docs/data.md, "Chat lines"): tokenized as TRL's SFTTrainer
+# tokenizes them, with a mask of the tokens trained, then cut to their first ``max_seq_len``
+# tokens (the start is kept, whatever the tokenizer's truncation side). Memory stays bounded by
+# ``max_seq_len``: the text tokenized (the rendered chat; the prompt, and the prompt and
+# completion) is cut to windows as :func:`truncated_ids` cuts a text line's, growing from
+# WINDOW_CHARS_PER_TOKEN to at most MAX_WINDOW_CHARS_PER_TOKEN characters a kept token.
+
+
+def _windowed_encodings(
+    tokenizer: Any, texts: Sequence[str], max_seq_len: int, add_special_tokens: bool
+) -> list[tuple[list[int], list[tuple[int, int]]]]:
+    """Each text's first ``max_seq_len`` ids and their character offsets, tokenized without
+    truncation from a window of the text's start (see above)."""
+
+    def encode(batch: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        out = tokenizer(batch, add_special_tokens=add_special_tokens)
+        encodings = getattr(out, "encodings", None)
+        if encodings is None:
+            raise DataError(
+                "chat and prompt-completion lines need a fast tokenizer (with offsets): "
+                f"{type(tokenizer).__name__} is not one"
+            )
+        return [(list(e.ids), [tuple(o) for o in e.offsets]) for e in encodings]
+
+    size0 = WINDOW_CHARS_PER_TOKEN * max_seq_len
+    cap = MAX_WINDOW_CHARS_PER_TOKEN * max_seq_len
+    full = encode([t[:size0] for t in texts]) if texts else []
+    out = [(ids[:max_seq_len], offs[:max_seq_len]) for ids, offs in full]
+    for i, text in enumerate(texts):
+        size = size0
+        long_enough = len(full[i][0]) > max_seq_len
+        while len(text) > size and size < cap:
+            size = min(2 * size, cap)
+            ids, offs = encode([text[:size]])[0]
+            longer = (ids[:max_seq_len], offs[:max_seq_len])
+            same = longer[0] == out[i][0]
+            out[i] = longer
+            if same and long_enough and len(ids) > max_seq_len:
+                break  # two windows keep the same ids, and more follow: the cut changes nothing
+            long_enough = len(ids) > max_seq_len
+    return out
+
+
+def _chat_masks(
+    tokenizer: Any, chats: Sequence[Example], template: str, max_seq_len: int
+) -> list[tuple[list[int], list[int]]]:
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    rendered, spans = [], []
+    specials = dict(getattr(tokenizer, "special_tokens_map", None) or {})
+    for ex in chats:
+        assert ex.messages is not None
+        messages = [{k: v for k, v in m.items() if k != "weight"} for m in ex.messages]
+        try:
+            texts, indices = render_jinja_template(  # type: ignore[str-unpack] # (str, spans)
+                conversations=[messages],
+                chat_template=template,
+                return_assistant_tokens_mask=True,
+                add_generation_prompt=False,
+                **specials,
+            )
+        except Exception as exc:  # a template's own raise_exception, or a Jinja error
+            raise DataError(f"line {ex.line}: the chat template fails on it: {exc}") from exc
+        answers = [m for m in ex.messages if m["role"] == "assistant"]
+        if len(indices[0]) != len(answers):
+            raise DataError(
+                f"line {ex.line}: the chat template marks {len(indices[0])} answer(s) with "
+                f"{{% generation %}} for the line's {len(answers)} assistant message(s): it does "
+                "not mark each answer once, so what is trained cannot be told (give the "
+                'tokenizer a template that does: docs/data.md, "Chat lines")'
+            )
+        rendered.append(texts[0])
+        spans.append(
+            [span for span, m in zip(indices[0], answers, strict=True) if m.get("weight", 1)]
+        )
+    out = []
+    for (ids, offsets), kept in zip(
+        _windowed_encodings(tokenizer, rendered, max_seq_len, False), spans, strict=True
+    ):
+        out.append((ids, _overlap_mask(offsets, kept)))
+    return out
+
+
+def _overlap_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[Any]) -> list[int]:
+    """1 for every token overlapping a span, as ``apply_chat_template``'s
+    ``return_assistant_tokens_mask`` marks them (spans and offsets both in order)."""
+    mask = [0] * len(offsets)
+    k = 0
+    for t, (start, end) in enumerate(offsets):
+        while k < len(spans) and start >= spans[k][1]:
+            k += 1
+        if k == len(spans):
+            break
+        if end > spans[k][0]:
+            mask[t] = 1
+    return mask
+
+
+def _completion_masks(
+    tokenizer: Any, items: Sequence[Example], max_seq_len: int
+) -> list[tuple[list[int], list[int]]]:
+    eos = getattr(tokenizer, "eos_token", None)
+    prompts, wholes = [], []
+    for ex in items:
+        assert ex.prompt is not None and ex.completion is not None
+        completion = ex.completion
+        if isinstance(eos, str) and eos and not completion.endswith(eos):
+            completion += eos  # TRL's add_eos: the model learns to stop
+        prompts.append(ex.prompt)
+        wholes.append(ex.prompt + completion)
+    prompt_ids = _windowed_encodings(tokenizer, prompts, max_seq_len, True)
+    whole_ids = _windowed_encodings(tokenizer, wholes, max_seq_len, True)
+    out = []
+    for (p, _), (ids, _) in zip(prompt_ids, whole_ids, strict=True):
+        n = _common_prefix_length(p, ids)  # TRL's common_prefix_length
+        out.append((ids, [0] * n + [1] * (len(ids) - n)))
+    return out
+
+
+def _common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def masked_ids(
+    tokenizer: Any, items: Sequence[Example], max_seq_len: int
+) -> list[tuple[list[int], list[int]]]:
+    """The token ids of chat or prompt-completion examples, cut to ``max_seq_len``, and which
+    of them are trained (1), as TRL's SFTTrainer builds them (``assistant_only_loss`` for
+    chats: the tokens of the answers of weight 1, read from the chat template's generation
+    spans as ``apply_chat_template`` reads them; completion-only loss for prompt-completion
+    lines: the tokens after the prompt's, the completion ending with the end-of-sequence
+    token). A line left with no trained target (the label at position 0 is none: the loss
+    predicts each token from the ones before it) is :class:`DataError` naming its line."""
+    if not items:
+        return []
+    if items[0].format == "chat":
+        try:
+            template = training_chat_template(tokenizer)
+        except ValueError as exc:
+            raise DataError(str(exc)) from exc
+        out = _chat_masks(tokenizer, items, template, max_seq_len)
+    elif items[0].format == "prompt_completion":
+        out = _completion_masks(tokenizer, items, max_seq_len)
+    else:
+        raise ValueError(f"masked_ids reads chat and prompt_completion lines: {items[0].format}")
+    for ex, (_, mask) in zip(items, out, strict=True):
+        if not any(mask[1:]):
+            what = "answer" if ex.format == "chat" else "completion"
+            raise DataError(
+                f"line {ex.line}: no {what} token is left to train in its first {max_seq_len} "
+                f"tokens (max_seq_len): shorten what comes before the {what} or raise max_seq_len"
+            )
     return out

@@ -60,6 +60,7 @@ from dprc_core.sharding import SHARDINGS
 from dprc_core.sketches import SHARED_SKETCH, check_sketch_mode
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training import sharded_run, token_store
+from dprc_core.training.chat_template import DEFAULT_CHAT_TEMPLATE, own_chat_template
 from dprc_core.training.data import DEFAULT_USER_FIELD, TASKS, Batches
 from dprc_core.training.learnability import warn_if_unlearnable
 from dprc_core.training.models import (
@@ -503,6 +504,10 @@ def load_job_data(spec: JobSpec, report: Callable[[str], None] | None = None) ->
         classes,
         token_store_root(spec),
     )
+    if train.format == "chat" and own_chat_template(tokenizer) is None:
+        # trained with the default template: the checkpoints' tokenizer carries it, so that a
+        # served fine-tune renders prompts as it was trained (docs/data.md, "Chat lines")
+        tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
     if spec.privacy_unit != "user":
         return JobData(tokenizer, train, classes, validation)
     keys = train.users()

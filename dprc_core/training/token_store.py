@@ -6,6 +6,9 @@ Layout of one store, ``<root>/<key>/``:
 * ``tokens.u32`` — every example's token ids, end to end (``uint32``);
 * ``offsets.i64`` — N + 1 offsets into ``tokens`` (example i is ``tokens[off[i]:off[i+1]]``);
 * ``labels.i32`` — the class index of each example (classification only);
+* ``trained.u8`` — one byte a token, 1 where the token is trained (chat and prompt-completion
+  lines only, docs/data.md "Chat lines"; a text line trains every token): batches carry
+  per-token ``labels``, the ids with -100 where a token is not trained or is padding;
 * ``users.i64`` — each example's user key (user-level DP only: built when the key names a user
   field): the first 62 bits of SHA-256("dprc/user/" + the user's id as in the file), so equal
   ids share a key and the ids themselves are not kept; a build in which two distinct ids
@@ -22,7 +25,9 @@ Layout of one store, ``<root>/<key>/``:
 
 **Building** reads the JSONL file line by line (:func:`dprc_core.training.data.read_examples`)
 and tokenizes ``BUILD_BATCH`` examples at a time with the same truncation windows as
-:func:`dprc_core.training.data.truncated_ids`, appending to files in a private temporary
+:func:`dprc_core.training.data.truncated_ids` (chat and prompt-completion lines:
+:func:`dprc_core.training.data.masked_ids`; a line left with no trained token refuses the
+build, naming the line), appending to files in a private temporary
 folder; only a complete, fsynced folder is renamed to ``<key>`` (atomic on one file system),
 so a build killed at any point leaves nothing a later job would open (its temporary folder is
 removed by the next build of that key). Builds of one key take turns through an ``flock`` on
@@ -34,13 +39,15 @@ back from the build folder) to count the distinct ids against the distinct keys.
 **Opening** checks every array file's SHA-256 against ``meta.json``; a store that fails (a
 truncated or altered file) is moved aside and rebuilt, never used. Batches are sliced from
 the memory maps: the resident memory of a job's data is at most the pages it touched
-(≤ 4 bytes a token, 8 an example, 4 a label), never a Python list per example.
+(≤ 5 bytes a token, 8 an example, 4 a label), never a Python list per example.
 
 **The key** is the SHA-256 of: the file's content (SHA-256, streamed), the tokenizer's
 fingerprint (its full serialized definition for a fast tokenizer, else its vocabulary and
 special tokens, plus its class, truncation side and the pad id used), ``max_seq_len``, the
-task, the classes when given, and ``STORE_VERSION``. Anything that could change one token id
-changes the key.
+task, the classes when given, for a causal LM what chat and prompt-completion lines are
+rendered with (:func:`dprc_core.training.chat_template.chat_template_key`: the tokenizer's own
+chat template, the default, the special tokens), and ``STORE_VERSION``. Anything that could
+change one token id, or which tokens are trained, changes the key.
 """
 
 from __future__ import annotations
@@ -63,14 +70,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from dprc_core.training.data import DataError, label_names, read_examples, truncated_ids
+from dprc_core.training.chat_template import chat_template_key
+from dprc_core.training.data import (
+    MASKED_FORMATS,
+    DataError,
+    Example,
+    label_names,
+    masked_ids,
+    read_examples,
+    token_labels,
+    truncated_ids,
+)
 
-STORE_VERSION = 1
+STORE_VERSION = 2  # 2: chat templates and trained.u8 (a store of version 1 is rebuilt)
 BUILD_BATCH = 1024
 MAX_CLASSES = 100_000
 _CHUNK = 1 << 20
 BUILDS_LOG = "builds.log"
 SEQUENCES = "sequences.sha256"
+TRAINED = "trained.u8"
 DIGEST_SIZE = 32
 SORT_RUN = 1 << 20  # digests sorted in memory at a time (32 MiB); more: merged from runs
 
@@ -127,6 +145,7 @@ class StoreKey:
     task: str
     classes: tuple[str, ...] | None
     user_field: str | None = None  # user-level DP: the field naming each line's user
+    chat_template: dict[str, Any] | None = None  # causal LM: chat_template_key(tokenizer)
 
     def digest(self) -> str:
         parts: dict[str, Any] = {
@@ -139,7 +158,30 @@ class StoreKey:
         }
         if self.user_field is not None:  # (absent: the keys of stores built before users)
             parts["user_field"] = self.user_field
+        if self.chat_template is not None:
+            parts["chat_template"] = self.chat_template
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:40]
+
+
+def store_key(
+    path: str | Path,
+    tokenizer: Any,
+    max_seq_len: int,
+    task: str,
+    classes: Sequence[str] | None,
+    user_field: str | None = None,
+) -> StoreKey:
+    """The key of the store of ``path`` for this tokenizer and settings (the module
+    docstring: what it holds)."""
+    return StoreKey(
+        file_sha256(path),
+        tokenizer_fingerprint(tokenizer),
+        max_seq_len,
+        task,
+        tuple(classes) if classes is not None else None,
+        user_field,
+        chat_template_key(tokenizer) if task == "causal_lm" else None,
+    )
 
 
 class TokenStore:
@@ -158,6 +200,10 @@ class TokenStore:
         self._labels = _map(path / "labels.i32", np.int32, self.n) if classification else None
         with_users = meta.get("user_field") is not None
         self._users = _map(path / "users.i64", np.int64, self.n) if with_users else None
+        self.format: str | None = meta.get("format")
+        masked = self.format in MASKED_FORMATS
+        n_tokens = int(meta["n_tokens"])
+        self._trained = _map(path / TRAINED, np.uint8, n_tokens) if masked else None
 
     def __len__(self) -> int:
         return self.n
@@ -192,6 +238,13 @@ class TokenStore:
         lo, hi = int(self._offsets[i]), int(self._offsets[i + 1])
         return self._tokens[lo:hi].astype(np.int64).tolist()
 
+    def trained(self, i: int) -> list[int] | None:
+        """Which of example ``i``'s tokens are trained (None: all, a text line's)."""
+        if self._trained is None:
+            return None
+        lo, hi = int(self._offsets[i]), int(self._offsets[i + 1])
+        return self._trained[lo:hi].astype(np.int64).tolist()
+
     def users(self) -> torch.Tensor:
         """Each example's user key (N,) — a store built with a user field only."""
         if self._users is None:
@@ -210,14 +263,19 @@ class TokenStore:
         width = int(lengths.max()) if idx.size else 1
         ids = torch.full((idx.size, max(width, 1)), self.pad_id, dtype=torch.long)
         mask = torch.zeros((idx.size, max(width, 1)), dtype=torch.long)
+        trained = torch.zeros((idx.size, max(width, 1)), dtype=torch.bool)
         for row in range(idx.size):
             n = int(lengths[row])
-            seq = self._tokens[int(starts[row]) : int(ends[row])].astype(np.int64)
-            ids[row, :n] = torch.from_numpy(seq)
+            lo, hi = int(starts[row]), int(ends[row])
+            ids[row, :n] = torch.from_numpy(self._tokens[lo:hi].astype(np.int64))
             mask[row, :n] = 1
+            if self._trained is not None:
+                trained[row, :n] = torch.from_numpy(self._trained[lo:hi] != 0)
         out = {"input_ids": ids, "attention_mask": mask}
         if self._labels is not None:
             out["labels"] = torch.from_numpy(self._labels[idx].astype(np.int64))
+        if self._trained is not None:
+            out["labels"] = token_labels(ids, trained)
         return out
 
 
@@ -254,14 +312,7 @@ def open_or_build(
         raise ValueError(f"max_seq_len must be an integer >= 2, got {max_seq_len!r}")
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    key = StoreKey(
-        file_sha256(path),
-        tokenizer_fingerprint(tokenizer),
-        max_seq_len,
-        task,
-        tuple(classes) if classes is not None else None,
-        user_field,
-    )
+    key = store_key(path, tokenizer, max_seq_len, task, classes, user_field)
     final = root / key.digest()
     store = _open_verified(final, report)
     if store is not None and SEQUENCES in store.meta["sha256"]:
@@ -340,6 +391,7 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
         {c: j for j, c in enumerate(key.classes)} if key.classes is not None else {}
     )
     n = n_tokens = 0
+    fmt: str | None = None
     last_report = time.monotonic()
     sequences = _DigestSorter(tmp)
     with (
@@ -347,18 +399,26 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
         open(tmp / "offsets.i64", "wb") as offsets_f,
         open(tmp / "labels.i32", "wb") as labels_f,
         open(tmp / "users.i64", "wb") as users_f,
+        open(tmp / TRAINED, "wb") as trained_f,
         open(tmp / "user-ids.tmp", "wb") as ids_f,
         open(path, "rb") as source,
     ):
         offsets_f.write(np.zeros(1, dtype=np.int64).tobytes())
         texts: list[str] = []
+        items: list[Example] = []
         labels: list[Any] = []
         users: list[int] = []
         user_ids = bytearray()  # each line's user_id_hash, checked for key collisions
 
         def flush() -> None:
-            nonlocal n, n_tokens
-            ids = truncated_ids(tokenizer, texts, key.max_seq_len)
+            nonlocal n, n_tokens, fmt
+            fmt = items[0].format
+            masks: list[list[int]] | None = None
+            if fmt in MASKED_FORMATS:
+                pairs = masked_ids(tokenizer, items, key.max_seq_len)
+                ids, masks = [p[0] for p in pairs], [p[1] for p in pairs]
+            else:
+                ids = truncated_ids(tokenizer, texts, key.max_seq_len)
             lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
             short = np.nonzero(lengths < need)[0]
             if short.size:
@@ -369,6 +429,8 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
                 )
             flat = np.concatenate([np.asarray(x, dtype=np.uint32) for x in ids])
             tokens_f.write(flat.tobytes())
+            if masks is not None:
+                trained_f.write(np.concatenate([np.asarray(m, np.uint8) for m in masks]).tobytes())
             ends = np.cumsum(lengths)
             sequences.add_all(_digests_of(flat, ends - lengths, ends))
             offsets_f.write((n_tokens + np.cumsum(lengths)).astype(np.int64).tobytes())
@@ -380,12 +442,14 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
             n += len(ids)
             n_tokens += int(lengths.sum())
             texts.clear()
+            items.clear()
             labels.clear()
             users.clear()
             user_ids.clear()
 
         for ex in read_examples(source, key.task, key.user_field):
             texts.append(ex.text)
+            items.append(ex)
             labels.append(ex.label)
             if key.user_field is not None:
                 assert ex.user is not None  # read_examples requires it
@@ -398,7 +462,7 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
                     last_report = time.monotonic()
         if texts:
             flush()
-        for f in (tokens_f, offsets_f, labels_f, users_f):
+        for f in (tokens_f, offsets_f, labels_f, users_f, trained_f):
             f.flush()
             os.fsync(f.fileno())
     if n == 0:
@@ -419,7 +483,11 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
         (tmp / "labels.i32").unlink()
     if key.user_field is None:
         (tmp / "users.i64").unlink()
+    masked = fmt in MASKED_FORMATS
+    if not masked:
+        (tmp / TRAINED).unlink()
     names = ["tokens.u32", "offsets.i64", SEQUENCES]
+    names += [TRAINED] if masked else []
     names += ["labels.i32"] if classification else []
     names += ["users.i64"] if key.user_field is not None else []
     meta = {
@@ -429,6 +497,7 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
         "n_sequences": n_sequences,
         "pad_id": pad_id_of(tokenizer),
         "task": key.task,
+        "format": fmt,
         "max_seq_len": key.max_seq_len,
         "classes": classes,
         "user_field": key.user_field,

@@ -4,7 +4,9 @@ often it is uploaded (:mod:`service.data.budget_groups`).
 Each example's hash is HMAC-SHA256, keyed by a per-tenant secret (32 random bytes in
 ``DPRC_DATA_DIR/secrets/tenant-<id>.key``, written 0600 once), over the **canonical key** of
 the text the model is trained on (:func:`canonical_text`): a text line's ``text``, a chat
-line's messages as the worker joins them (``role: content`` lines), a classification line's
+line's messages as the worker joins them (``role: content`` lines, whatever template renders
+them and whatever their weights), a prompt-completion line's prompt immediately followed by its
+completion (so it shares its key with the text line of that text), a classification line's
 ``text``, each put in Unicode NFKC, case-folded, with format and zero-width characters removed
 and whitespace runs collapsed and trimmed — so edits that a tokenizer cannot see (trailing or
 doubled spaces, no-break spaces, case, compatibility forms) give the same key. The label is left

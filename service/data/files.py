@@ -107,7 +107,7 @@ def check_purpose(purpose: str) -> None:
 
 
 USER_FIELD = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-LINE_FIELDS = ("text", "label", "messages")
+LINE_FIELDS = ("text", "label", "messages", "prompt", "completion")
 
 
 def check_user_field(user_field: str | None, param: str = "user_field") -> None:

@@ -62,7 +62,10 @@ from service.store.store import Store
 from service.store.tables import BudgetGroup, Checkpoint, File, IdempotencyKey, JobEvent, Tenant
 from service.store.tables import Job as JobRow
 
-FORMATS_FOR_TASK = {"causal_lm": ("text", "chat"), "classification": ("classification",)}
+FORMATS_FOR_TASK = {
+    "causal_lm": ("text", "chat", "prompt_completion"),
+    "classification": ("classification",),
+}
 
 
 # -- requests ---------------------------------------------------------------------------------

@@ -37,7 +37,8 @@ def test_upload_errors_store_nothing(server):
             (b'{"text": "a"}\n{"text": "b"}\n{"text": oops}\n', "line 3"),
             (b'{"text": "a"}\n{"text": "b", "label": 1}\n', "line 2"),
             (b'{"text": "a"}\n["not", "an", "object"]\n', "line 2"),
-            (b'{"prompt": "a", "completion": "b"}\n', "line 1"),
+            (b'{"prompt": "a", "completion": 3}\n', "line 1"),  # (strings: a format now)
+            (b'{"messages": [{"role": "user", "content": "x"}]}\n', "line 1"),  # no answer
             (b'{"messages": [{"role": "wizard", "content": "x"}]}\n', "line 1"),
             (b'{"text": "a", "label": 1.5}\n{"text": "b", "label": 1}\n', "line 1"),
             (b"\n\n", "no examples"),

@@ -33,13 +33,32 @@ def test_upload_reads_lines_as_the_worker_does(server):
         # the chat roles the worker reads are accepted at upload
         chat = jsonl(
             [
-                {"messages": [{"role": "developer", "content": "be brief"}]},
-                {"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "x"}]},
+                {
+                    "messages": [
+                        {"role": "developer", "content": "be brief"},
+                        {"role": "assistant", "content": "ok"},
+                    ]
+                },
+                {
+                    "messages": [
+                        {"role": "user", "content": "hi"},
+                        {"role": "tool", "content": "x"},
+                        {"role": "assistant", "content": "y"},
+                    ]
+                },
             ]
         )
         r = _upload(http, chat)
         assert r.status_code == 200 and r.json()["format"] == "chat", r.text
         assert len(parse_jsonl(chat.splitlines(), "causal_lm")) == 2
+        # a chat line with nothing to train is refused with its line; prompt-completion lines
+        # are a format of their own (17 characters: files.data_format holds 32)
+        no_answer = jsonl([{"messages": [{"role": "user", "content": "hi"}]}] * 2)
+        err = _error(_upload(http, no_answer), 400)
+        assert "line 1: no assistant message" in err["message"], err
+        pairs = jsonl([{"prompt": "a", "completion": "b"}, {"prompt": "c", "completion": "d"}])
+        r = _upload(http, pairs)
+        assert r.status_code == 200 and r.json()["format"] == "prompt_completion", r.text
         # other whitespace than spaces is still only whitespace
         err = _error(_upload(http, jsonl([{"text": "a"}, {"text": "\u2028\u3000\t"}])), 400)
         assert "line 2" in err["message"] and "whitespace" in err["message"], err

@@ -15,7 +15,7 @@ import pytest
 from dprc_core.training.data import DataError, read_examples, summarize_jsonl
 from service.base.errors import InvalidInput
 from service.data import example_hashes
-from service.data.example_hashes import Digests, hash_examples, hash_file
+from service.data.example_hashes import Digests, canonical_text, hash_examples, hash_file
 
 SECRET = b"k" * 32
 
@@ -27,7 +27,9 @@ def _jsonl(rows: list[dict]) -> bytes:
 def _expected(data: bytes) -> list[str]:
     return sorted(
         {
-            hmac.new(SECRET, ex.text.encode(), hashlib.sha256).hexdigest()
+            # the canonical key of the example's text (a chat's lines joined by newlines, which
+            # it makes spaces; the other files' texts are their own keys)
+            hmac.new(SECRET, canonical_text(ex.text).encode(), hashlib.sha256).hexdigest()
             for ex in read_examples(data.splitlines(keepends=True))
         }
     )
@@ -35,7 +37,18 @@ def _expected(data: bytes) -> list[str]:
 
 FILES = {
     "text": _jsonl([{"text": f"t{i % 7}"} for i in range(40)]),
-    "chat": _jsonl([{"messages": [{"role": "user", "content": f"c{i}"}]} for i in range(5)]),
+    "chat": _jsonl(
+        [
+            {
+                "messages": [
+                    {"role": "user", "content": f"c{i}"},
+                    {"role": "assistant", "content": "a"},
+                ]
+            }
+            for i in range(5)
+        ]
+    ),
+    "prompt-completion": _jsonl([{"prompt": f"p{i}", "completion": "c"} for i in range(3)]),
     "labels": _jsonl([{"text": f"r{i}", "label": i % 3} for i in range(9)]),
     "int-and-str-label": _jsonl([{"text": "a", "label": 1}, {"text": "b", "label": "1"}]),
     "one-label": _jsonl([{"text": "a", "label": "x"}, {"text": "b", "label": "x"}]),

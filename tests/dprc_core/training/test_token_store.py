@@ -53,13 +53,7 @@ def test_classification_store_matches_in_memory_tokenization(tmp_path, bert_toke
 def test_causal_store_reused_and_keyed_by_what_changes_ids(tmp_path, bert_tokenizer):
     path = _write(tmp_path / "t.jsonl", [{"text": f"line {i} " * (1 + i % 9)} for i in range(300)])
     root = tmp_path / "store"
-    key16 = token_store.StoreKey(
-        token_store.file_sha256(path),
-        token_store.tokenizer_fingerprint(bert_tokenizer),
-        16,
-        "causal_lm",
-        None,
-    )
+    key16 = token_store.store_key(path, bert_tokenizer, 16, "causal_lm", None)
     messages: list[str] = []
     a = token_store.open_or_build(
         path, bert_tokenizer, 16, "causal_lm", None, root, messages.append
@@ -101,13 +95,7 @@ def test_a_store_that_fails_its_checksum_is_rebuilt_not_used(tmp_path, bert_toke
         path, bert_tokenizer, 12, "causal_lm", None, root, messages.append
     )
     assert "failed its checksum" in messages[0]
-    key = token_store.StoreKey(
-        token_store.file_sha256(path),
-        token_store.tokenizer_fingerprint(bert_tokenizer),
-        12,
-        "causal_lm",
-        None,
-    )
+    key = token_store.store_key(path, bert_tokenizer, 12, "causal_lm", None)
     assert token_store.builds(root, key) == 2
     _same_batches(again, tokenize(load_jsonl(path, "causal_lm"), bert_tokenizer, 12), 200)
 

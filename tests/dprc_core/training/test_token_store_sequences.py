@@ -78,13 +78,7 @@ def test_a_store_built_before_the_digests_gets_them_once(tmp_path, bert_tokenize
     assert reopened["sha256"][token_store.SEQUENCES] == token_store.file_sha256(
         old.path / token_store.SEQUENCES
     )
-    key = token_store.StoreKey(
-        token_store.file_sha256(path),
-        token_store.tokenizer_fingerprint(bert_tokenizer),
-        16,
-        "causal_lm",
-        None,
-    )
+    key = token_store.store_key(path, bert_tokenizer, 16, "causal_lm", None)
     assert token_store.builds(root, key) == 1  # added to, not rebuilt
     assert sorted(p.name for p in old.path.iterdir()) == [
         "meta.json",
