@@ -193,6 +193,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     ap.add_argument("--out", default=str(PAGES / "inference.md"))
     args = ap.parse_args()
+    # the same OpenMP policy as the engine's process (set before torch is imported here): on a
+    # shared machine, spinning idle workers slow plain generate several times over
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="dprc-inference-bench-") as tmp_name:
         tmp = Path(tmp_name)
@@ -236,8 +239,10 @@ def main() -> None:
         "prompts one after the other. Engine: `python -m inference --max-batch 32 --max-queue "
         "64` in its own process, streaming completions over HTTP from N client threads; tokens/s "
         "= completion tokens / wall time of the whole run; time to first token = until the "
-        "first streamed text. torch's thread count is its default in both processes (the engine "
-        "sets `OMP_WAIT_POLICY=PASSIVE`, docs/inference_engine.md).",
+        "first streamed text. torch's thread count is its default and `OMP_WAIT_POLICY=PASSIVE` in "
+        "both processes (the engine sets it, docs/inference_engine.md; without it plain "
+        "generate ran about 7× slower here, its idle OpenMP workers spinning on a loaded "
+        "machine).",
         "",
         "| run | requests | output tokens/s | × plain generate | TTFT p50 (s) | TTFT p99 (s) "
         "| latency p50 (s) | latency p99 (s) |",
