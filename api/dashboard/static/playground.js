@@ -132,6 +132,7 @@
         signal: controller.signal,
       });
       if (!response.ok) throw await errorOf(response);
+      answer.li.scrollIntoView({ block: "nearest" }); // on a phone the conversation is below the form
       await readEvents(response, (piece) => { got += piece; answer.body.textContent = got; });
       if (mine === epoch) conversation.push(user, { role: "assistant", content: got });
       answer.li.dataset.state = "done";
