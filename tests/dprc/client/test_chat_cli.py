@@ -242,3 +242,13 @@ def test_a_terminal_without_a_prompt_for_complete_is_refused(cli, monkeypatch):
     monkeypatch.setattr(sys, "stdin", Tty(""))
     status, _, err = cli("complete", TINY)
     assert status == 2 and "give the PROMPT" in err
+
+
+@pytest.mark.parametrize("command", ["chat", "complete"])
+def test_help_needs_no_torch(tmp_path, command):
+    """As the other client commands (tests/dprc/client/test_client_imports.py)."""
+    from tests.dprc.client.test_client_imports import _assert_light, _dprc
+
+    proc, imports = _dprc(tmp_path, command, "--help")
+    assert proc.returncode == 0 and proc.stdout.startswith(f"usage: dprc {command}"), proc.stderr
+    _assert_light(proc, imports)
