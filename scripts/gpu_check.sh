@@ -14,7 +14,10 @@
 # 5. fsdp: FSDP2 against data-parallel on 2 GPUs (NCCL), each rank's max_memory_allocated
 #    (benchmarks/fsdp.py --device cuda; at most 7 min beyond the plan, which counts 1-4);
 #    skipped, and said so, on a machine with one GPU.
-# The dry run skips 3, 4 and 5 (CUDA only). Every section runs under its own `timeout`. $OUT gets
+# 6. vllm: dprc's completions router against a real vLLM server (scripts/vllm_check.py): a base
+#    model and a LoRA adapter registered at run time, streamed and not, 8 concurrent requests;
+#    skipped, and said so, where vLLM is not installed.
+# The dry run skips 3, 4, 5 and 6 (CUDA only). Every section runs under its own `timeout`. $OUT gets
 # few files (at most 8 come back from a lent device): summary.txt, run.log, gpu.md, gpu.json,
 # tests.log, distributed_cuda.md, fsdp_cuda.md, fsdp_cuda.json. It uses $PY (default: the
 # machine's python3, its own CUDA build of torch); the repository goes on PYTHONPATH.
@@ -68,7 +71,7 @@ section() {
 section step "$(setting step)" "$OUT/run.log" "${bench[@]}" --section step
 section norm "$(setting norm)" "$OUT/run.log" "${bench[@]}" --section norm
 if ((dry)); then
-    echo "section tests, distributed, fsdp: skipped (dry run: CUDA and NCCL only)" \
+    echo "section tests, distributed, fsdp, vllm: skipped (dry run: CUDA and NCCL only)" \
         >>"$OUT/summary.txt"
 else
     section tests "$(setting tests)" "$OUT/tests.log" "$PY" -m pytest -q -x -p no:cacheprovider \
@@ -84,6 +87,7 @@ else
         echo "section fsdp: skipped (FSDP2 over NCCL needs 2 GPUs; this machine has $gpus)" \
             >>"$OUT/summary.txt"
     fi
+    section vllm 300 "$OUT/run.log" "$PY" scripts/vllm_check.py --timeout 200
 fi
 grep -h '^summary: ' "$OUT/run.log" | sed 's/^summary: //' >>"$OUT/summary.txt"
 echo "wall: $((SECONDS - start)) s; status: $status" | tee -a "$OUT/summary.txt"

@@ -33,6 +33,7 @@ FORBIDDEN = {
     "service": {"api", "worker", "dprc"},
     "api": {"worker", "dprc"},
     "worker": {"api", "dprc"},
+    "inference": {"api", "service", "worker", "dprc"},  # the engine process: dprc_core only
 }
 
 

@@ -225,8 +225,9 @@ def weights_dir(settings: Settings, job_id: str) -> Path:
 def unpack(ft: FineTuned, target: Path) -> Path:
     """The archive's ``model/`` folder unpacked into ``target`` once (into a folder of its
     own, then renamed: concurrent workers never see half a model); only regular files under
-    ``model/`` are taken (no links, no paths that climb out)."""
-    if (target / "config.json").is_file():
+    ``model/`` are taken (no links, no paths that climb out). A LoRA job's folder holds its
+    adapter (``adapter_config.json``), a full fine-tune's a model (``config.json``)."""
+    if _unpacked(target):
         return target
     tmp = target.with_name(f"{target.name}.{uuid.uuid4().hex}.tmp")
     tmp.mkdir(parents=True)
@@ -242,15 +243,21 @@ def unpack(ft: FineTuned, target: Path) -> Path:
                 assert source is not None
                 with source, dest.open("wb") as out:
                     shutil.copyfileobj(source, out)
-        if not (tmp / "config.json").is_file():
-            raise RuntimeError(f"the archive of {ft.name} holds no model/config.json")
-        if target.exists() and not (target / "config.json").is_file():
+        if not _unpacked(tmp):
+            raise RuntimeError(
+                f"the archive of {ft.name} holds no model/config.json (nor an adapter's)"
+            )
+        if target.exists() and not _unpacked(target):
             shutil.rmtree(target)  # a folder left half-made by an older writer
         try:
             tmp.rename(target)
         except OSError:  # another worker renamed its copy first
-            if not (target / "config.json").is_file():
+            if not _unpacked(target):
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _unpacked(folder: Path) -> bool:
+    return (folder / "config.json").is_file() or (folder / "adapter_config.json").is_file()

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -73,6 +74,7 @@ class Server:
     base_url: str
     store: Store
     settings: Settings
+    app: Any = None  # the FastAPI app (its state: the relay and its engine)
 
     def key(self, tenant: str, role: str = "admin") -> str:
         """A new key of ``role`` for ``tenant`` (admin by default: it may do everything)."""
@@ -120,7 +122,7 @@ def _serve(settings: Settings, **options: object) -> Iterator[Server]:
         time.sleep(0.02)
     try:
         scheme = "https" if "ssl_certfile" in options else "http"
-        yield Server(f"{scheme}://127.0.0.1:{port}", app.state.store, settings)
+        yield Server(f"{scheme}://127.0.0.1:{port}", app.state.store, settings, app)
     finally:
         server.should_exit = True
         thread.join(timeout=10)
