@@ -4,26 +4,29 @@ into the page, each equal to what the official ``openai`` client's ``chat.comple
 (temperature 0, the same max tokens) answers for the same conversation; Stop on a long answer
 (the page's network throttled, so that it is still streaming) ends it and gives the Send button
 back; an unknown model is an error in the page's error style and the message goes back into
-its box; the page at a phone's width. No script error or CSP violation."""
+its box; the page at a phone's width; a succeeded job's page links to the playground with its
+``ft:`` model, which answers as the client's call does. No script error or CSP violation."""
 
 from __future__ import annotations
 
 import time
+from urllib.parse import quote
 
 import openai
+import pytest
 
 from tests.browser.conftest import PHONE, Dashboard
-from tests.browser.test_dashboard import Watch, _sign_in
+from tests.browser.test_dashboard import Watch, _lines, _sign_in
 
 TINY = "dprc-tiny-llama"
 MAX_TOKENS = 6
 
 
-def _sdk_answer(dashboard: Dashboard, key: str, messages: list[dict]) -> str:
+def _sdk_answer(dashboard: Dashboard, key: str, messages: list[dict], model: str = TINY) -> str:
     """The official client's answer (not streamed) at temperature 0: the reference."""
     client = openai.OpenAI(base_url=f"{dashboard.url}/v1", api_key=key, max_retries=0, timeout=120)
     answer = client.chat.completions.create(
-        model=TINY, messages=messages, max_tokens=MAX_TOKENS, temperature=0
+        model=model, messages=messages, max_tokens=MAX_TOKENS, temperature=0
     )
     return answer.choices[0].message.content or ""
 
@@ -132,4 +135,50 @@ def test_the_playground_at_a_phone_width(dashboard, new_context):
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= PHONE["width"], width  # nothing wider than the screen
     dashboard.shot(page, "playground_phone", full_page=True)
+    assert watch.errors == [], watch.errors
+
+
+@pytest.mark.slow  # a tiny job runs to its end first (tens of seconds)
+def test_a_succeeded_jobs_page_opens_the_playground_with_its_model(dashboard, new_context):
+    key = dashboard.key("player-ft")
+    api = dashboard.api("player-ft")
+    f = api.post(
+        "/v1/files",
+        files={"file": ("t.jsonl", _lines(16, " playground").encode())},
+        data={"purpose": "fine-tune"},
+    ).json()
+    created = api.post(
+        "/v1/fine_tuning/jobs",
+        json={
+            "model": TINY,
+            "training_file": f["id"],
+            "hyperparameters": {"n_epochs": 1, "batch_size": 8, "max_seq_len": 32},
+            "privacy": {"target_epsilon": 8.0, "clipping": {"method": "exact"}},
+        },
+    )
+    assert created.status_code == 200, created.text
+    job_id = created.json()["id"]
+    deadline = time.monotonic() + 240
+    while (job := api.get(f"/v1/fine_tuning/jobs/{job_id}").json())["status"] != "succeeded":
+        assert job["status"] not in ("failed", "cancelled"), job
+        assert time.monotonic() < deadline, job["status"]
+        time.sleep(0.2)
+    model = job["fine_tuned_model"]
+    assert model and model.startswith("ft:")
+
+    page = new_context().new_page()
+    watch = Watch(page)
+    _sign_in(page, dashboard.url, key)
+    page.goto(f"{dashboard.url}/jobs/{job_id}")
+    link = page.locator("#playground")
+    link.wait_for(state="visible")
+    assert link.get_attribute("href") == f"/playground?model={quote(model, safe='')}"
+    link.click()
+    page.wait_for_selector("#pg-model[data-loaded=true]")
+    assert page.locator("#pg-model").input_value() == model
+    page.fill("#pg-max-tokens", str(MAX_TOKENS))
+    page.fill("#pg-temperature", "0")
+    _send(page, "hello")
+    messages = [{"role": "user", "content": "hello"}]
+    assert _answer(page, 0) == _sdk_answer(dashboard, key, messages, model)
     assert watch.errors == [], watch.errors
