@@ -35,8 +35,6 @@ from inference.protocol import (
 )
 from inference.settings import Settings
 
-POLL_SECONDS = 0.2  # how often a waiting non-stream request checks its connection
-
 
 class Disconnected(Exception):
     pass
@@ -151,26 +149,38 @@ def create_app(settings: Settings) -> FastAPI:
             n=req.n,
             stop=req.stops(),
             seed=req.seed,
+            ignore_eos=req.ignore_eos,
             **prompt,
         )
         engine.submit(job)
         return job
 
-    async def next_event(job: Job, request: Request) -> tuple[Any, ...]:
-        """The job's next event; cancels the job when the client has gone."""
+    async def watch(request: Request, job: Job) -> None:
+        """Wait for the client to go away; then cancel ``job`` and wake its handler."""
         while True:
-            try:
-                return await asyncio.wait_for(job.events.get(), timeout=POLL_SECONDS)
-            except TimeoutError:
-                if await request.is_disconnected():
-                    engine.cancel(job)
-                    raise Disconnected from None
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                engine.cancel(job)
+                job.events.put_nowait(("disconnected",))
+                return
+
+    async def next_event(job: Job) -> tuple[Any, ...]:
+        event = await job.events.get()
+        if event[0] == "disconnected":
+            raise Disconnected
+        return event
 
     async def run(request: Request, req: Sampling, chat: bool, job: Job) -> Response:
+        watcher = asyncio.create_task(watch(request, job))
         try:
-            first = await next_event(job, request)
+            return await respond(req, chat, job)
         except Disconnected:
             return Response(status_code=499)
+        finally:
+            watcher.cancel()  # a streamed response watches the connection itself
+
+    async def respond(req: Sampling, chat: bool, job: Job) -> Response:
+        first = await next_event(job)
         if first[0] == "error":
             raise first[1]
         prompt_tokens = first[1]
@@ -184,20 +194,17 @@ def create_app(settings: Settings) -> FastAPI:
             )
         texts = [""] * req.n
         reasons: list[str | None] = [None] * req.n
-        try:
-            while True:
-                event = await next_event(job, request)
-                if event[0] == "text":
-                    texts[event[1]] += event[2]
-                elif event[0] == "end":
-                    reasons[event[1]] = event[2]
-                elif event[0] == "error":
-                    raise event[1]
-                elif event[0] == "done":
-                    usage = _usage(event[1], event[2])
-                    break
-        except Disconnected:
-            return Response(status_code=499)
+        while True:
+            event = await next_event(job)
+            if event[0] == "text":
+                texts[event[1]] += event[2]
+            elif event[0] == "end":
+                reasons[event[1]] = event[2]
+            elif event[0] == "error":
+                raise event[1]
+            elif event[0] == "done":
+                usage = _usage(event[1], event[2])
+                break
         if chat:
             choices = [
                 {

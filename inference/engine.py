@@ -39,7 +39,7 @@ SEED_MOD = 2**63
 INTERNAL = APIError(500, "the engine failed on this request", "internal_error")
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     """One HTTP request: the prompt, its sampling settings and where its events go."""
 
@@ -53,6 +53,7 @@ class Job:
     n: int = 1
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    ignore_eos: bool = False
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     events: asyncio.Queue[tuple[Any, ...]] = field(default_factory=asyncio.Queue)
     cancelled: bool = False
@@ -61,14 +62,23 @@ class Job:
     open_rows: int = 0
     completion_tokens: int = 0
 
+    outbox: list[tuple[Any, ...]] = field(default_factory=list)
+    touched: set[Job] | None = None  # the engine's jobs with events to deliver
+
     def emit(self, *event: Any) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:  # the event loop is closed: the server is stopping
-            self.cancelled = True
+        """Queue an event; the engine delivers each step's events in one loop call."""
+        self.outbox.append(event)
+        if self.touched is not None:
+            self.touched.add(self)
 
     def fail(self, err: APIError) -> None:
         self.emit("error", err)
+
+
+def _put_all(batch: list[tuple[Job, list[tuple[Any, ...]]]]) -> None:
+    for job, events in batch:
+        for event in events:
+            job.events.put_nowait(event)
 
 
 class Row:
@@ -214,6 +224,7 @@ class Engine:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="generation", daemon=True)
         self.step_seconds = 0.05  # a running estimate, for Retry-After
+        self._touched: set[Job] = set()  # jobs with events not yet handed to their loop
 
     # ------------------------------------------------------------ the HTTP side
     def start(self) -> None:
@@ -237,6 +248,7 @@ class Engine:
                     "rate_limit_exceeded",
                     headers={"Retry-After": str(min(wait, 60))},
                 )
+            job.touched = self._touched
             self._queue.append(job)
             self._cond.notify_all()
 
@@ -277,6 +289,24 @@ class Engine:
             except Exception as err:  # keep the thread alive; fail what was running
                 log.exception("generation step failed: %s", type(err).__name__)
                 self._abort(INTERNAL)
+            self._deliver()
+
+    def _deliver(self) -> None:
+        """Hand this step's events to the event loops: one thread-safe call per loop, not one
+        per token (each call wakes the loop)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[Job]] = {}
+        for job in self._touched:
+            by_loop.setdefault(job.loop, []).append(job)
+        self._touched.clear()
+        for loop, jobs in by_loop.items():
+            batch = [(job, job.outbox) for job in jobs]
+            for job in jobs:
+                job.outbox = []
+            try:
+                loop.call_soon_threadsafe(_put_all, batch)
+            except RuntimeError:  # the loop is closed: the server is stopping
+                for job in jobs:
+                    job.cancelled = True
 
     def _purge(self) -> None:
         """Drop cancelled jobs from the queue (the lock is held)."""
@@ -409,7 +439,7 @@ class Engine:
             token = greedy[i] if row.greedy else _sample(row, logits[i])
             row.generated += 1
             reason = None
-            if token in eos:
+            if token in eos and not job.ignore_eos:
                 reason = "stop"
             else:
                 piece = row.detok.add(token)

@@ -50,6 +50,7 @@ class Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    ignore_eos: bool = False  # vLLM's extension: generate past the end token, to max_tokens
 
     @field_validator("stop")
     @classmethod

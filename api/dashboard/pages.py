@@ -25,6 +25,7 @@ NAV = (
     ("/jobs", "Jobs"),
     ("/jobs/new", "New job"),
     ("/accountant", "Accountant"),
+    ("/playground", "Playground"),
 )
 # (url, title, the action its role must be allowed)
 ADMIN_NAV = (

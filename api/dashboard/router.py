@@ -1,5 +1,5 @@
 """The dashboard's pages: sign in and out, home, data sets, jobs, a job, new job, accountant,
-and for admins the tenant's keys and audit log.
+the playground (``?model=`` preselects a model), and for admins the tenant's keys and audit log.
 
 A page checks the session cookie (:mod:`api.dashboard.session`), the caller's role for the
 admin pages (:func:`service.governance.roles.authorize`: a 403 page) and, for one data set or job,
@@ -105,6 +105,7 @@ for _path, _page, _title in (
     ("/jobs", "jobs", "Jobs"),
     ("/jobs/new", "new_job", "New job"),
     ("/accountant", "accountant", "Accountant"),
+    ("/playground", "playground", "Playground"),
 ):
     router.add_api_route(_path, _simple(_page, _title), methods=["GET"], name=f"page_{_page}")
 

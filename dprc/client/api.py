@@ -1,17 +1,22 @@
 """The client: the official ``openai`` package against ``<server>/v1`` (files, jobs, events,
-checkpoints, cancel, pause, resume) and its raw ``get``/``post`` with the same base URL and key
-for dprc's own endpoints (budget, ledger, accountant, audit log). Every answer is a plain
-JSON-like dict; every failure is a :class:`ClientError` with one line for the user."""
+checkpoints, cancel, pause, resume, streamed completions) and its raw ``get``/``post`` with the
+same base URL and key for dprc's own endpoints (budget, ledger, accountant, audit log) and for
+whole completion objects (as the server answers them, every field kept). Every answer is a
+plain JSON-like dict; every failure is a :class:`ClientError` with one line for the user."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 
 from dprc.client.config import ClientConfig
+
+GENERATION_PATHS = {"chat": "/chat/completions", "complete": "/completions"}
 
 
 class ClientError(RuntimeError):
@@ -167,6 +172,34 @@ class Client:
 
     def resume(self, job_id: str) -> dict[str, Any]:
         return self._post(f"/fine_tuning/jobs/{job_id}/resume")
+
+    # -- generation
+    def generate(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The server's whole completion object (``kind``: ``chat`` or ``complete``): the JSON
+        it answers, as it answers it."""
+        return self._post(GENERATION_PATHS[kind], {**body, "stream": False})
+
+    def generate_stream(self, kind: str, body: dict[str, Any]) -> Generator[str, None, None]:
+        """The text of the first choice as the server streams it (``stream: true``), piece by
+        piece; closing the iterator closes the connection, which ends the generation there."""
+        create: Any = (
+            self.sdk.chat.completions.create if kind == "chat" else self.sdk.completions.create
+        )
+        try:
+            with create(**body, stream=True) as stream:
+                for chunk in stream:
+                    for choice in chunk.choices:
+                        if choice.index != 0:
+                            continue
+                        text = choice.delta.content if kind == "chat" else choice.text
+                        if text:
+                            yield text
+        except openai.APIError as exc:
+            raise ClientError(describe_error(exc, self.config.server_url)) from None
+        except httpx.HTTPError as exc:  # the connection broke off during the answer
+            raise ClientError(
+                f"the answer from {self.config.server_url} broke off: {exc or type(exc).__name__}"
+            ) from None
 
     # -- accountant
     def accountant(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""The client's sub-commands: ``dprc login``, ``dprc files …``, ``dprc jobs …`` and
-``dprc audit …``.
+"""The client's sub-commands: ``dprc login``, ``dprc files …``, ``dprc jobs …``,
+``dprc audit …``, and ``dprc chat`` / ``dprc complete`` (:mod:`dprc.client.chat`).
 
 Every command takes ``--server URL`` (else ``DPRC_SERVER_URL`` or the client config, see
 :mod:`dprc.client.config`) and ``--json`` (the server's objects as JSON, for scripts; tables
@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from dprc.client import audit_chain
+from dprc.client import chat as chat_mod
 from dprc.client import follow as follow_mod
 from dprc.client.api import Client, ClientError
 from dprc.client.config import load_config, save_config
 from dprc.client.tables import fields, number, table, when
 
-CLIENT_COMMANDS = ("login", "files", "jobs", "audit")
+CLIENT_COMMANDS = ("login", "files", "jobs", "audit", *chat_mod.COMMANDS)
 
 
 def _common() -> argparse.ArgumentParser:
@@ -37,8 +38,8 @@ def _common() -> argparse.ArgumentParser:
 
 
 def add_subparsers(sub: Any) -> None:
-    """Register ``login``, ``files``, ``jobs`` and ``audit`` on the ``dprc`` command's
-    sub-parsers."""
+    """Register ``login``, ``files``, ``jobs``, ``audit``, ``chat`` and ``complete`` on the
+    ``dprc`` command's sub-parsers."""
     common = _common()
     login = sub.add_parser(
         "login",
@@ -49,6 +50,7 @@ def add_subparsers(sub: Any) -> None:
     _add_files(sub, common)
     _add_jobs(sub, common)
     _add_audit(sub, common)
+    chat_mod.add_subparsers(sub, common)
 
 
 def _add_files(sub: Any, common: argparse.ArgumentParser) -> None:

@@ -17,11 +17,12 @@ SLOTS, QUEUE = 2, 2
 
 @pytest.fixture(scope="module")
 def long_llama(tmp_path_factory) -> Path:
-    """A tiny Llama with 2048 positions: long generations take seconds."""
+    """A small Llama (hidden 256, 4 layers) with 2048 positions: long generations take
+    seconds."""
     from dprc_core.training.tiny import build_tiny_llama
 
     path = tmp_path_factory.mktemp("inference") / "long"
-    return build_tiny_llama(path, tokenizer="byte", max_positions=2048)
+    return build_tiny_llama(path, tokenizer="byte", hidden=256, layers=4, max_positions=2048)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,7 @@ def test_a_burst_beyond_slots_and_queue_gets_429(small):
 
 def test_a_closed_stream_frees_its_slot(small):
     wait_idle(small, 30)
-    body = {"model": "long", "prompt": "go", "max_tokens": 2000, "stream": True}
+    body = {"model": "long", "prompt": "go", "max_tokens": 2000, "stream": True, "ignore_eos": True}
     with httpx.stream(
         "POST", small.url + "/v1/completions", json=body, headers=small.headers(), timeout=60
     ) as r:
@@ -88,7 +89,7 @@ def test_a_closed_stream_frees_its_slot(small):
 
 def test_a_dropped_request_frees_its_slot(small):
     wait_idle(small, 30)
-    body = {"model": "long", "prompt": "go", "max_tokens": 2000}
+    body = {"model": "long", "prompt": "go", "max_tokens": 2000, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(small.url + "/v1/completions", json=body, headers=small.headers(), timeout=1.5)
     wait_idle(small, 5)
@@ -97,7 +98,7 @@ def test_a_dropped_request_frees_its_slot(small):
 def test_a_queued_request_that_leaves_is_dropped(small):
     """Fill the slots, queue one more, drop it: it never runs."""
     wait_idle(small, 30)
-    body = {"model": "long", "prompt": "go", "max_tokens": 2000, "stream": True}
+    body = {"model": "long", "prompt": "go", "max_tokens": 2000, "stream": True, "ignore_eos": True}
     streams = [
         httpx.stream("POST", small.url + "/v1/completions", json=body, headers=small.headers())
         for _ in range(SLOTS)

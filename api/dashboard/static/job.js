@@ -238,8 +238,21 @@
     return `${eps(p.epsilon_spent)} ${target}`;
   }
 
+  // a succeeded causal-LM job's model: a link to the playground with it preselected
+  let playgroundChecked = false;
+  async function showPlayground() {
+    if (playgroundChecked || job.status !== "succeeded" || !job.fine_tuned_model) return;
+    playgroundChecked = true;
+    const model = await api(`/v1/models/${encodeURIComponent(job.fine_tuned_model)}`).catch(() => null);
+    if (!model || model.task !== "causal_lm") return;
+    const link = document.getElementById("playground");
+    link.href = `/playground?model=${encodeURIComponent(job.fine_tuned_model)}`;
+    link.hidden = false;
+  }
+
   async function refresh() {
     job = await api(base);
+    await showPlayground();
     await newEvents();
     const complete = await fillCurve(job.privacy, epsilonWanted());
     const ckpts = await dprc.all(`${base}/checkpoints`);
