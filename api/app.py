@@ -9,12 +9,12 @@ import contextlib
 import logging
 import re
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -97,26 +97,9 @@ def create_app(
     install_handlers(app)
     _add_docs_pages(app)
 
-    @app.middleware("http")
-    async def refuse_nul(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        # NUL can be stored by neither PostgreSQL text nor file names: refuse it up front
-        if (
-            "\x00" in request.url.path
-            or "%00" in request.url.query
-            or "\x00" in unquote(request.url.query)
-        ):
-            return JSONResponse(
-                error_body(
-                    "NUL characters are not allowed in paths or query parameters",
-                    "invalid_request_error",
-                    None,
-                    "invalid_value",
-                ),
-                status_code=400,
-            )
-        return await call_next(request)
+    # NUL can be stored by neither PostgreSQL text nor file names: refused up front (a plain
+    # ASGI layer: Starlette's BaseHTTPMiddleware would cut streamed answers short)
+    app.add_middleware(RefuseNul)
 
     # outermost of the app's own layers: a body's size is checked before anything reads it
     app.add_middleware(
@@ -172,6 +155,28 @@ def create_app(
         )
 
     return app
+
+
+class RefuseNul:
+    """400 for a NUL character in the path or the query string, before the app sees it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path = scope.get("path", "")
+            query = scope.get("query_string", b"").decode("latin-1")
+            if "\x00" in path or "%00" in query or "\x00" in unquote(query):
+                body = error_body(
+                    "NUL characters are not allowed in paths or query parameters",
+                    "invalid_request_error",
+                    None,
+                    "invalid_value",
+                )
+                await JSONResponse(body, status_code=400)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class RequestContext:

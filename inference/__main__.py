@@ -4,8 +4,26 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 
 from inference.settings import parse_args
+
+PARENT_ENV = "DPRC_INFERENCE_PARENT_PID"
+
+
+def _exit_with_parent() -> None:
+    """Started by the API (``DPRC_INFERENCE_PARENT_PID``): end when that process is gone, even
+    killed with SIGKILL, so no engine outlives its API and keeps its port, memory and models."""
+    parent = int(os.environ[PARENT_ENV])
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        logging.getLogger("inference").warning("the API process %d is gone: exiting", parent)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -16,6 +34,8 @@ def main(argv: list[str] | None = None) -> None:
     # stays torch's default. Set before torch is imported; an explicit setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     settings = parse_args(argv)
+    if os.environ.get(PARENT_ENV, "").isdigit():
+        _exit_with_parent()
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )

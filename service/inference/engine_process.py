@@ -81,7 +81,12 @@ class EngineProcess:
             "--max-queue",
             str(s.inference_max_queue),
         ]
-        env = {**os.environ, "DPRC_INFERENCE_TOKEN": token, "HF_HUB_OFFLINE": "1"}
+        env = {
+            **os.environ,
+            "DPRC_INFERENCE_TOKEN": token,
+            "DPRC_INFERENCE_PARENT_PID": str(os.getpid()),  # it exits when the API is gone
+            "HF_HUB_OFFLINE": "1",
+        }
         self._proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
         address = EngineAddress(f"http://127.0.0.1:{port}", token)
         deadline = time.monotonic() + s.inference_start_seconds

@@ -137,11 +137,24 @@ def test_refusals_are_openai_shaped(server):
         assert r.status_code == 401
 
 
+LONG = "long-llama"
+
+
 @pytest.fixture(scope="module")
 def small_engine(tmp_path_factory):
-    """A server whose engine runs one sequence at a time and queues one request."""
+    """A server whose engine runs one sequence at a time and queues one request, with a model
+    slow enough (hidden 256, 4 layers, 2,048 positions) that generations overlap."""
+    from dprc_core.training.tiny import build_tiny_llama
+
     tmp = tmp_path_factory.mktemp("dprc-small-engine")
-    yield from _serve(_settings(tmp, None, inference_max_batch=1, inference_max_queue=1))
+    long = build_tiny_llama(
+        tmp / "long", tokenizer="byte", hidden=256, layers=4, max_positions=2048
+    )
+    models = {LONG: {"path": str(long), "task": "causal_lm"}}
+    settings = _settings(
+        tmp / "data", None, inference_max_batch=1, inference_max_queue=1, models=models
+    )
+    yield from _serve(settings)
 
 
 def _engine_stats(server: Server) -> dict:
@@ -152,12 +165,14 @@ def _engine_stats(server: Server) -> dict:
 
 def test_an_overloaded_engine_answers_429_never_5xx(small_engine):
     key = small_engine.key("busy")
-    body = {"model": TINY, "prompt": "a", "max_tokens": 200, "temperature": 0}
+    body = {"model": LONG, "prompt": "a", "max_tokens": 300, "temperature": 0}
 
     def ask(_: int) -> httpx.Response:
         with small_engine.http(key) as http:
             return http.post("/v1/completions", json=body)
 
+    with small_engine.http(key) as http:  # loaded first: the burst meets a running slot
+        assert http.post("/v1/completions", json={**body, "max_tokens": 1}).status_code == 200
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
         answers = list(pool.map(ask, range(12)))
     statuses = sorted(r.status_code for r in answers)
@@ -170,13 +185,17 @@ def test_an_overloaded_engine_answers_429_never_5xx(small_engine):
 
 def test_a_closed_stream_frees_its_slot(small_engine):
     key = small_engine.key("leaver")
-    body = {"model": TINY, "prompt": "a", "max_tokens": 400, "temperature": 0, "stream": True}
+    body = {"model": LONG, "prompt": "a", "max_tokens": 2000, "temperature": 0, "stream": True}
     with small_engine.http(key) as http, http.stream("POST", "/v1/completions", json=body) as r:
         assert r.status_code == 200
-        first = next(r.iter_lines())
+        lines = r.iter_lines()  # kept: a dropped iterator would close the stream
+        first = next(lines)
         assert first.startswith("data: ")
-        json.loads(first.removeprefix("data: "))
-        assert _engine_stats(small_engine)["active"] == 1
+        assert json.loads(first.removeprefix("data: "))["object"] == "text_completion", first
+        deadline = time.monotonic() + 10
+        while _engine_stats(small_engine)["active"] != 1:  # its first step may still be on
+            assert time.monotonic() < deadline, _engine_stats(small_engine)
+            time.sleep(0.05)
     deadline = time.monotonic() + 10
     while _engine_stats(small_engine)["active"] != 0:
         assert time.monotonic() < deadline, "the engine kept generating for a client that left"
