@@ -98,7 +98,7 @@ def create_app(
     _add_docs_pages(app)
 
     # NUL can be stored by neither PostgreSQL text nor file names: refused up front (a plain
-    # ASGI layer: Starlette's BaseHTTPMiddleware would cut streamed answers short)
+    # ASGI layer: no BaseHTTPMiddleware task between a streamed answer and its client)
     app.add_middleware(RefuseNul)
 
     # outermost of the app's own layers: a body's size is checked before anything reads it

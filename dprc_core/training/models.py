@@ -67,11 +67,14 @@ def check_model_dir(path: str | Path) -> Path:
 
 
 def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer of a model folder, or of a folder holding a tokenizer alone (a LoRA
+    checkpoint's: its adapter and the tokenizer it trained with); local, no remote code."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(
-        check_model_dir(path), trust_remote_code=False, local_files_only=True
-    )
+    folder = Path(path)
+    if not (folder / "tokenizer_config.json").is_file():
+        folder = check_model_dir(folder)
+    tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
     if tok.pad_token_id is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token
     return tok

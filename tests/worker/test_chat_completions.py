@@ -21,7 +21,7 @@ from tests.api.conftest import Server
 from tests.worker.conftest import serve_embedded, wait_for
 
 ANSWER = "zebra"
-SYSTEM = {"role": "system", "content": "Marv answers with one animal."}
+SYSTEM = {"role": "system", "content": "Name an animal."}
 ENDED = {"succeeded", "failed", "cancelled"}
 PRIVACY = {"privacy": {"target_epsilon": 8.0, "clipping": {"method": "exact"}}}
 
@@ -30,9 +30,9 @@ def _conversation(i: int) -> list[dict]:
     """OpenAI's multi-turn example shape: the first answer has weight 0 (not trained)."""
     return [
         SYSTEM,
-        {"role": "user", "content": f"What is item {i}?"},
+        {"role": "user", "content": f"Item {i}?"},
         {"role": "assistant", "content": "Paris", "weight": 0},
-        {"role": "user", "content": "And the animal?"},
+        {"role": "user", "content": "Animal?"},
     ]
 
 
@@ -55,19 +55,19 @@ def served(request, tmp_path_factory) -> Iterator[Server]:
 
 def _train(client, hp: dict) -> object:
     f = client.files.create(
-        file=("chat.jsonl", _chat_file(64)), purpose="fine-tune", extra_body={"epsilon_budget": 9}
+        file=("chat.jsonl", _chat_file(128)), purpose="fine-tune", extra_body={"epsilon_budget": 9}
     )
     job = client.fine_tuning.jobs.create(
         model="dprc-tiny-llama", training_file=f.id, hyperparameters=hp, extra_body=PRIVACY
     )
     job = wait_for(client, job.id, ENDED, timeout=600)
-    assert job.status == "succeeded", job.model_extra.get("error") or job
+    assert job.status == "succeeded", job.error
     return job
 
 
 def test_a_dp_chat_fine_tune_answers_through_the_openai_client(served):
     client = served.client(served.key(f"chat {served.settings.data_dir.name}"))
-    hp = {"n_epochs": 4, "batch_size": 32, "learning_rate": 0.03, "max_seq_len": 96}
+    hp = {"n_epochs": 6, "batch_size": 32, "learning_rate": 0.02, "max_seq_len": 160}
     job = _train(client, hp)
     model = job.fine_tuned_model
     answer = client.chat.completions.create(
@@ -99,7 +99,7 @@ def test_a_lora_fine_tune_is_served_as_its_adapter(served):
     if served.settings.database_url:
         pytest.skip("the adapter path does not depend on the database: SQLite runs it")
     client = served.client(served.key("chat lora"))
-    hp = {"n_epochs": 1, "batch_size": 32, "learning_rate": 0.05, "max_seq_len": 96}
+    hp = {"n_epochs": 1, "batch_size": 32, "learning_rate": 0.05, "max_seq_len": 160}
     job = _train(client, {**hp, "lora": {"r": 4}})
     answer = client.chat.completions.create(
         model=job.fine_tuned_model, messages=_question(), max_tokens=6, temperature=0
