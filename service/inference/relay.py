@@ -237,6 +237,16 @@ def _error_of(status: int, content: bytes, headers: httpx.Headers) -> EngineErro
         fields = inner if isinstance(inner, dict) else data
     message = fields.get("message")
     kept = {"Retry-After": headers["retry-after"]} if "retry-after" in headers else {}
+    if status in (401, 403):  # the server's credentials for the engine, never the caller's
+        log.error("the generation engine refused this server's token (status %d)", status)
+        return EngineError(
+            502,
+            "the generation engine refused this server's credentials (its operator must set "
+            "DPRC_INFERENCE_TOKEN or DPRC_VLLM_API_KEY to the engine's token)",
+            "server_error",
+            None,
+            "engine_error",
+        )
     if status >= 500:
         log.warning("the generation engine failed with status %d", status)
         return EngineError(

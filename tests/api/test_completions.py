@@ -203,3 +203,23 @@ def test_a_closed_stream_frees_its_slot(small_engine):
     with small_engine.http(key) as http:  # the slot serves the next request
         r = http.post("/v1/completions", json={**body, "stream": False, "max_tokens": 3})
         assert r.status_code == 200
+
+
+def test_a_killed_engine_is_started_again(small_engine):
+    import os
+    import signal
+
+    key = small_engine.key("phoenix")
+    body = {"model": TINY, "prompt": "abc", "max_tokens": 4, "temperature": 0}
+    with small_engine.http(key) as http:
+        assert http.post("/v1/completions", json=body).status_code == 200
+        proc = small_engine.app.state.relay.engine._proc
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        again = http.post("/v1/completions", json=body)
+        if again.status_code == 503:  # the dead engine's connection was still pooled
+            assert again.json()["error"]["code"] == "engine_unavailable"
+            assert int(again.headers["retry-after"]) >= 1
+            again = http.post("/v1/completions", json=body)
+        assert again.status_code == 200, again.text
+        assert small_engine.app.state.relay.engine._proc.pid != proc.pid
