@@ -29,10 +29,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 FORBIDDEN = {
-    "dprc_core": {"api", "worker", "service", "dprc"},
-    "service": {"api", "worker", "dprc"},
-    "api": {"worker", "dprc"},
-    "worker": {"api", "dprc"},
+    "dprc_core": {"api", "worker", "service", "dprc", "inference"},
+    # the engine is a process of its own: the service starts it and talks HTTP to it
+    "service": {"api", "worker", "dprc", "inference"},
+    "api": {"worker", "dprc", "inference"},
+    "worker": {"api", "dprc", "inference"},
     "inference": {"api", "service", "worker", "dprc"},  # the engine process: dprc_core only
 }
 
