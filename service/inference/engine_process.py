@@ -21,6 +21,7 @@ import httpx
 from service.base.settings import Settings
 
 log = logging.getLogger(__name__)
+MAX_NEW_TOKENS = 32_768  # the API's own bound on max_tokens (api/completions/schemas.py)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,8 @@ class EngineProcess:
             str(s.inference_max_batch),
             "--max-queue",
             str(s.inference_max_queue),
+            "--max-new-tokens-limit",
+            str(MAX_NEW_TOKENS),
         ]
         env = {
             **os.environ,

@@ -86,3 +86,46 @@ def _serve_once(settings):
     from contextlib import contextmanager
 
     return contextmanager(_serve)(settings)
+
+
+def test_the_engine_does_not_outlive_its_api(tmp_path):
+    """kill -9 of the process that started the engine ends the engine too (its parent
+    watch), so no orphan keeps a port, memory and loaded models."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import sys, time\n"
+        "from service.base.settings import Settings\n"
+        "from service.inference.engine_process import EngineProcess\n"
+        f"e = EngineProcess(Settings(data_dir={str(tmp_path)!r}))\n"
+        "e.address()\n"
+        "print(e._proc.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    api = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert api.stdout is not None
+        engine_pid = int(api.stdout.readline())
+        os.kill(api.pid, signal.SIGKILL)
+        api.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while _alive(engine_pid):
+            assert time.monotonic() < deadline, "the engine outlived its API"
+            time.sleep(0.2)
+    finally:
+        api.kill()
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie (not yet reaped) has exited
+        return f.read().split(") ")[1][0] != "Z"
