@@ -1,5 +1,5 @@
-"""Direct preference optimisation (DPO) under DP: a per-row loss whose privacy unit is one
-preference pair, and the reference log-probabilities it needs.
+"""Direct preference optimisation (DPO) under DP: a loss whose privacy unit is one preference
+pair, and the reference log-probabilities it needs.
 
 Two batch layouts; in both, ``labels`` hold the answer's tokens and −100 elsewhere (prompt,
 padding), with the convention of :func:`dprc_core.losses.causal_lm_per_sample_loss`
