@@ -16,7 +16,8 @@ with the privacy unit one preference pair, on a tiny float64 Llama.
   reference log-probs; the row layout under the row-level independence check.
 * ``reference_logps``: no gradient, no hook records, and a LoRA model's adapters disabled (the
   base model's log-probs).
-* Per-pair Hutchinson norms are unbiased for ‖g_p‖² (z-test over 120 projections).
+* Per-pair Hutchinson norms are unbiased for ‖g_p‖² (z-test over 120 projections), and
+  per-example sketches key a pair by its example id (the same norm whatever the micro-batches).
 """
 
 from __future__ import annotations
@@ -405,3 +406,31 @@ def test_per_pair_hutchinson_is_unbiased(tiny_llama, layout):
     z = (mean - truth) / se
     assert z.abs().max() < 5.0, (mean, truth, z)
     assert (d.std(0) > 0).all()
+
+
+def test_per_example_sketches_key_a_pair_by_its_index(tiny_llama):
+    """Pair layout with per-example Hutchinson sketches: a pair's projections are keyed by its
+    ``example_ids`` entry, so its norm is the same whatever the micro-batches."""
+    from dprc_core import Hutch
+
+    pairs = make_pairs(tiny_llama)
+    clipping = Clipping(0.5, Hutch(4, sketch="per_example"))
+
+    def norms(parts):
+        opt = torch.optim.SGD(tiny_llama.parameters(), lr=0.0)
+        engine = dprc_core.PrivacyEngine(
+            tiny_llama, opt, clipping=clipping, noise=Gaussian(1.0), expected_batch_size=P, seed=4
+        )
+        for part in parts:
+            idx = torch.tensor(part)
+            engine.accumulate(dpo_loss(BETA), take_pairs(pairs, idx), example_ids=idx)
+        got = engine.step().per_sample_norms
+        engine.detach()
+        return got
+
+    order = [3, 0, 4, 1, 2]  # the pairs' ids in the split's order
+    whole = norms([[0, 1, 2, 3, 4]])
+    split = norms([[3], [0, 4], [1, 2]])
+    torch.testing.assert_close(split, whole[order], rtol=1e-10, atol=0)
+    exact = torch.stack([_norm(g) for g in pair_grads(tiny_llama, pairs)])
+    assert not torch.allclose(whole, exact, rtol=1e-3)  # sketched, not exact
