@@ -230,7 +230,11 @@ class File(Base):
     storage_path: Mapped[str] = mapped_column(String(512))
     # data-set facts (purpose fine-tune): number of examples and line format
     n_examples: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    data_format: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # 32 characters (migration 0013); SQLite keeps its VARCHAR(16), whose length it does not
+    # enforce (widening it there would rebuild ``files``, which foreign keys point at)
+    data_format: Mapped[str | None] = mapped_column(
+        String(32).with_variant(String(16), "sqlite"), nullable=True
+    )
     # user-level DP (docs/privacy_unit.md): the field naming each line's user, the number of
     # users (by the worker's user key) and the most lines one of them has; None: no users
     user_field: Mapped[str | None] = mapped_column(String(64), nullable=True)
