@@ -47,6 +47,7 @@ SECTIONS = [
     ("distributed", "benchmarks/distributed.py"),
     ("fsdp", "benchmarks/fsdp.py"),
     ("client_startup", "benchmarks/client_startup.py"),
+    ("inference", "benchmarks/inference.py --tokens 48"),
     ("distributed_cuda", "benchmarks/distributed.py --device cuda"),
 ]
 
