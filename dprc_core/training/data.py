@@ -7,6 +7,10 @@ One JSON object per line:
   template; the assistant's answers trained) or ``{"prompt": "...", "completion": "..."}`` (the
   completion trained), as TRL's SFTTrainer trains them (docs/data.md, "Chat lines")
 * classification: ``{"text": "...", "label": <str or int>}``
+* preference pairs (DPO, :mod:`dprc_core.preference`), OpenAI's format: ``{"input":
+  {"messages": [...]}, "preferred_output": [{"role": "assistant", "content": "..."}],
+  "non_preferred_output": [...]}``; one line is one pair, two sequences (the input followed by
+  each output), of which only the outputs' tokens are scored (docs/data.md, "Preference lines")
 
 The privacy unit is one line (one example). Validation stops at the first bad line and names
 its number; blank lines are skipped.
@@ -15,7 +19,7 @@ its number; blank lines are skipped.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -143,12 +147,15 @@ def _check_strings(value: Any, line: int) -> None:
             stack.extend(v)
 
 
-FORMATS = ("text", "chat", "prompt_completion", "classification")
+FORMATS = ("text", "chat", "prompt_completion", "preference", "classification")
 FORMATS_FOR_TASK = {
-    "causal_lm": ("text", "chat", "prompt_completion"),
+    "causal_lm": ("text", "chat", "prompt_completion", "preference"),
     "classification": ("classification",),
 }
-MASKED_FORMATS = ("chat", "prompt_completion")  # formats that train some tokens only
+# formats that train some tokens only
+MASKED_FORMATS = ("chat", "prompt_completion", "preference")
+PREFERENCE_FORMAT = "preference"  # a line is a pair: two sequences (method: dpo)
+PREFERENCE_KEYS = ("input", "preferred_output", "non_preferred_output")
 
 
 @dataclass(frozen=True)
@@ -159,7 +166,11 @@ class Example:
     immediately followed by its completion), for classification the label as in the file,
     the user the line belongs to when it says (user-level DP, docs/privacy_unit.md; never
     shown to the model), a chat's messages as checked (with their weights) or a
-    prompt-completion line's two parts (what is tokenized), and the line's number."""
+    prompt-completion line's two parts (what is tokenized), and the line's number. A
+    preference line's ``messages`` are the input followed by the preferred output, ``rejected``
+    the input followed by the non-preferred one (the input's assistant messages of weight 0:
+    only the outputs are scored); its text is the input's messages, then each output's, marked
+    ``preferred`` and ``non_preferred`` (which answer was preferred is part of the pair)."""
 
     format: str
     text: str
@@ -169,6 +180,7 @@ class Example:
     prompt: str | None = None
     completion: str | None = None
     line: int = field(default=0, compare=False)
+    rejected: tuple[dict[str, Any], ...] | None = None
 
 
 DEFAULT_USER_FIELD = "user_id"
@@ -189,6 +201,60 @@ def _pop_user(obj: dict[str, Any], line: int, user_field: str | None) -> str | N
             f"integer, got {json.dumps(value)[:40]}"
         )
     return str(value)
+
+
+def _preference_example(obj: dict[str, Any], line: int, user: str | None) -> Example:
+    """A preference line (OpenAI's DPO format): ``input.messages`` (no ``weight``: the input
+    is never scored; its assistant messages are history), ``preferred_output`` and
+    ``non_preferred_output``, each a non-empty list of assistant messages, different."""
+    unknown = sorted(set(obj) - set(PREFERENCE_KEYS))
+    missing = [k for k in PREFERENCE_KEYS if k not in obj]
+    if missing or unknown:
+        raise DataError(
+            f"line {line}: a preference line is "
+            '{"input": {"messages": [...]}, "preferred_output": [...], '
+            '"non_preferred_output": [...]}'
+            + (f"; it lacks {', '.join(repr(k) for k in missing)}" if missing else "")
+            + (f"; unknown fields {unknown[:5]}" if unknown else "")
+        )
+    given = obj["input"]
+    if not isinstance(given, dict) or set(given) != {"messages"}:
+        raise DataError(f"line {line}: 'input' must be an object holding only 'messages'")
+    history = given["messages"]
+    if not isinstance(history, list) or not history:
+        raise DataError(f"line {line}: input.messages must be a non-empty list")
+    for j, m in enumerate(history):
+        if isinstance(m, dict) and "weight" in m:
+            raise DataError(
+                f"line {line}: input.messages[{j}] has a 'weight'; the input of a preference "
+                "pair is never scored (only the outputs are)"
+            )
+    outputs = []
+    for name in ("preferred_output", "non_preferred_output"):
+        out = obj[name]
+        if not isinstance(out, list) or not out:
+            raise DataError(f"line {line}: {name!r} must be a non-empty list of messages")
+        for j, m in enumerate(out):
+            if not isinstance(m, dict) or m.get("role") != "assistant" or "weight" in m:
+                raise DataError(
+                    f"line {line}: {name}[{j}] must be an assistant message without a weight"
+                )
+        outputs.append(out)
+    unscored = [dict(m, weight=0) if m.get("role") == "assistant" else m for m in history]
+    _, chosen = _chat_messages(unscored + outputs[0], line)
+    _, rejected = _chat_messages(unscored + outputs[1], line)
+    k = len(history)
+    if chosen[k:] == rejected[k:]:
+        raise DataError(f"line {line}: the preferred and non-preferred outputs are the same")
+    text = "\n".join(
+        [_joined(history), "preferred:", _joined(outputs[0])]
+        + ["non_preferred:", _joined(outputs[1])]
+    )
+    return Example("preference", text, user=user, messages=chosen, line=line, rejected=rejected)
+
+
+def _joined(messages: Sequence[dict[str, Any]]) -> str:
+    return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
 
 
 def _check_id_type(value: str | int, line: int, first: tuple[int, str] | None) -> tuple[int, str]:
@@ -220,6 +286,8 @@ def read_example(obj: Any, line: int, user_field: str | None = None) -> Example:
         raise DataError(f"line {line}: expected a JSON object, got {type(obj).__name__}")
     obj = dict(obj)
     user = _pop_user(obj, line, user_field)
+    if any(k in obj for k in PREFERENCE_KEYS):
+        return _preference_example(obj, line, user)
     if "messages" in obj:
         unknown = set(obj) - {"messages"}
         if unknown:
@@ -383,12 +451,20 @@ class TokenizedData:
     labels: list[int] | None
     pad_id: int
     trained: list[list[int]] | None = None
+    # preference pairs: 2 (each example two sequences, 2i preferred and 2i+1 not)
+    rows_per_example: int = 1
 
     def __len__(self) -> int:
-        return len(self.input_ids)
+        return len(self.input_ids) // self.rows_per_example
 
     def batch(self, index: torch.Tensor | Sequence[int]) -> dict[str, torch.Tensor]:
-        """A right-padded batch of the given examples (attention_mask marks real tokens)."""
+        """A right-padded batch of the given examples (attention_mask marks real tokens);
+        preference pairs as (P, 2, T) tensors (:func:`pair_batch`)."""
+        if self.rows_per_example == 2:
+            return pair_batch(self._rows, index)
+        return self._rows(index)
+
+    def _rows(self, index: torch.Tensor | Sequence[int]) -> dict[str, torch.Tensor]:
         idx = [int(i) for i in index]
         width = max((len(self.input_ids[i]) for i in idx), default=1)
         ids = torch.full((len(idx), width), self.pad_id, dtype=torch.long)
@@ -407,6 +483,17 @@ class TokenizedData:
                 trained[row, : len(seq)] = torch.tensor(seq, dtype=torch.bool)
             out["labels"] = token_labels(ids, trained)
         return out
+
+
+def pair_batch(
+    rows: Callable[[Sequence[int]], dict[str, torch.Tensor]], index: torch.Tensor | Sequence[int]
+) -> dict[str, torch.Tensor]:
+    """Preference pairs ``index`` as (P, 2, T) tensors, ``[:, 0]`` the preferred sequence and
+    ``[:, 1]`` the other (:mod:`dprc_core.preference`'s pair layout), from ``rows(r)``, the
+    padded batch of sequences ``r`` (pair i's sequences are 2i and 2i + 1)."""
+    pairs = [int(i) for i in index]
+    batch = rows([r for i in pairs for r in (2 * i, 2 * i + 1)])
+    return {k: v.reshape(len(pairs), 2, *v.shape[1:]) for k, v in batch.items()}
 
 
 def token_labels(input_ids: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
@@ -429,7 +516,9 @@ def tokenize(
         pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
     if examples.items and examples.items[0].format in MASKED_FORMATS:
         pairs = masked_ids(tokenizer, examples.items, max_seq_len)
-        return TokenizedData([p[0] for p in pairs], None, int(pad), [p[1] for p in pairs])
+        rows = 2 if examples.items[0].format == PREFERENCE_FORMAT else 1
+        seqs, trained = [p[0] for p in pairs], [p[1] for p in pairs]
+        return TokenizedData(seqs, None, int(pad), trained, rows_per_example=rows)
     enc = truncated_ids(tokenizer, examples.texts, max_seq_len)
     need = 2 if examples.task == "causal_lm" else 1
     for i, ids in enumerate(enc):
@@ -631,6 +720,8 @@ def masked_ids(
     predicts each token from the ones before it) is :class:`DataError` naming its line."""
     if not items:
         return []
+    if items[0].format == PREFERENCE_FORMAT:
+        return _preference_masks(tokenizer, items, max_seq_len)
     if items[0].format == "chat":
         try:
             template = training_chat_template(tokenizer)
@@ -647,5 +738,32 @@ def masked_ids(
             raise DataError(
                 f"line {ex.line}: no {what} token is left to train in its first {max_seq_len} "
                 f"tokens (max_seq_len): shorten what comes before the {what} or raise max_seq_len"
+            )
+    return out
+
+
+def _preference_masks(
+    tokenizer: Any, items: Sequence[Example], max_seq_len: int
+) -> list[tuple[list[int], list[int]]]:
+    """Two entries per preference pair, the preferred sequence then the non-preferred one: each
+    its input and output rendered as a chat (:func:`_chat_masks`), the output's tokens marked
+    (the ones whose log-probability DPO sums). A pair either of whose outputs keeps no token in
+    its first ``max_seq_len`` is :class:`DataError` naming its line."""
+    try:
+        template = training_chat_template(tokenizer)
+    except ValueError as exc:
+        raise DataError(str(exc)) from exc
+    chats = []
+    for ex in items:
+        assert ex.messages is not None and ex.rejected is not None
+        chats.append(Example("chat", ex.text, messages=ex.messages, line=ex.line))
+        chats.append(Example("chat", ex.text, messages=ex.rejected, line=ex.line))
+    out = _chat_masks(tokenizer, chats, template, max_seq_len)
+    for j, (_, mask) in enumerate(out):
+        if not any(mask[1:]):
+            which = "preferred" if j % 2 == 0 else "non-preferred"
+            raise DataError(
+                f"line {chats[j].line}: no token of the {which} output is left in its first "
+                f"{max_seq_len} tokens (max_seq_len): shorten the input or raise max_seq_len"
             )
     return out

@@ -55,13 +55,20 @@ from dprc_core.noise import NoiseMechanism, SecureStream
 from dprc_core.noise.mechanisms import as_noise_mechanism, mechanism_class, noise_from_dict
 from dprc_core.noise.secure_stream import new_key
 from dprc_core.norm_methods import get_norm_method, method_names
+from dprc_core.preference import dpo_loss
 from dprc_core.seeding import derive_seed, fresh_seed
 from dprc_core.sharding import SHARDINGS
 from dprc_core.sketches import SHARED_SKETCH, check_sketch_mode
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training import sharded_run, token_store
 from dprc_core.training.chat_template import DEFAULT_CHAT_TEMPLATE, own_chat_template
-from dprc_core.training.data import DEFAULT_USER_FIELD, TASKS, Batches
+from dprc_core.training.data import (
+    DEFAULT_USER_FIELD,
+    PREFERENCE_FORMAT,
+    TASKS,
+    Batches,
+    DataError,
+)
 from dprc_core.training.learnability import warn_if_unlearnable
 from dprc_core.training.models import (
     LoraSpec,
@@ -71,6 +78,14 @@ from dprc_core.training.models import (
     matches_train_only,
 )
 from dprc_core.training.plan import PRIVACY_UNITS, PrivacyPlan, plan_privacy
+from dprc_core.training.reference import (
+    WithReference,
+    compute_reference,
+    kept_reference,
+    model_fingerprint,
+    preference_metrics,
+    start_model_reference,
+)
 from dprc_core.training.results import ResultsFile
 from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
 from dprc_core.training.secure_sampling import SecurePoissonSampler
@@ -82,7 +97,11 @@ from dprc_core.training.user_sampling import (
     UserPoissonSampler,
     user_micro_batches,
 )
-from dprc_core.training.validation import prepare_validation, validation_loss
+from dprc_core.training.validation import (
+    ValidationDataError,
+    prepare_validation,
+    validation_loss,
+)
 
 Sampler = (
     PoissonSampler
@@ -93,6 +112,9 @@ Sampler = (
 )
 
 OPTIMIZERS = ("adam", "sgd")
+DPO = "dpo"
+METHODS = ("supervised", DPO)
+DEFAULT_BETA = 0.1  # TRL's DPOConfig default
 
 
 @dataclass
@@ -162,6 +184,11 @@ class JobSpec:
     # norm_method, k and sketch (and max_seq_len for Auto), which a YAML file may give flat.
     # A string is the deprecated spelling of norm_method.
     clipping: Clipping | dict[str, Any] | str | None = None
+    # what the job optimises: "supervised" (the next-token or class loss of each line) or
+    # "dpo" (preference lines, docs/data.md "Preference lines": one pair is one example, its
+    # sigmoid DPO loss against the starting model as reference, dprc_core/preference.py)
+    method: str = "supervised"
+    beta: float | None = None  # dpo: β (None: DEFAULT_BETA)
 
     def __post_init__(self) -> None:
         if isinstance(self.clipping, str):
@@ -176,6 +203,7 @@ class JobSpec:
         self._take_noise()
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        self._check_method()
         if self.norm_method not in method_names():
             raise ValueError(
                 f"norm_method must be one of {method_names()}, got {self.norm_method!r}"
@@ -282,6 +310,23 @@ class JobSpec:
         """The noise mechanism (without σ)."""
         assert isinstance(self.noise, NoiseMechanism)  # made so by __post_init__
         return self.noise
+
+    def _check_method(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if self.method != DPO:
+            if self.beta is not None:
+                raise ValueError("beta is DPO's: it applies to method: dpo")
+            return
+        if self.task != "causal_lm":
+            raise ValueError(f"method: dpo trains a causal LM (task: causal_lm), not {self.task}")
+        b = self.beta
+        if b is None:
+            self.beta = DEFAULT_BETA
+        elif isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b < math.inf:
+            raise ValueError(f"beta must be a finite number > 0, got {b!r}")
+        else:
+            self.beta = float(b)
 
     def _check_sharding(self) -> None:
         if self.sharding not in SHARDINGS:
@@ -410,6 +455,10 @@ class Progress:
     # plan it charged (worker/execution.py)
     units: int | None = None
     sample_rate: float | None = None
+    # method: dpo, at checkpoints with a validation file (reference.preference_metrics): the
+    # mean reward margin and the fraction of pairs ranked right; valid_loss is the DPO loss
+    valid_reward_margin: float | None = None
+    valid_reward_accuracy: float | None = None
 
 
 @dataclass
@@ -504,7 +553,8 @@ def load_job_data(spec: JobSpec, report: Callable[[str], None] | None = None) ->
         classes,
         token_store_root(spec),
     )
-    if train.format == "chat" and own_chat_template(tokenizer) is None:
+    _check_method_data(spec, train.format, validation)
+    if train.format in ("chat", PREFERENCE_FORMAT) and own_chat_template(tokenizer) is None:
         # trained with the default template: the checkpoints' tokenizer carries it, so that a
         # served fine-tune renders prompts as it was trained (docs/data.md, "Chat lines")
         tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
@@ -512,6 +562,32 @@ def load_job_data(spec: JobSpec, report: Callable[[str], None] | None = None) ->
         return JobData(tokenizer, train, classes, validation)
     keys = train.users()
     return JobData(tokenizer, train, classes, validation, keys, UserIndex.of(keys))
+
+
+def _check_method_data(spec: JobSpec, fmt: str | None, validation: Batches | None) -> None:
+    """Preference lines train with method dpo, and only they do; a validation file of a DPO
+    job holds preference lines too."""
+    dpo = spec.method == DPO
+    if dpo != (fmt == PREFERENCE_FORMAT):
+        raise DataError(
+            f"method: dpo trains preference lines (input, preferred_output, "
+            f"non_preferred_output); this file holds {fmt} lines"
+            if dpo
+            else "this file holds preference lines: they train with method: dpo"
+        )
+    if validation is not None:
+        vfmt = getattr(validation, "format", None) or _format_of(validation)
+        if dpo != (vfmt == PREFERENCE_FORMAT):
+            raise ValidationDataError(
+                "validation file: a dpo job's validation file holds preference lines"
+                if dpo
+                else "validation file: preference lines validate a dpo job only"
+            )
+
+
+def _format_of(data: Batches) -> str | None:
+    rows = getattr(data, "rows_per_example", 1)
+    return PREFERENCE_FORMAT if rows == 2 else None
 
 
 def prepare_data_stores(spec: JobSpec, report: Callable[[str], None] | None = None) -> JobData:
@@ -567,6 +643,8 @@ def start_run(
     model = _load_model(spec, data.classes, latest, data.train, device)
     if spec.sharding == "fsdp":  # each rank keeps 1/W of the model (sharded_run.py)
         model = sharded_run.shard_model(model, ranks, device)
+    if spec.method == DPO:  # before the engine: its hooks record nothing here either
+        data = _with_reference(spec, data, model, resumed is not None, device, ranks)
     spec = _spec_as_checkpointed(spec, resumed)
     plan, clipping = _plan(spec, model, data.units)
     plan = _resumable_plan(spec, plan, resumed, latest, model, data.units, on_event)
@@ -601,6 +679,39 @@ def start_run(
         done=done,
         last_checkpoint=latest,
     )
+
+
+def _with_reference(
+    spec: JobSpec,
+    data: JobData,
+    model: torch.nn.Module,
+    resumed: bool,
+    device: torch.device,
+    ranks: Ranks,
+) -> JobData:
+    """The job's pairs (training and validation) with their reference log-probabilities
+    (:mod:`dprc_core.training.reference`): kept in the store, or computed from the starting
+    model — the model about to train on a fresh run, adapters disabled for LoRA, or loaded
+    again for a resumed full fine-tune."""
+    size = spec.max_physical_batch_size
+    fingerprint = model_fingerprint(spec.model, spec.dtype, device)
+
+    def start_model() -> torch.nn.Module:
+        return load_model(spec.model, spec.task, dtype=spec.dtype).to(device)
+
+    def reference(batches: Batches) -> torch.Tensor:
+        def compute() -> torch.Tensor:
+            if resumed and spec.lora is None:
+                return start_model_reference(start_model, batches, size)
+            return compute_reference(model, batches, size)
+
+        return kept_reference(batches, compute, fingerprint, ranks)
+
+    train = WithReference(data.train, reference(data.train))
+    valid = None
+    if data.validation is not None:
+        valid = WithReference(data.validation, reference(data.validation))
+    return dataclasses.replace(data, train=train, validation=valid)
 
 
 def _spec_as_checkpointed(spec: JobSpec, resumed: ckpt_io.ResumeState | None) -> JobSpec:
@@ -1017,6 +1128,8 @@ class TrainingRun:
             "noise_mechanism": plan.mechanism,
             "nu": plan.nu,
             "bands": plan.bands,
+            "method": self.spec.method,
+            "beta": self.spec.beta,
         }
 
     # -- the steps
@@ -1027,11 +1140,14 @@ class TrainingRun:
     ) -> str:
         """Run the remaining steps; "succeeded", or "stopped" when ``should_stop()`` turned
         true (after a checkpoint)."""
-        loss_fn = (
+        loss_fn: Callable[..., torch.Tensor] = (
             causal_lm_per_sample_loss
             if self.spec.task == "causal_lm"
             else sequence_classification_per_sample_loss
         )
+        if self.spec.method == DPO:
+            assert self.spec.beta is not None  # set by JobSpec
+            loss_fn = dpo_loss(self.spec.beta)
         samples = iter(self.sampler)
         while self.done < self.plan.steps:
             stats = self._step(next(samples), loss_fn)
@@ -1080,7 +1196,7 @@ class TrainingRun:
         every = self.spec.checkpoint_every
         due = every is not None and self.done % every == 0
         saved = None
-        valid = None
+        valid: dict[str, float] | None = None
         if due or self.done == self.plan.steps or stop:
             self.last_checkpoint = self.save()
             saved = str(self.last_checkpoint)
@@ -1089,8 +1205,11 @@ class TrainingRun:
         if self.ranks.is_main and on_progress is not None:
             on_progress(self._progress(stats, saved, valid))
 
-    def _progress(self, stats: StepStats, saved: str | None, valid: float | None) -> Progress:
+    def _progress(
+        self, stats: StepStats, saved: str | None, valid: dict[str, float] | None
+    ) -> Progress:
         report = self.spec.report_train_loss
+        valid = valid or {}
         return Progress(
             step=self.done,
             steps=self.plan.steps,
@@ -1100,18 +1219,26 @@ class TrainingRun:
             dropped=stats.dropped,
             epsilon=self.epsilon_at(self.done) if saved else self.epsilon_bound(),
             checkpoint=saved,
-            valid_loss=valid,
+            valid_loss=valid.get("valid_loss"),
+            valid_reward_margin=valid.get("valid_reward_margin"),
+            valid_reward_accuracy=valid.get("valid_reward_accuracy"),
             envelope=self.clipping,
             sketch=self.plan.sketch,
             units=self.plan.dataset_size,
             sample_rate=self.plan.sample_rate,
         )
 
-    def _valid_loss(self) -> float | None:
-        if self.data.validation is None:
+    def _valid_loss(self) -> dict[str, float] | None:
+        """The checkpoint's validation metrics: valid_loss, and for DPO the reward margin
+        and accuracy (not private with respect to the validation file)."""
+        validation = self.data.validation
+        if validation is None:
             return None
         size = self.spec.max_physical_batch_size
-        return validation_loss(self.model, self.data.validation, self.spec.task, size)
+        if isinstance(validation, WithReference):
+            assert self.spec.beta is not None
+            return preference_metrics(self.model, validation, self.spec.beta, size)
+        return {"valid_loss": validation_loss(self.model, validation, self.spec.task, size)}
 
     # -- the end
     def finish(self, status: str, started: float) -> JobResult:

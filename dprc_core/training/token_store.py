@@ -5,6 +5,8 @@ Layout of one store, ``<root>/<key>/``:
 
 * ``tokens.u32`` — every example's token ids, end to end (``uint32``);
 * ``offsets.i64`` — N + 1 offsets into ``tokens`` (example i is ``tokens[off[i]:off[i+1]]``);
+  a store of preference pairs (``rows_per_example`` 2 in ``meta.json``) holds two sequences an
+  example, 2N + 1 offsets: pair i's preferred sequence is 2i, its non-preferred one 2i + 1;
 * ``labels.i32`` — the class index of each example (classification only);
 * ``trained.u8`` — one byte a token, 1 where the token is trained (chat and prompt-completion
   lines only, docs/data.md "Chat lines"; a text line trains every token): batches carry
@@ -73,10 +75,12 @@ import torch
 from dprc_core.training.chat_template import chat_template_key
 from dprc_core.training.data import (
     MASKED_FORMATS,
+    PREFERENCE_FORMAT,
     DataError,
     Example,
     label_names,
     masked_ids,
+    pair_batch,
     read_examples,
     token_labels,
     truncated_ids,
@@ -192,9 +196,12 @@ class TokenStore:
         self.path = path
         self.meta = meta
         self.n = int(meta["n_examples"])
+        # preference pairs: 2 sequences an example (2i preferred, 2i + 1 not)
+        self.rows_per_example = int(meta.get("rows_per_example", 1))
+        self.n_rows = self.n * self.rows_per_example
         self.pad_id = int(meta["pad_id"])
         self.classes: list[str] | None = meta["classes"]
-        self._offsets = _map(path / "offsets.i64", np.int64, self.n + 1)
+        self._offsets = _map(path / "offsets.i64", np.int64, self.n_rows + 1)
         self._tokens = _map(path / "tokens.u32", np.uint32, int(meta["n_tokens"]))
         classification = meta["task"] == "classification"
         self._labels = _map(path / "labels.i32", np.int32, self.n) if classification else None
@@ -227,14 +234,15 @@ class TokenStore:
                 yield [block[j : j + DIGEST_SIZE] for j in range(0, len(block), DIGEST_SIZE)]
 
     def example_with_sequence(self, digest: bytes) -> int | None:
-        """The index of the first example whose token ids have ``digest`` (None: none); reads
-        the examples one by one (for a message, not a lookup)."""
-        for i, d in enumerate(_example_digests(self._tokens, self._offsets, self.n)):
+        """The index of the first example one of whose token-id sequences has ``digest``
+        (None: none); reads the sequences one by one (for a message, not a lookup)."""
+        for i, d in enumerate(_example_digests(self._tokens, self._offsets, self.n_rows)):
             if d == digest:
-                return i
+                return i // self.rows_per_example
         return None
 
     def ids(self, i: int) -> list[int]:
+        """Sequence ``i``'s token ids (an example's; a pair's sequences are 2i and 2i + 1)."""
         lo, hi = int(self._offsets[i]), int(self._offsets[i + 1])
         return self._tokens[lo:hi].astype(np.int64).tolist()
 
@@ -256,7 +264,13 @@ class TokenStore:
         return None if self._labels is None else self._labels.astype(np.int64).tolist()
 
     def batch(self, index: torch.Tensor | Sequence[int]) -> dict[str, torch.Tensor]:
-        """A right-padded batch of the given examples (attention_mask marks real tokens)."""
+        """A right-padded batch of the given examples (attention_mask marks real tokens);
+        preference pairs as (P, 2, T) tensors (:func:`dprc_core.training.data.pair_batch`)."""
+        if self.rows_per_example == 2:
+            return pair_batch(self._rows, index)
+        return self._rows(index)
+
+    def _rows(self, index: torch.Tensor | Sequence[int]) -> dict[str, torch.Tensor]:
         idx = np.asarray([int(i) for i in index], dtype=np.int64)
         starts, ends = self._offsets[idx], self._offsets[idx + 1]
         lengths = ends - starts
@@ -391,6 +405,7 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
         {c: j for j, c in enumerate(key.classes)} if key.classes is not None else {}
     )
     n = n_tokens = 0
+    rows = 1  # sequences an example: 2 for preference pairs
     fmt: str | None = None
     last_report = time.monotonic()
     sequences = _DigestSorter(tmp)
@@ -411,8 +426,9 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
         user_ids = bytearray()  # each line's user_id_hash, checked for key collisions
 
         def flush() -> None:
-            nonlocal n, n_tokens, fmt
+            nonlocal n, n_tokens, fmt, rows
             fmt = items[0].format
+            rows = 2 if fmt == PREFERENCE_FORMAT else 1
             masks: list[list[int]] | None = None
             if fmt in MASKED_FORMATS:
                 pairs = masked_ids(tokenizer, items, key.max_seq_len)
@@ -424,8 +440,8 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
             if short.size:
                 i = int(short[0])
                 raise DataError(
-                    f"example {n + i + 1} tokenizes to {int(lengths[i])} token(s); a {key.task} "
-                    f"example needs at least {need}"
+                    f"example {n + i // rows + 1} tokenizes to {int(lengths[i])} token(s); "
+                    f"a {key.task} example needs at least {need}"
                 )
             flat = np.concatenate([np.asarray(x, dtype=np.uint32) for x in ids])
             tokens_f.write(flat.tobytes())
@@ -439,7 +455,7 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
             if key.user_field is not None:
                 users_f.write(np.asarray(users, dtype=np.int64).tobytes())
                 ids_f.write(user_ids)
-            n += len(ids)
+            n += len(ids) // rows
             n_tokens += int(lengths.sum())
             texts.clear()
             items.clear()
@@ -493,6 +509,7 @@ def _build(path: Path, tokenizer: Any, key: StoreKey, tmp: Path, report: Report 
     meta = {
         "version": STORE_VERSION,
         "n_examples": n,
+        "rows_per_example": rows,
         "n_tokens": n_tokens,
         "n_sequences": n_sequences,
         "pad_id": pad_id_of(tokenizer),
@@ -608,7 +625,7 @@ def _add_sequences(store: TokenStore) -> TokenStore:
     for stale in [*folder.glob("sequences.run-*"), *folder.glob("*.tmp-*")]:
         stale.unlink()  # of an earlier try, killed (we hold the turn)
     sorter = _DigestSorter(folder)
-    digests = _example_digests(store._tokens, store._offsets, store.n)
+    digests = _example_digests(store._tokens, store._offsets, store.n_rows)
     while batch := list(itertools.islice(digests, BUILD_BATCH)):
         sorter.add_all(batch)
     tmp = folder / f"{SEQUENCES}.tmp-{uuid.uuid4().hex[:8]}"
