@@ -39,6 +39,7 @@ from torch import nn
 from dprc_core.losses import IGNORE_INDEX, _loss_dtype, _model_inputs
 
 PAIR_KEYS = ("labels", "pair", "chosen")
+DEFAULT_BETA = 0.1  # β when none is given: TRL's DPOConfig default
 
 
 def sequence_logps(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
@@ -193,4 +194,11 @@ def reference_logps(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
     return logps.reshape(-1, 2) if pairs else logps
 
 
-__all__ = ["check_pairs", "dpo_loss", "dpo_pair_losses", "reference_logps", "sequence_logps"]
+__all__ = [
+    "DEFAULT_BETA",
+    "check_pairs",
+    "dpo_loss",
+    "dpo_pair_losses",
+    "reference_logps",
+    "sequence_logps",
+]

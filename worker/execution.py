@@ -185,6 +185,8 @@ def _hyperparameter_fields(store: Store, hp: dict[str, Any]) -> dict[str, Any]:
         "max_seq_len": int(hp.get("max_seq_len") or 128),
         "lora": LoraSpec(**hp["lora"]) if hp.get("lora") else None,
         "train_only": hp.get("train_only"),
+        "method": hp.get("method") or "supervised",
+        "beta": hp.get("beta"),
     }
 
 
@@ -457,6 +459,9 @@ def _progress_recorder(store: Store, req: runs.JobRequest) -> Callable[[Progress
             metrics["clipped_fraction"] = p.clipped_fraction
         if p.valid_loss is not None:
             metrics["valid_loss"] = p.valid_loss
+        for name in ("valid_reward_margin", "valid_reward_accuracy"):  # method dpo
+            if getattr(p, name) is not None:
+                metrics[name] = getattr(p, name)
         runs.record_progress(store, job_id, p.step, p.epsilon or 0.0, metrics)
         if p.checkpoint is not None:
             runs.record_checkpoint(

@@ -92,6 +92,50 @@ class Hyperparameters(Strict):
         return self
 
 
+class DpoHyperparameters(Hyperparameters):
+    beta: float | Literal["auto"] = Field(
+        default="auto",
+        description="DPO's β: how far the policy may move from the reference (the starting "
+        "model); 'auto' = 0.1",
+    )
+
+    @field_validator("beta")
+    @classmethod
+    def _beta(cls, v: float | str) -> float | str:
+        if isinstance(v, float | int) and not (0 < v <= 100 and v == v):
+            raise ValueError("beta must be in (0, 100]")
+        return v
+
+
+class SupervisedMethod(Strict):
+    hyperparameters: Hyperparameters | None = None
+
+
+class DpoMethod(Strict):
+    hyperparameters: DpoHyperparameters | None = None
+
+
+class Method(Strict):
+    """OpenAI's ``method``: ``supervised`` (the default) or ``dpo`` (preference pairs; the
+    training file holds preference lines, docs/data.md "Preference lines"). ``reinforcement``
+    is not offered."""
+
+    type: Literal["supervised", "dpo"]
+    supervised: SupervisedMethod | None = None
+    dpo: DpoMethod | None = None
+
+    @model_validator(mode="after")
+    def _one_type(self) -> Method:
+        other = "dpo" if self.type == "supervised" else "supervised"
+        if getattr(self, other) is not None:
+            raise ValueError(f"method.type is {self.type!r}: give method.{self.type}, not {other}")
+        return self
+
+    def hyperparameters(self) -> Hyperparameters | None:
+        given = self.dpo if self.type == "dpo" else self.supervised
+        return given.hyperparameters if given is not None else None
+
+
 # the registered norm methods offered to service users (dprc_core/norm_methods.py): a new
 # method is one registration
 NormMethodName = Literal[tuple(offered_names())]  # type: ignore[valid-type]  # from the registry
@@ -215,7 +259,16 @@ class PrivacyRequest(Strict):
 class JobCreate(Strict):
     model: str = Field(min_length=1, max_length=256)
     training_file: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
-    hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
+    hyperparameters: Hyperparameters = Field(
+        default_factory=Hyperparameters,
+        description="deprecated by OpenAI in favour of method.<type>.hyperparameters; give "
+        "one of them",
+    )
+    method: Method | None = Field(
+        default=None,
+        description="OpenAI's method: {type: supervised | dpo, <type>: {hyperparameters}}; "
+        "dpo trains preference lines with β (method.dpo.hyperparameters.beta)",
+    )
     privacy: PrivacyRequest
     checkpoint_every: int | None = Field(default=None, ge=1, le=1_000_000)
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
@@ -245,6 +298,23 @@ class JobCreate(Strict):
         "optimizer state). fsdp needs devices >= 2 and the gaussian noise mechanism (400 "
         "sharding_needs_devices, sharding_unsupported); the privacy plan is the same",
     )
+
+    @model_validator(mode="after")
+    def _hyperparameters_once(self) -> JobCreate:
+        if self.method is None:
+            return self
+        inner = self.method.hyperparameters()
+        if inner is not None and "hyperparameters" in self.model_fields_set:
+            raise ValueError(
+                f"give the hyperparameters once: method.{self.method.type}.hyperparameters "
+                "(OpenAI's current place) or hyperparameters (deprecated), not both"
+            )
+        return self
+
+    def training_hyperparameters(self) -> Hyperparameters:
+        """The hyperparameters given: the method's, else the top-level ones."""
+        inner = self.method.hyperparameters() if self.method is not None else None
+        return inner if inner is not None else self.hyperparameters
 
     @field_validator("suffix")
     @classmethod
@@ -278,6 +348,10 @@ class Job(BaseModel):
     fine_tuned_model: str | None
     finished_at: int | None
     hyperparameters: dict[str, Any]
+    method: dict[str, Any] | None = Field(
+        default=None,
+        description="OpenAI's method: {type, <type>: {hyperparameters}} (dpo: with beta)",
+    )
     model: str
     organization_id: str
     result_files: list[str]

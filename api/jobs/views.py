@@ -11,6 +11,7 @@ from typing import Literal, cast
 
 from api.jobs.schemas import (
     Checkpoint,
+    DpoHyperparameters,
     Event,
     Job,
     JobCreate,
@@ -26,7 +27,9 @@ from service.store.job_status import JobStatus
 
 
 def job_request(body: JobCreate) -> jobs.JobRequest:
-    hp, pr = body.hyperparameters, body.privacy
+    hp, pr = body.training_hyperparameters(), body.privacy
+    method = body.method.type if body.method is not None else "supervised"
+    beta = hp.beta if isinstance(hp, DpoHyperparameters) else "auto"
     return jobs.JobRequest(
         model=body.model,
         training_file=body.training_file,
@@ -57,6 +60,8 @@ def job_request(body: JobCreate) -> jobs.JobRequest:
         validation_file=body.validation_file,
         devices=body.devices,
         sharding=body.sharding,
+        method=method,
+        beta=None if method != "dpo" or beta == "auto" else float(beta),
     )
 
 
@@ -79,6 +84,8 @@ def request_hash(body: JobCreate) -> str:
     canonical["privacy"].pop("unit", None)
     if unit != UnitRequest():
         canonical["privacy"]["unit"] = asdict(unit)
+    if canonical.get("method") is None:  # left out unless given (fingerprints as before)
+        canonical.pop("method", None)
     # sharding left out at its default too (a request sent before sharding keeps its fingerprint)
     if canonical.get("sharding") == "none":
         del canonical["sharding"]
@@ -101,6 +108,7 @@ def job_object(row: jobs.JobRow, caller_org: str) -> Job:
         fine_tuned_model=row.fine_tuned_model,
         finished_at=row.finished_at,
         hyperparameters=jobs.public_hyperparameters(row),
+        method=jobs.method_object(row),
         model=row.model,
         organization_id=caller_org,
         result_files=list(row.result_files or []),

@@ -55,7 +55,7 @@ from dprc_core.noise import NoiseMechanism, SecureStream
 from dprc_core.noise.mechanisms import as_noise_mechanism, mechanism_class, noise_from_dict
 from dprc_core.noise.secure_stream import new_key
 from dprc_core.norm_methods import get_norm_method, method_names
-from dprc_core.preference import dpo_loss
+from dprc_core.preference import DEFAULT_BETA, dpo_loss
 from dprc_core.seeding import derive_seed, fresh_seed
 from dprc_core.sharding import SHARDINGS
 from dprc_core.sketches import SHARED_SKETCH, check_sketch_mode
@@ -114,7 +114,6 @@ Sampler = (
 OPTIMIZERS = ("adam", "sgd")
 DPO = "dpo"
 METHODS = ("supervised", DPO)
-DEFAULT_BETA = 0.1  # TRL's DPOConfig default
 
 
 @dataclass

@@ -31,8 +31,9 @@ from dprc_core.mechanism_names import GAUSSIAN
 from dprc_core.noise import NoiseMechanism
 from dprc_core.noise.mechanisms import noise_from_dict, noise_from_request
 from dprc_core.plan_errors import PlanError
+from dprc_core.preference import DEFAULT_BETA
 from dprc_core.sharding import SHARDINGS
-from dprc_core.training.data import DataError, label_names, read_examples
+from dprc_core.training.data import PREFERENCE_FORMAT, DataError, label_names, read_examples
 from dprc_core.training.models import (
     LoraSpec,
     ModelSettingError,
@@ -66,6 +67,25 @@ FORMATS_FOR_TASK = {
     "causal_lm": ("text", "chat", "prompt_completion"),
     "classification": ("classification",),
 }
+DPO = "dpo"
+METHODS = ("supervised", DPO)
+# the hyperparameters JSON keys of the method (shown as the job's ``method``, not among its
+# hyperparameters); a row without them is supervised
+METHOD_KEYS = ("method", "beta")
+
+
+def formats_for(task: str, method: str) -> tuple[str, ...]:
+    """The line formats a job of ``method`` trains on a model of ``task``."""
+    return (PREFERENCE_FORMAT,) if method == DPO else FORMATS_FOR_TASK[task]
+
+
+def method_object(row: JobRow) -> dict[str, Any]:
+    """OpenAI's ``method`` of the job: ``{type, <type>: {hyperparameters}}``, with β for dpo."""
+    hp = public_hyperparameters(row)
+    kind = str(row.hyperparameters.get("method") or "supervised")
+    if kind == DPO:
+        hp["beta"] = row.hyperparameters.get("beta")
+    return {"type": kind, kind: {"hyperparameters": hp}}
 
 
 # -- requests ---------------------------------------------------------------------------------
@@ -132,6 +152,8 @@ class JobRequest:
     validation_file: str | None = None
     devices: int = 1
     sharding: str = "none"  # one of SHARDINGS
+    method: str = "supervised"  # one of METHODS: dpo trains preference lines
+    beta: float | None = None  # dpo's β (None: DEFAULT_BETA)
 
 
 @dataclass(frozen=True)
@@ -181,7 +203,8 @@ def privacy_of(row: JobRow) -> dict[str, Any]:
 def public_hyperparameters(row: JobRow) -> dict[str, Any]:
     """The job's hyperparameters as the client gave them (the validation file is a field of
     its own: :func:`validation_file`)."""
-    return {k: v for k, v in row.hyperparameters.items() if k != job_runs.VALIDATION_FILE_KEY}
+    hidden = (job_runs.VALIDATION_FILE_KEY, *METHOD_KEYS)
+    return {k: v for k, v in row.hyperparameters.items() if k not in hidden}
 
 
 def validation_file(row: JobRow) -> str | None:
@@ -236,15 +259,23 @@ def create_job(
         group = budget.group_of(session, file)
         assert group is not None
         deltas = plan_deltas(session, group)
-    if fmt not in FORMATS_FOR_TASK[model.task]:
+    _check_method(req, model.name, model.task)
+    formats = formats_for(model.task, req.method)
+    if fmt not in formats:
+        what = (
+            "method dpo trains preference lines"
+            if req.method == DPO
+            else f"model {model.name!r} ({model.task}) needs lines of format "
+            + " or ".join(formats)
+            + (" (preference lines train with method dpo)" if fmt == PREFERENCE_FORMAT else "")
+        )
         raise InvalidInput(
-            f"model {model.name!r} ({model.task}) needs lines of format "
-            f"{' or '.join(FORMATS_FOR_TASK[model.task])}; file {req.training_file} is {fmt}",
+            f"{what}; file {req.training_file} is {fmt}",
             param="training_file",
             code="invalid_file",
         )
     if req.validation_file is not None:
-        valid = _check_validation_file(store, caller, req, FORMATS_FOR_TASK[model.task])
+        valid = _check_validation_file(store, caller, req, formats)
         if model.task == "classification":
             _check_validation_labels(train, valid)
     plan = planning.make_plan(plan_request(req), unit.n, store.settings.default_k, **deltas)
@@ -324,6 +355,23 @@ def _check_sharding(req: JobRequest) -> None:
             f"the job has devices={req.devices} (on one device, leave sharding at none)",
             param="sharding",
             code="sharding_needs_devices",
+        )
+
+
+def _check_method(req: JobRequest, model_name: str, task: str) -> None:
+    """``method: dpo`` optimises a causal LM's answers: a classification model is refused."""
+    if req.method not in METHODS:
+        raise InvalidInput(
+            f"method.type={req.method!r}: one of {', '.join(METHODS)}",
+            param="method.type",
+            code="invalid_value",
+        )
+    if req.method == DPO and task != "causal_lm":
+        raise InvalidInput(
+            f"method dpo trains a causal language model's answers; model {model_name!r} is a "
+            f"{task} model",
+            param="method.type",
+            code="method_unsupported",
         )
 
 
@@ -703,6 +751,9 @@ def _stored_hyperparameters(req: JobRequest, plan: planning.JobPlan) -> dict[str
     }
     if req.validation_file is not None:
         hyper[job_runs.VALIDATION_FILE_KEY] = req.validation_file
+    if req.method == DPO:
+        hyper["method"] = DPO
+        hyper["beta"] = req.beta if req.beta is not None else DEFAULT_BETA
     return hyper
 
 
