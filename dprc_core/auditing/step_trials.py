@@ -30,6 +30,17 @@ user's lines in one micro-batch). An engine that clips each user's summed gradie
 C to a canary coordinate, as for one line; one that clips each line adds up to
 ``canary_lines``·C and is refuted.
 
+Preference pairs (``by_pair=True``, DP DPO: :mod:`dprc_core.preference`): every example is a
+pair of two rows, the privacy unit, given in the *pair layout* — (P, 2, d) batches, a loss
+(:func:`pair_bilinear_loss`) that runs the pairs' rows as (2P, d), as
+:mod:`dprc_core.preference` runs a pair's chosen and rejected sequences, and returns the (P,)
+sums of each pair's two rows' losses — with ``example_ids`` per pair where the engine keys
+per-example sketches (``accounting_sketch == "per_example"``). A real pair is two rows with
+random rank-1 gradients; a canary pair is two rows that each carry the canary's Dirac
+gradient, so the pair's gradient is twice a row's. An engine that clips each pair's gradient
+adds at most C to a canary coordinate; one that clips each sequence (row) of a pair apart adds
+up to 2·C — twice the sensitivity it claims — and is refuted.
+
 The bound. If the step is (ε, δ)-DP for adding or removing one example, every test satisfies
 ``P(reject | in) ≤ e^ε P(reject | out) + δ`` and the same with in and out swapped. For each
 threshold τ of a grid fixed in advance (multiples of the *claimed* σ) and both half-lines
@@ -62,6 +73,17 @@ def bilinear_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
     d_in = model.in_features
     x, y = batch[:, :d_in], batch[:, d_in:]
     return (model(x) * y).sum(-1)
+
+
+def pair_bilinear_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """(P,) per-pair losses of a (P, 2, d) batch of pairs: the pairs' rows run as (2P, d) rows
+    (pair-major, as :mod:`dprc_core.preference` runs a pair's two sequences) and each pair's
+    two bilinear losses summed, so a pair's gradient is the sum of its rows' ``y xᵀ``. A
+    (N, 1, d) batch — each row a "pair" of its own — gives the (N,) row losses."""
+    if batch.dim() != 3:
+        raise ValueError(f"pairs are (P, 2, d) tensors, got {tuple(batch.shape)}")
+    rows = bilinear_loss(model, batch.reshape(-1, batch.shape[-1]))
+    return rows.reshape(batch.shape[0], batch.shape[1]).sum(1)
 
 
 @dataclass(frozen=True)
@@ -150,6 +172,7 @@ def run_step_trial_audit(
     dtype: torch.dtype = torch.float64,
     by_user: bool = False,
     canary_lines: int = 1,
+    by_pair: bool = False,
 ) -> StepTrialAudit:
     """``repetitions`` single steps of the engine, each with side² Dirac canaries in on fresh
     coins; the trial bound of those side²·repetitions trials.
@@ -159,11 +182,15 @@ def run_step_trial_audit(
     its batch); ``noise_multiplier`` is the σ it *claims*, which only places the thresholds
     (``thresholds`` in units of σ·C; default :data:`THRESHOLDS`). The engine must clip every
     example with its own randomness (exact clipping or per-example sketches): see the module
-    docstring."""
+    docstring. ``by_user``: canary users of ``canary_lines`` lines; ``by_pair``: every
+    example a preference pair of two rows in the pair layout (micro-batches of
+    ``micro_batch_size`` pairs), one privacy unit (module docstring)."""
     if side < 2 or repetitions < 1 or real_rows < 1 or real_examples < 0:
         raise ValueError("need side >= 2, repetitions >= 1, real_rows >= 1, real_examples >= 0")
     if canary_lines < 1 or (canary_lines > 1 and not by_user):
         raise ValueError("canary_lines > 1 needs by_user=True (a canary user of several lines)")
+    if by_pair and by_user:
+        raise ValueError("by_pair and by_user are two privacy units (pair, user): choose one")
     if not noise_multiplier > 0:
         raise ValueError("the thresholds are placed at multiples of the claimed σ: need σ > 0")
     rng = np.random.default_rng(seed)
@@ -173,9 +200,14 @@ def run_step_trial_audit(
     canaries = torch.zeros(side * side, side + d_out, dtype=dtype)
     canaries[torch.arange(side * side), torch.from_numpy(cols)] = canary_scale * c
     canaries[torch.arange(side * side), torch.from_numpy(side + rows)] = 1.0
-    real = torch.zeros(real_examples, side + d_out, dtype=dtype)
-    real[:, :side] = torch.from_numpy(rng.normal(size=(real_examples, side))).to(dtype)
-    real[:, 2 * side :] = torch.from_numpy(rng.normal(size=(real_examples, real_rows))).to(dtype)
+    n_real = real_examples * (2 if by_pair else 1)  # rows: a real pair is two
+    real = torch.zeros(n_real, side + d_out, dtype=dtype)
+    real[:, :side] = torch.from_numpy(rng.normal(size=(n_real, side))).to(dtype)
+    real[:, 2 * side :] = torch.from_numpy(rng.normal(size=(n_real, real_rows))).to(dtype)
+    if by_pair:  # (P, 2, d): a canary pair is two rows, each the canary's Dirac gradient
+        real = real.reshape(real_examples, 2, -1)
+        canaries = canaries[:, None].repeat(1, 2, 1)
+    ids = torch.cat([side * side + torch.arange(real_examples), torch.arange(side * side)])
     expected = real_examples + side * side / 2  # what the engine divides by (known, fixed)
 
     model, opt = zero_linear_model(side, d_out, dtype)
@@ -187,6 +219,7 @@ def run_step_trial_audit(
             "are not independent and this audit's counts would not be binomial; audit exact "
             "clipping or per-example sketches (sketch='per_example')"
         )
+    keyed = by_pair and getattr(engine, "accounting_sketch", None) == "per_example"
     included = rng.random((repetitions, side * side)) < 0.5
     scores = np.zeros((repetitions, side * side))
     prev = model.weight.detach()[:side].clone()
@@ -197,10 +230,20 @@ def run_step_trial_audit(
                 user_engine, real, canaries, included[t], canary_lines, micro_batch_size, rng
             )
         else:
-            batch = torch.cat([real, canaries[torch.from_numpy(np.flatnonzero(included[t]))]])
-            batch = batch[torch.from_numpy(rng.permutation(batch.shape[0]))]
-            for part in batch.split(micro_batch_size):
-                engine.accumulate(bilinear_loss, part)
+            inc = torch.from_numpy(np.flatnonzero(included[t]))
+            batch = torch.cat([real, canaries[inc]])
+            order = torch.from_numpy(rng.permutation(batch.shape[0]))
+            batch, batch_ids = batch[order], torch.cat([ids[:real_examples], inc])[order]
+            for part, part_ids in zip(
+                batch.split(micro_batch_size), batch_ids.split(micro_batch_size), strict=True
+            ):
+                if not by_pair:
+                    engine.accumulate(bilinear_loss, part)
+                elif keyed:  # a pair's per-example projections keyed by the pair
+                    pair_engine = cast(PairEngine, engine)
+                    pair_engine.accumulate(pair_bilinear_loss, part, example_ids=part_ids)
+                else:
+                    engine.accumulate(pair_bilinear_loss, part)
             engine.step()
         now = model.weight.detach()[:side].clone()
         scores[t] = ((prev - now) * expected / c).reshape(-1).numpy()
@@ -208,6 +251,21 @@ def run_step_trial_audit(
     grid = [tau * noise_multiplier for tau in (thresholds or THRESHOLDS)]
     bound = trial_lower_bound(scores, included, delta, grid, confidence)
     return StepTrialAudit(bound, scores, included, expected)
+
+
+class PairEngine(Protocol):
+    """An engine that keys per-example sketches by ``example_ids``
+    (:meth:`dprc_core.PrivacyEngine.accumulate`)."""
+
+    def accumulate(
+        self,
+        loss_fn: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+        batch: torch.Tensor,
+        *,
+        example_ids: torch.Tensor,
+    ) -> object: ...
+
+    def step(self) -> object: ...
 
 
 class UserLevelEngine(Protocol):
