@@ -639,7 +639,8 @@ def start_run(
         on_data(data)
     latest = ckpt_io.latest_checkpoint(out) if resume else None
     resumed = ckpt_io.read_resume(latest) if latest is not None else None
-    model = _load_model(spec, data.classes, latest, data.train, device)
+    seed, root = _shared_randomness(spec, ranks)
+    model = _load_model(spec, data.classes, latest, data.train, device, seed)
     if spec.sharding == "fsdp":  # each rank keeps 1/W of the model (sharded_run.py)
         model = sharded_run.shard_model(model, ranks, device)
     if spec.method == DPO:  # before the engine: its hooks record nothing here either
@@ -653,7 +654,6 @@ def start_run(
         )
         if verdict is not None and not verdict.ok and on_event is not None:
             on_event("Warning: " + verdict.message("batch_size"))
-    seed, root = _shared_randomness(spec, ranks)
     engine, opt = _build_engine(spec, model, plan, seed, root)
     assert engine.accounting_envelope == clipping
     assert engine.accounting_sketch == plan.sketch
@@ -881,6 +881,7 @@ def _load_model(
     latest: Path | None,
     data: Batches,
     device: torch.device,
+    seed: int = 0,
 ) -> torch.nn.Module:
     """The model to train: from the last checkpoint when resuming (LoRA: the base model and
     the saved adapter), else fresh; ``train_only`` applied; on ``device``, in train mode."""
@@ -897,9 +898,13 @@ def _load_model(
     elif latest is not None:
         model = load_model(latest / "model", spec.task, num_labels=num_labels, dtype=spec.dtype)
     else:
-        model = load_model(
-            spec.model, spec.task, num_labels=num_labels, lora=lora, dtype=spec.dtype
-        )
+        # new weights (LoRA's adapters, a classifier's head) drawn from the job's seed: a
+        # seeded run is reproducible and every rank starts from the same weights
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(seed, "init"))
+            model = load_model(
+                spec.model, spec.task, num_labels=num_labels, lora=lora, dtype=spec.dtype
+            )
         if classes is not None:
             config = getattr(model, "config")  # noqa: B009  (a HF model's config: not typed)
             config.id2label = dict(enumerate(classes))
