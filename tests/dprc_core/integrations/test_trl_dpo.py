@@ -35,6 +35,7 @@ from dprc_core.integrations.trl_dpo import pairs_from_trl  # noqa: E402
 from tests.conftest import trainable_named  # noqa: E402
 
 BETA = 0.5
+ROWS = ("input_ids", "attention_mask", "labels")
 LETTERS = "abcdefgh"
 
 
@@ -373,3 +374,43 @@ def test_a_short_dp_run_learns_a_toy_preference_with_epsilon_logged(tiny, tmp_pa
     assert start["eval_rewards/accuracies"] <= 0.5
     assert end["eval_rewards/accuracies"] >= 0.9, (start, end)
     assert end["eval_rewards/margins"] > start["eval_rewards/margins"] + 0.5
+
+
+# ----------------------------------------------------------------------------- 5. LoRA
+def test_lora_reference_is_the_base_and_only_adapters_train(tiny, tmp_path):
+    from peft import LoraConfig
+
+    from dprc_core.preference import reference_logps, sequence_logps
+
+    path, tok = tiny
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    trainer = quiet(
+        lambda: DPDPOTrainer(
+            model=llama(path).double(),
+            args=config(tmp_path, max_steps=2, learning_rate=0.05),
+            train_dataset=random_pairs(16, seed=4),
+            processing_class=tok,
+            peft_config=lora,
+            privacy_args=PrivacyArguments(noise_multiplier=1.0, norm_method="exact", dp_seed=3),
+        )
+    )
+    model = trainer.model
+    assert trainer.ref_model is None  # no second model: the reference was computed before
+    collate = DataCollatorForPreference(pad_token_id=tok.pad_token_id)
+    pairs = pairs_from_trl(collate([trainer.train_dataset[i] for i in range(6)]))
+    disabled = reference_logps(model, pairs)  # dprc's reference: the adapters disabled
+    torch.testing.assert_close(pairs["ref_logps"].double(), disabled, rtol=1e-4, atol=1e-4)
+    named = dict(model.named_parameters())
+    before = {k: p.detach().clone() for k, p in named.items()}
+    quiet(trainer.train)
+    assert trainer.engine is not None and trainer.engine.steps == 2
+    moved = {k for k, p in named.items() if not torch.equal(p.detach(), before[k])}
+    assert moved and all("lora_" in k for k in moved)
+    optimized = {id(p) for g in trainer.optimizer.param_groups for p in g["params"]}
+    assert optimized == {id(p) for k, p in named.items() if "lora_" in k}
+    # after training: the precomputed reference is still the adapters-disabled model, and the
+    # trained policy (adapters on) has moved away from it
+    torch.testing.assert_close(reference_logps(model, pairs), disabled, rtol=0, atol=0)
+    with torch.no_grad():
+        policy = sequence_logps(model, {k: pairs[k].reshape(12, -1) for k in ROWS}).reshape(6, 2)
+    assert float((policy - disabled).abs().max()) > 1e-3
