@@ -9,7 +9,9 @@ checked against TRL 1.16's own DPOTrainer code, on a tiny char-level Llama.
 * the per-pair loss trained equals TRL's ``compute_loss`` (its real fused head) on each pair, and
   the logged reward metrics equal the ones TRL's ``_compute_loss`` records for the same batch;
 * the refusals, all at once, before TRL tokenizes;
-* ε in the logs; a short DP run on a toy preference task raises TRL's eval reward accuracy.
+* ε in the logs; a short DP run on a toy preference task raises TRL's eval reward accuracy;
+* LoRA from ``peft_config``: no reference model kept, the precomputed reference is the model with
+  its adapters disabled (``dprc_core.preference.reference_logps``), only the adapters move.
 """
 
 from __future__ import annotations
