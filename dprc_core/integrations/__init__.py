@@ -4,7 +4,9 @@ import transformers' Trainer or TRL).
 * :class:`PrivacyArguments` — the DP settings, usable with ``transformers.HfArgumentParser``;
 * :class:`DPTrainer` — ``transformers.Trainer`` with DP-SGD(-RC) (:mod:`.hf_trainer`);
 * :class:`DPSFTTrainer` — TRL's ``SFTTrainer`` with the same (:mod:`.trl_sft`; needs the
-  ``trl`` extra).
+  ``trl`` extra);
+* :class:`DPDPOTrainer` — TRL's ``DPOTrainer`` with the same, one preference pair one privacy
+  unit (:mod:`.trl_dpo`; needs the ``trl`` extra).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from dprc_core.integrations.privacy_arguments import PrivacyArguments
 
-__all__ = ["DPSFTTrainer", "DPTrainer", "DPTrainerError", "PrivacyArguments"]
+__all__ = ["DPDPOTrainer", "DPSFTTrainer", "DPTrainer", "DPTrainerError", "PrivacyArguments"]
 
 
 def __getattr__(name: str) -> Any:
@@ -25,4 +27,8 @@ def __getattr__(name: str) -> Any:
         from dprc_core.integrations.trl_sft import DPSFTTrainer
 
         return DPSFTTrainer
+    if name == "DPDPOTrainer":
+        from dprc_core.integrations.trl_dpo import DPDPOTrainer
+
+        return DPDPOTrainer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
