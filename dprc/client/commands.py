@@ -193,6 +193,13 @@ def _job_arguments(p: argparse.ArgumentParser) -> None:
     hp.add_argument("--learning-rate", type=float)
     hp.add_argument("--learning-rate-multiplier", type=float)
     hp.add_argument("--max-seq-len", type=int)
+    hp.add_argument(
+        "--method",
+        choices=("supervised", "dpo"),
+        help="supervised (the default) or dpo: preference optimisation on a file of "
+        "preference lines, one pair the privacy unit (docs/data.md)",
+    )
+    hp.add_argument("--beta", type=float, help="dpo: DPO's beta (default 0.1)")
     priv = p.add_argument_group("privacy")
     priv.add_argument("--target-epsilon", type=float)
     priv.add_argument("--target-delta", type=float)
@@ -484,6 +491,7 @@ def job_body(args: argparse.Namespace) -> dict[str, Any]:
         unit["type"] = args.privacy_unit or unit.get("type", "user")
         if args.max_examples_per_user is not None:
             unit["max_examples_per_user"] = args.max_examples_per_user
+    _method(body, args.method, args.beta)
     missing = [
         flag
         for flag, have in (
@@ -498,6 +506,34 @@ def job_body(args: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
+def _method(body: dict[str, Any], kind: str | None, beta: float | None) -> None:
+    """OpenAI's ``method`` in ``body``: the one ``--method`` names (or ``--body`` holds), with
+    the hyperparameters moved into it (the API takes them in one place) and ``--beta``."""
+    method = body.get("method")
+    if kind is None and beta is not None:
+        kind = method.get("type") if isinstance(method, dict) else "dpo"
+    if beta is not None and kind != "dpo":
+        raise ValueError("--beta is DPO's: give it with --method dpo")
+    if kind is not None and not (isinstance(method, dict) and method.get("type") == kind):
+        method = body["method"] = {"type": kind}
+    if not isinstance(method, dict) or method.get("type") not in ("supervised", "dpo"):
+        return
+    kind = str(method["type"])
+    inner = method.setdefault(kind, {}).setdefault("hyperparameters", {})
+    inner.update(body.pop("hyperparameters", {}))
+    if beta is not None:
+        inner["beta"] = beta
+
+
+def _method_words(job: dict[str, Any]) -> str:
+    method = job.get("method") or {"type": "supervised"}
+    kind = method.get("type", "supervised")
+    if kind != "dpo":
+        return str(kind)
+    beta = ((method.get("dpo") or {}).get("hyperparameters") or {}).get("beta")
+    return f"dpo (beta {number(beta)}; one preference pair is one example)"
+
+
 def _show_job(job: dict[str, Any]) -> None:
     p = job["privacy"]
     flat = {
@@ -506,6 +542,7 @@ def _show_job(job: dict[str, Any]) -> None:
         "model": job["model"],
         "training_file": job["training_file"],
         "validation_file": job.get("validation_file"),
+        "method": _method_words(job),
         "steps": f"{job['steps_done']}/{job['steps_total']}",
         "epsilon_spent": p.get("epsilon_spent"),
         "planned_epsilon": p.get("planned_epsilon"),

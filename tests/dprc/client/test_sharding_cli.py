@@ -55,3 +55,30 @@ def test_jobs_create_with_devices_and_sharding_and_jobs_get_says_them(served_two
     # an unknown sharding: refused by the command line, before any request
     bad = served.run(*_create(f["id"], "--devices", "2", "--sharding", "zero3"))
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_jobs_create_with_method_dpo_and_beta(served_two, tmp_path):
+    """``--method dpo --beta`` become OpenAI's ``method`` (the hyperparameters moved into it);
+    ``jobs get`` says the method; ``--beta`` without dpo is refused before any request."""
+    served = served_two
+    pairs = [
+        {
+            "input": {"messages": [{"role": "user", "content": f"say {c}"}]},
+            "preferred_output": [{"role": "assistant", "content": c * 2}],
+            "non_preferred_output": [{"role": "assistant", "content": c.upper()}],
+        }
+        for c in "abcdefghijklmnop"
+    ]
+    f = served.json("files", "upload", str(write_lines(tmp_path / "p.jsonl", pairs)))
+    assert f["format"] == "preference"
+    job = served.json(*_create(f["id"], "--method", "dpo", "--beta", "0.3"))
+    assert job["method"] == {
+        "type": "dpo",
+        "dpo": {"hyperparameters": {**job["hyperparameters"], "beta": 0.3}},
+    }
+    assert job["hyperparameters"]["n_epochs"] == 1  # the options reached the method's
+    assert "dpo (beta 0.3" in served.ok("jobs", "get", job["id"]).stdout
+    refused = served.run(*_create(f["id"]))  # preference lines need dpo: the server says so
+    assert refused.returncode == 2 and "method dpo" in refused.stderr
+    bad = served.run(*_create(f["id"], "--method", "supervised", "--beta", "0.3"))
+    assert bad.returncode == 2 and "--beta is DPO's" in bad.stderr
