@@ -710,6 +710,8 @@ def _with_reference(
     valid = None
     if data.validation is not None:
         valid = WithReference(data.validation, reference(data.validation))
+    if spec.sharding == "fsdp":
+        sharded_run.reshard(model)  # forward passes only: the root's parameters are gathered
     return dataclasses.replace(data, train=train, validation=valid)
 
 

@@ -69,6 +69,17 @@ def shard_model(model: nn.Module, ranks: Ranks, device: torch.device) -> nn.Modu
     return model
 
 
+def reshard(model: nn.Module) -> None:
+    """Free the whole parameters a forward without backward left gathered: FSDP2 keeps the
+    root's after its forward (they are resharded after the backward), and the engine refuses
+    a model whose trainable parameters are not all sharded. A no-op for an unsharded model."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 def whole_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's state dict on rank 0's CPU (empty on the others); every rank joins."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

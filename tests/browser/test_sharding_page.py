@@ -61,3 +61,39 @@ def test_the_job_page_says_devices_and_sharding_in_words(dashboard, new_context)
         page.wait_for_selector("#devices")
         assert page.locator("#devices").inner_text() == words
     dashboard.shot(page, "job_devices")
+
+
+def test_the_job_page_says_the_method_and_what_a_dpo_job_protects(dashboard, new_context):
+    api = dashboard.api("sharon")
+    pair = (
+        '{{"input": {{"messages": [{{"role": "user", "content": "say {c}"}}]}}, '
+        '"preferred_output": [{{"role": "assistant", "content": "{c}{c}"}}], '
+        '"non_preferred_output": [{{"role": "assistant", "content": "no"}}]}}\n'
+    )
+    lines = "".join(pair.format(c=c) for c in "abcdefghijkl").encode()
+    r = api.post("/v1/files", files={"file": ("p.jsonl", lines)}, data={"purpose": "fine-tune"})
+    assert r.status_code == 200 and r.json()["format"] == "preference", r.text
+    job = api.post(
+        "/v1/fine_tuning/jobs",
+        json={
+            "model": "dprc-tiny-llama",
+            "training_file": r.json()["id"],
+            "method": {
+                "type": "dpo",
+                "dpo": {"hyperparameters": {"n_epochs": 1, "batch_size": 4, "beta": 0.2}},
+            },
+            "privacy": {"target_epsilon": 2.0, "clipping": {"method": "exact"}},
+            "devices": 2,  # stays queued: the embedded worker has one device
+        },
+    )
+    assert job.status_code == 200, job.text
+    assert job.json()["method"]["dpo"]["hyperparameters"]["beta"] == 0.2
+    page = new_context().new_page()
+    _sign_in(page, dashboard.url, dashboard.key("sharon"))
+    page.goto(f"{dashboard.url}/jobs/{job.json()['id']}")
+    page.wait_for_selector("#method")
+    assert (
+        page.locator("#method").inner_text() == "dpo (beta 0.2; one preference pair is one example)"
+    )
+    assert "one preference pair" in page.locator("#privacy-words").inner_text()
+    assert "which one was preferred" in page.locator("#privacy-words").inner_text()

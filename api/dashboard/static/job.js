@@ -131,6 +131,14 @@
       : `${n} devices, data-parallel (whole model on each)`;
   }
 
+  // the training method (the CLI's words: dprc/client/commands.py, _method_words)
+  function methodWords(j) {
+    const m = j.method || { type: "supervised" };
+    if (m.type !== "dpo") return m.type;
+    const beta = ((m.dpo || {}).hyperparameters || {}).beta;
+    return `dpo (beta ${num(beta)}; one preference pair is one example)`;
+  }
+
   function privacyWords(p) {
     const acc = p.accountant || {};
     const unit = p.unit || { type: "example" };
@@ -139,7 +147,9 @@
     const rows = [
       ["Guarantee", perUser
         ? `(ε = ${num(p.target_epsilon)}, δ = ${num(p.target_delta, 3)})-differential privacy at most per user: for adding or removing one user with all of their lines (planned ε ${num(p.planned_epsilon)}).`
-        : `(ε = ${num(p.target_epsilon)}, δ = ${num(p.target_delta, 3)})-differential privacy at most, for adding or removing one example of the data set (planned ε ${num(p.planned_epsilon)}).`],
+        : (job.method || {}).type === "dpo"
+          ? `(ε = ${num(p.target_epsilon)}, δ = ${num(p.target_delta, 3)})-differential privacy at most, for adding or removing one preference pair — its prompt, both answers and which one was preferred (planned ε ${num(p.planned_epsilon)}).`
+          : `(ε = ${num(p.target_epsilon)}, δ = ${num(p.target_delta, 3)})-differential privacy at most, for adding or removing one example of the data set (planned ε ${num(p.planned_epsilon)}).`],
       ...(perUser ? [["Privacy unit", `one user: each line names its user in "${unit.field}"; ${unit.n_users} users, the largest with ${unit.max_lines_per_user} lines. A sampled user contributes at most ${unit.max_examples_per_user} of their lines a step, and the sum of their gradients is clipped as one.`]] : []),
       ["δ", `${num(p.target_delta, 3)}: the small probability allowed for the guarantee to fail; at most 1/N for N = ${p.dataset_size} ${units}.`],
       ...(p.warnings || []).map((w) => ["Warning", `${w.code}: ${w.message}`]),
@@ -172,6 +182,7 @@
       el("dt", { text: "Model" }), el("dd", { text: job.model + (job.fine_tuned_model ? ` → ${job.fine_tuned_model}` : "") }),
       el("dt", { text: "Data set" }), el("dd", {}, el("a", { href: `/data-sets/${encodeURIComponent(job.training_file)}`, text: job.training_file })),
       el("dt", { text: "Progress" }), el("dd", { id: "progress" }, bar, `step ${job.steps_done} / ${job.steps_total}`),
+      el("dt", { text: "Method" }), el("dd", { id: "method", text: methodWords(job) }),
       el("dt", { text: "Devices" }), el("dd", { id: "devices", text: devicesWords(job) }),
       el("dt", { text: "ε spent" }), el("dd", { id: "epsilon-spent" }, spentWords()),
       el("dt", { text: "Created" }), el("dd", { text: when(job.created_at) }),

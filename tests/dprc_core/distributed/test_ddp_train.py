@@ -98,3 +98,43 @@ def test_a_killed_rank_ends_the_job_and_a_new_attempt_resumes_exactly(job, singl
     assert sum(e.steps for e in ledger.events) == result.steps  # each step once
     assert summary["epsilon"] == pytest.approx(result.epsilon, rel=1e-12)  # the plan's ε
     assert_same_weights(final_weights(out), weights)
+
+
+def _dpo_job(base: Path, job: dict) -> dict:
+    """The tiny job as DPO on 24 preference pairs (issue 43): float64, hutch."""
+    rows = [
+        {
+            "input": {"messages": [{"role": "user", "content": f"{c}?"}]},
+            "preferred_output": [{"role": "assistant", "content": c * 2}],
+            "non_preferred_output": [{"role": "assistant", "content": c.upper()}],
+        }
+        for c in "abcdefghijklmnopqrstuvwx"
+    ]
+    data = base / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {**job, "train_file": str(data), "method": "dpo", "beta": 0.5, "max_seq_len": 48}
+
+
+@pytest.mark.parametrize("sharding", ["none", "fsdp"])
+def test_two_processes_train_the_single_process_dpo_job(job, tmp_path, sharding):
+    """Each rank computes the pairs' reference log-probs (all passes together, which FSDP needs)
+    and rank 0 keeps them; data-parallel, the weights equal the single process's (the same
+    noise); sharded, each rank draws its own rows' noise, so the plan and ε are compared."""
+    dpo = _dpo_job(tmp_path, job)
+    single = run_job(
+        JobSpec.from_dict(
+            {**dpo, "output_dir": str(tmp_path / "single"), "token_store": str(tmp_path / "s1")}
+        )
+    )
+    # a store of its own: the two ranks compute the reference, none is kept yet
+    spec = write_spec(tmp_path / "two", dpo, sharding=sharding, token_store=str(tmp_path / "s2"))
+    proc = dprc_train(spec)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    summary = json.loads(stdout[stdout.index("{") :])
+    assert summary["status"] == "succeeded" and summary["steps"] == single.steps
+    assert summary["epsilon"] == pytest.approx(single.epsilon, rel=1e-12)
+    if sharding == "none":
+        assert_same_weights(
+            final_weights(tmp_path / "two" / "out"), final_weights(tmp_path / "single")
+        )
