@@ -47,7 +47,7 @@ browser:
 	./scripts/browser.sh
 
 test: lint services browser
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=40 tests
 
 # The suite without the tests marked slow and the browser tests (CI runs `make test`).
 test-fast: lint services

@@ -53,7 +53,7 @@ from service.jobs import job_runs as runs
 from service.jobs import lifecycle
 from service.jobs.lifecycle import WorkerOutcome
 from service.models import builtin_models as builtin
-from service.models import fine_tuned_models
+from service.models import fine_tuned_models, model_folders
 from service.models.model_registry import Model, registry
 from service.store.store import Store
 from worker.ranks import RankFailure, RanksDied, run_on_ranks
@@ -152,9 +152,10 @@ def _fine_tuned_model(store: Store, tenant_id: int, name: str) -> Model:
             f"the fine-tuned model {name!r} is gone (its job's last checkpoint was deleted, or "
             "its base left the allow-list)",
         ) from exc
-    if ft.lora:
-        raise JobFailure("model_not_found", f"the model {name!r} holds LoRA adapters only")
-    path = fine_tuned_models.unpack(ft, fine_tuned_models.weights_dir(store.settings, ft.job_id))
+    try:  # a LoRA fine-tune: its adapter merged into the model its job started from
+        path = model_folders.whole_folder(store, tenant_id, name)
+    except (NotFound, ValueError) as exc:
+        raise JobFailure("model_not_found", f"the model {name!r}: {exc}") from exc
     return Model(name, ft.base.task, path, False)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from service.base.errors import InvalidInput
 from service.governance.keys import Caller
 from service.governance.roles import Action, authorize
-from service.models import fine_tuned_models, model_registry
+from service.models import fine_tuned_models, model_folders, model_registry
 from service.models.fine_tuned_models import FineTuned, is_fine_tuned
 from service.store.store import Store
 
@@ -60,8 +60,9 @@ def served_model(store: Store, caller: Caller, name: str) -> ServedModel:
     path = _weights(store, ft)
     if not ft.lora:
         return ServedModel(name, path)
-    start = served_model(store, caller, ft.start_model)  # allow-listed, or a full fine-tune
-    return ServedModel(name, path, start.path, start.name)
+    # the adapter sits on the whole model its job started from (a LoRA start merged)
+    start = model_folders.whole_folder(store, caller.tenant_id, ft.start_model)
+    return ServedModel(name, path, start, ft.start_model)
 
 
 def _weights(store: Store, ft: FineTuned) -> Path:

@@ -84,7 +84,7 @@ class FineTuned:
     created_at: int
     base: Model
     archive: Path
-    lora: bool  # a job of its chain trained LoRA adapters: its checkpoint holds adapters only
+    lora: bool  # its job trained LoRA adapters: its checkpoint holds the adapter only
     start_model: str = ""  # the model its job started from (allow-listed, or a full ft: one)
 
 
@@ -142,7 +142,7 @@ def _lookup(session: Session, settings: Settings, tenant_id: int, name: str) -> 
     # the final checkpoint's archive deleted: its weights are gone
     if archive is None or archive.deleted or not Path(archive.storage_path).is_file():
         raise missing
-    lora = any(bool((r.hyperparameters or {}).get("lora")) for r in chain)
+    lora = bool((job.hyperparameters or {}).get("lora"))  # the start's are merged
     return FineTuned(
         name,
         job.id,
@@ -165,15 +165,15 @@ def model_for_job(store: Store, caller: Caller, name: str) -> Model:
     if not is_fine_tuned(name):
         return model_registry.get_model(store.settings, name)
     ft = lookup(store, caller.tenant_id, name)
-    if ft.lora:
+    if ft.lora and ft.base.task != "causal_lm":
         raise InvalidInput(
-            f"the model {name!r} was trained with LoRA: its checkpoint holds the adapter, not "
-            f"a model to train on; start from {ft.base.name!r} (a LoRA fine-tune as a base is "
-            "not supported)",
+            f"the model {name!r} is a classification model trained with LoRA: its adapter "
+            "(with the head it saved) is not merged into a model to train on; start from "
+            f"{ft.base.name!r}",
             param="model",
             code="model_unavailable",
         )
-    return ft.base
+    return ft.base  # a LoRA fine-tune starts a job merged (service/models/model_folders.py)
 
 
 def list_models(store: Store, caller: Caller) -> list[ModelInfo]:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import openai
 import pytest
+import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import load_file
 
@@ -111,23 +112,56 @@ def test_a_succeeded_job_names_a_model_its_tenant_lists_and_trains_on(served):
         )
 
 
-def test_a_lora_fine_tune_is_listed_but_refused_as_a_base(served):
-    alice = served.client(served.key(f"lora {served.settings.data_dir.name}"))
-    job = _train(
-        alice,
-        "lora",
-        model="dprc-tiny-llama",
-        hp={**HP, "lora": {"r": 4}},
-    )
-    assert job.fine_tuned_model in {m.id for m in alice.models.list().data}
-    f = alice.files.create(
-        file=("d.jsonl", learnable_lines(24).replace(b'"}', b' next"}')),
-        purpose="fine-tune",
-        extra_body={"epsilon_budget": 5},
-    )
-    with pytest.raises(openai.BadRequestError) as refused:
-        alice.fine_tuning.jobs.create(
-            model=job.fine_tuned_model, training_file=f.id, hyperparameters=HP, extra_body=PRIVACY
-        )
-    assert refused.value.body["code"] == "model_unavailable"
-    assert "LoRA" in refused.value.body["message"]
+def test_a_lora_fine_tune_is_merged_into_the_base_of_a_later_job(served):
+    """A LoRA fine-tune starts a later job (full, or LoRA again: supervised fine-tuning with LoRA,
+    then more) with its adapter merged into the model its job started from: the merged weights
+    equal W + (alpha / r)·B·A computed here from the adapter's own tensors, and a LoRA fine-tune
+    of it is served as its adapter over that merged folder."""
+    if served.settings.database_url:
+        pytest.skip("merging does not depend on the database: SQLite runs it")
+    from service.governance.caller import Caller
+    from service.inference.targets import served_model
+    from service.models.model_folders import whole_folder
+    from service.models.model_registry import registry
+
+    alice = served.client(served.key("lora"))
+    first = _train(alice, "lora", model="dprc-tiny-llama", hp={**HP, "lora": {"r": 4}})
+    assert first.fine_tuned_model in {m.id for m in alice.models.list().data}
+    full = _train(alice, "after-lora", model=first.fine_tuned_model)
+    again = _train(alice, "lora-on-lora", model=first.fine_tuned_model, hp={**HP, "lora": {"r": 4}})
+
+    tenant_id = _tenant_id(served, "lora")
+    merged = whole_folder(served.store, tenant_id, first.fine_tuned_model)
+    base_dir = registry(served.settings).get("dprc-tiny-llama").path
+    base = load_file(str(base_dir / "model.safetensors"))
+    adapter_dir = served.settings.models_dir / "fine-tuned" / first.id
+    adapter = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    scale = 16.0 / 4  # the Lora schema's default alpha over r
+    got = load_file(str(merged / "model.safetensors"))
+    changed = 0
+    for name, w in base.items():
+        stem = name.removesuffix(".weight")
+        a_key = next((k for k in adapter if k.endswith(f"{stem}.lora_A.weight")), None)
+        want = w
+        if a_key is not None:
+            b = adapter[a_key.replace("lora_A", "lora_B")]
+            want = w + scale * b @ adapter[a_key]
+            changed += 1
+        torch.testing.assert_close(got[name], want, rtol=1e-5, atol=1e-6)
+    assert changed >= 2  # q_proj and v_proj of each block
+
+    caller = Caller(tenant_id, "lora", "key-test", "viewer")
+    target = served_model(served.store, caller, again.fine_tuned_model)
+    assert target.lora and target.base_path == merged  # its adapter over the merged start
+    assert full.status == again.status == "succeeded"
+
+
+def _tenant_id(served: Server, name: str) -> int:
+    from sqlalchemy import select
+
+    from service.store.tables import Tenant
+
+    with served.store.sessions() as session:
+        tenant_id = session.scalar(select(Tenant.id).where(Tenant.name == name))
+    assert tenant_id is not None
+    return int(tenant_id)

@@ -112,7 +112,14 @@ def _dpo_job(base: Path, job: dict) -> dict:
     ]
     data = base / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return {**job, "train_file": str(data), "method": "dpo", "beta": 0.5, "max_seq_len": 48}
+    return {
+        **job,
+        "train_file": str(data),
+        "method": "dpo",
+        "beta": 0.5,
+        "max_seq_len": 48,
+        "epochs": 1,
+    }
 
 
 @pytest.mark.parametrize("sharding", ["none", "fsdp"])
