@@ -157,6 +157,7 @@ def run_nonprivate(folder: Path, seed: int) -> dict[str, Any]:
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     loss_fn = dpo_loss(BETA)
     qn = run.plan.sample_rate * len(train)
+    start = preference_metrics(model, valid, BETA, PHYSICAL)
     sizes = []
     for idx in run.sampler:
         sizes.append(len(idx))
@@ -180,6 +181,7 @@ def run_nonprivate(folder: Path, seed: int) -> dict[str, Any]:
         "q": run.plan.sample_rate,
         "delta": run.plan.delta,
         "base_prefers": float((ref[:, 0] > ref[:, 1]).double().mean()),
+        "acc_at_start": start["valid_reward_accuracy"],
         "seconds": time.perf_counter() - t0,
     }
 
@@ -469,7 +471,10 @@ def write_doc(
         "fine-tuning. The base model does not already prefer the rule: over the held-out pairs "
         "it gives the preferred answer the higher log-probability for "
         f"{_pm(prefers, 100)} % of them (mean ± SE over the seeds' initialisations); the "
-        "reward accuracy below is 0 at step 0 by definition (every margin is 0).",
+        "reward accuracy below starts at "
+        f"{_pm([r['acc_at_start'] for r in base], 100)} %, not 50 % (at step 0 the policy is "
+        "the reference: every margin is 0, and only a margin > 0 counts). A model that ignores "
+        "the prompt gets 50 %.",
         "",
         f"Job: `JobSpec(task='causal_lm', method='dpo', beta={BETA}, epochs={EPOCHS:g}, "
         f"batch_size={BATCH}, learning_rate={LR}, optimizer='adam', max_seq_len={MAX_SEQ_LEN}, "
@@ -519,7 +524,8 @@ def write_doc(
             *step_table(steps),
             "",
         ]
-    text += ["## Reading", "", reading, ""]
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    text += [f"Load average at the end: {load}.", "", "## Reading", "", reading, ""]
     write_page(OUT, "\n".join(text))
 
 
