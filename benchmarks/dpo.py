@@ -371,7 +371,7 @@ def measure_in_subprocess(folder: Path, config: str, model_name: str) -> dict[st
     return json.loads(lines[-1])
 
 
-def step_runs(folder: Path, rounds: int) -> dict[str, dict[str, Any]]:
+def step_runs(folder: Path, rounds: int, mem_runs: int) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for model_name in STEP_MODELS:
         built = {c: step_setup(folder, c, model_name) for c in STEP_CONFIGS}
@@ -387,17 +387,20 @@ def step_runs(folder: Path, rounds: int) -> dict[str, dict[str, Any]]:
                 times[c].append(time.perf_counter() - t0)
         del steps, built
         gc.collect()
+        mems: dict[str, list[dict[str, Any]]] = {c: [] for c in STEP_CONFIGS}
+        for _ in range(mem_runs):  # fresh processes, interleaved
+            for c in STEP_CONFIGS:
+                mems[c].append(measure_in_subprocess(folder, c, model_name))
         for c in STEP_CONFIGS:
-            mem = measure_in_subprocess(folder, c, model_name)
-            out[f"{model_name}/{c}"] = {"times": times[c], "mem": mem, "params": n_params}
-            print(f"step {model_name}/{c}: {statistics.median(times[c]) * 1e3:.1f} ms {mem}")
+            out[f"{model_name}/{c}"] = {"times": times[c], "mem": mems[c], "params": n_params}
+            print(f"step {model_name}/{c}: {statistics.median(times[c]) * 1e3:.1f} ms {mems[c]}")
     return out
 
 
 def step_table(steps: dict[str, dict[str, Any]]) -> list[str]:
     out = [
-        "| model | step | median ms (min–max) | × non-private time | step Δ RSS (MiB) | "
-        "peak RSS (MiB) |",
+        "| model | step | median ms (min–max) | × non-private time | "
+        "step Δ RSS, MiB: median (min–max) | peak RSS (MiB, median) |",
         "|---|---|---|---|---|---|",
     ]
     for model_name, (hidden, layers) in STEP_MODELS.items():
@@ -408,12 +411,13 @@ def step_table(steps: dict[str, dict[str, Any]]) -> list[str]:
             r = steps[f"{model_name}/{c}"]
             t = r["times"]
             med = statistics.median(t)
-            mem = r["mem"]
-            if "error" in mem:
-                delta = peak = f"error: {mem['error']}"
+            ok = [m for m in r["mem"] if "error" not in m]
+            if not ok:
+                delta = peak = f"error: {r['mem'][0]['error']}"
             else:
-                delta = f"{mem['peak_mib'] - mem['base_mib']:.1f}"
-                peak = f"{mem['peak_mib']:.1f}"
+                deltas = [m["peak_mib"] - m["base_mib"] for m in ok]
+                delta = f"{statistics.median(deltas):.1f} ({min(deltas):.1f}–{max(deltas):.1f})"
+                peak = f"{statistics.median(m['peak_mib'] for m in ok):.1f}"
             name = "DP exact" if c == "exact" else "DP hutch k=32" if c == "hutch" else NP
             out.append(
                 f"| {label} | {name} | {med * 1e3:.1f} ({min(t) * 1e3:.1f}–{max(t) * 1e3:.1f}) | "
@@ -442,6 +446,7 @@ def write_doc(
     rows: dict[str, list[dict[str, Any]]],
     steps: dict[str, dict[str, Any]] | None,
     rounds: int,
+    mem_runs: int,
     wall_s: float,
     reading: str,
 ) -> None:
@@ -517,9 +522,10 @@ def write_doc(
             f"Time: one warm-up step each, then {rounds} interleaved rounds in one process; "
             "median (min–max) wall time. Memory: **peak RSS** (`VmHWM` after "
             "`echo 5 > /proc/self/clear_refs`, not tracemalloc) of the first step in a fresh "
-            "process per row, reset once model, optimizer, engine and batch exist; step Δ = "
-            "that peak − the RSS just before the step (one process per row: glibc's allocator "
-            "makes this vary between identical processes, by a few MiB at these sizes).",
+            "process, reset once model, optimizer, engine and batch exist; step Δ = that peak − "
+            f"the RSS just before the step; {mem_runs} fresh processes per row, interleaved, "
+            "median and (min–max): glibc's allocator makes this peak vary between identical "
+            "processes.",
             "",
             *step_table(steps),
             "",
@@ -544,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..n-1 (default 5)")
     parser.add_argument("--rounds", type=int, default=20, help="timed rounds of the step table")
+    parser.add_argument("--mem-runs", type=int, default=3, help="fresh processes per step row")
     parser.add_argument("--quick", action="store_true", help="2 seeds, ε = 8, 3 rounds; prints")
     parser.add_argument("--no-steps", action="store_true", help="skip the step-cost table")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
@@ -570,7 +577,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = accuracy_runs(folder, seeds, epsilons)
         for line in accuracy_table(rows):
             print(line)
-        steps = None if args.no_steps else step_runs(folder, rounds)
+        mem_runs = 1 if args.quick else args.mem_runs
+        steps = None if args.no_steps else step_runs(folder, rounds, mem_runs)
         if steps is not None:
             for line in step_table(steps):
                 print(line)
@@ -579,7 +587,17 @@ def main(argv: list[str] | None = None) -> int:
     cmd = " ".join(
         ["python", shown(Path(sys.argv[0])), *(argv if argv is not None else sys.argv[1:])]
     )
-    write_doc(cmd, facts, seeds, rows, steps, rounds, time.perf_counter() - started, kept_reading())
+    write_doc(
+        cmd,
+        facts,
+        seeds,
+        rows,
+        steps,
+        rounds,
+        mem_runs,
+        time.perf_counter() - started,
+        kept_reading(),
+    )
     return 0
 
 
