@@ -454,7 +454,7 @@ def write_doc(
     n_steps, q, delta = base[0]["steps"], base[0]["q"], base[0]["delta"]
     prefers = [r["base_prefers"] for r in base]
     text = [
-        "# DP DPO: preference accuracy against ε, and the step's cost (`benchmarks/dpo.py`)",
+        "# DP DPO: preference accuracy against ε, and the step's cost (issue 43)",
         "",
         f"Generated {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} by `{cmd}` "
         f"({wall_s / 60:.1f} min).",
