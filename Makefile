@@ -87,6 +87,7 @@ bench: bench-install
 	$(PY) benchmarks/secure_noise.py
 	$(PY) benchmarks/three_ways.py
 	$(PY) benchmarks/inference.py --tokens 48
+	$(PY) benchmarks/dpo.py --seeds 20
 	$(PY) benchmarks/report.py
 
 # Utility of randomized vs exact clipping on real text (about 30 min on 2 cores).

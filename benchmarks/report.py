@@ -32,6 +32,7 @@ SECTIONS = [
     ("dpftrl", "benchmarks/dpftrl_linear.py"),
     ("dpftrl_lm", "benchmarks/dpftrl_lm.py"),
     ("utility", "benchmarks/utility.py"),
+    ("dpo", "benchmarks/dpo.py --seeds 20"),
     ("audit", "benchmarks/audit.py"),
     ("audit_per_example", "benchmarks/audit.py --cases per-example --eps 1 3"),
     ("audit_step", "benchmarks/audit_step.py"),
