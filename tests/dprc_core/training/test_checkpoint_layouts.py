@@ -43,7 +43,7 @@ MODES = {
     "secure": dict(secure_rng=True, checkpoint_every=3, sketch="per_example"),
 }
 # JobSpec fields that commit's code does not know (left out at their defaults)
-FIELDS_SINCE = {"privacy_unit", "user_field", "max_examples_per_user", "sharding"}
+FIELDS_SINCE = {"privacy_unit", "user_field", "max_examples_per_user", "sharding", "method"}
 # modes whose draws after the checkpoint changed on purpose since that commit: the torch
 # generator's Poisson coins are float64 against floor(q·2^53)/2^53 (commit 7fdcdd6; float32
 # coins ran an inclusion probability above q). Their resume restores the same state, but the
