@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from dprc_core.generation import SEED_MOD, sample_token
 from dprc_core.training.chat_template import chat_template_of
 from inference.detok import Detokenizer
 from inference.errors import APIError, bad_request
@@ -35,7 +36,6 @@ from inference.models import Loaded, ModelCache
 
 log = logging.getLogger("inference")
 
-SEED_MOD = 2**63
 INTERNAL = APIError(500, "the engine failed on this request", "internal_error")
 
 
@@ -99,14 +99,7 @@ class Row:
 
 
 def _sample(row: Row, logits: torch.Tensor) -> int:
-    probs = torch.softmax(logits.float() / row.job.temperature, dim=-1)
-    if row.job.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        keep = sorted_probs.cumsum(0) - sorted_probs < row.job.top_p
-        sorted_probs = sorted_probs * keep
-        pick = torch.multinomial(sorted_probs, 1, generator=row.generator)
-        return int(order[pick])
-    return int(torch.multinomial(probs, 1, generator=row.generator))
+    return sample_token(logits, row.job.temperature, row.job.top_p, row.generator)
 
 
 def _pad_left(t: torch.Tensor, to: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dprc_core.generation import eos_ids
 from dprc_core.training.models import ModelLoadError, check_model_dir, max_positions
 from inference.errors import APIError, bad_request
 
@@ -106,16 +107,6 @@ def model_bytes(model: Any) -> int:
     return total
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
-    ids: set[int] = set()
-    for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
-        if isinstance(source, int):
-            ids.add(source)
-        elif isinstance(source, (list, tuple)):
-            ids.update(i for i in source if isinstance(i, int))
-    return frozenset(ids)
-
-
 def load(reg: Registration) -> Loaded:
     """Model and tokenizer of ``reg``, in eval mode (safetensors, local, no remote code)."""
     import torch
@@ -136,7 +127,7 @@ def load(reg: Registration) -> Loaded:
         reg=reg,
         model=model,
         tokenizer=tokenizer,
-        eos_ids=_eos_ids(inner, tokenizer),
+        eos_ids=eos_ids(inner, tokenizer),
         positions=positions,
         nbytes=model_bytes(model),
     )

@@ -20,7 +20,7 @@ import bisect
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 
 from dprc_core.accounting.accountant import DEFAULT_SETTINGS, AccountingSettings, account
 from dprc_core.accounting.events import (
@@ -364,3 +364,28 @@ def gaussian_epsilon(
     eps = account([event], delta, settings).epsilon
     curve.add(event.noise_multiplier, eps)
     return eps
+
+
+def calibrate_composed(
+    make_events: Callable[[float], Sequence[PrivacyEvent]],
+    target_epsilon: float,
+    target_delta: float,
+    *,
+    rel_tol: float = 0.005,
+    sigma_max: float = SIGMA_MAX,
+    settings: AccountingSettings = DEFAULT_SETTINGS,
+) -> float:
+    """Smallest σ (within a relative ``rel_tol``) whose events ``make_events(σ)``, composed,
+    have ε at ``target_delta`` at most ``target_epsilon``: :func:`calibrate` for a mechanism
+    whose σ is one of several releases of the same data (the others' events do not depend on
+    σ). Raises ``ValueError`` if even ``sigma_max`` does not reach the target."""
+    target = check_epsilon(target_epsilon)
+    delta = check_delta(target_delta)
+    rel_tol = check_rel_tol(rel_tol)
+    sigma_max = _check_sigma_max(sigma_max)
+    make_events(1.0)  # validate the rest
+
+    def eps_of(sigma: float) -> float:
+        return account(list(make_events(sigma)), delta, settings).epsilon
+
+    return _calibrate(eps_of, target, rel_tol, sigma_max)
