@@ -1,1 +1,1 @@
-"""Private synthetic data: generation from a DP model, the DP label histogram, the owner's report."""  # noqa: E501
+"""Private synthetic data: records from a DP model, the DP label histogram, the report."""
