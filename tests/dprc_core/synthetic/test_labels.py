@@ -69,7 +69,9 @@ def test_secure_noise_by_default():
 
 def _gaussian_delta(eps: float, sigma: float) -> float:
     """The exact δ(ε) of the Gaussian mechanism with sensitivity 1 (Balle & Wang, Thm 8)."""
-    return norm.cdf(0.5 / sigma - eps * sigma) - math.exp(eps) * norm.cdf(-0.5 / sigma - eps * sigma)
+    return norm.cdf(0.5 / sigma - eps * sigma) - math.exp(eps) * norm.cdf(
+        -0.5 / sigma - eps * sigma
+    )
 
 
 @pytest.mark.parametrize("eps, delta", [(0.1, 1e-5), (0.5, 1e-6), (2.0, 1e-3)])
