@@ -27,6 +27,9 @@ def build_parser(
     from dprc_core.training import cli as training_cli
 
     training_cli.add_subparser(sub)
+    from dprc_core.synthetic import cli as synthetic_cli
+
+    synthetic_cli.add_subparser(sub)
 
     demo = sub.add_parser("demo", help="DP fine-tune a tiny local Llama end to end (library)")
     demo.add_argument("--out", default="runs/demo", help="output folder")

@@ -14,6 +14,9 @@
    (ε, δ) covers everything that read the private file.
 4. **Fine-tune** with DP-SGD (:func:`dprc_core.training.runner.run_job`, that σ as given).
 5. **Generate** ``n`` records (:func:`dprc_core.synthetic.generate.synthesize`; resumable).
+   Run again on the same folder, a stopped or killed run resumes: the histogram is read back
+   (never released twice), the fine-tuning resumes from its last checkpoint and the
+   generation from its last batch.
 6. **Provenance**: ``provenance.json`` beside the records — the source file's SHA-256, the
    unit, the events (the fine-tuning's steps that ran, the histogram's), their composed ε at δ
    (recomputed from the events), the released histogram, the sampling settings.
@@ -45,6 +48,7 @@ from dprc_core.training.plan import PrivacyPlan, plan_privacy
 DEFAULT_LABEL_EPSILON_SHARE = 0.1
 PROVENANCE_FILE = "provenance.json"
 RECORDS_FILE = "synthetic.jsonl"
+HISTOGRAM_FILE = "label_histogram.json"
 
 
 @dataclass(frozen=True)
@@ -171,9 +175,16 @@ def make_synthetic(
             if not 0 < label_epsilon_share < 1:
                 raise ValueError("label_epsilon_share must be in (0, 1)")
             sigma_h = histogram_sigma(label_epsilon_share * epsilon, plan.delta)
-            histogram = release_label_histogram(
-                file_labels, classes, sigma_h, users=users, seed=seed
+            histogram = _released_once(
+                out / HISTOGRAM_FILE,
+                lambda: release_label_histogram(
+                    file_labels, classes, sigma_h, users=users, seed=seed
+                ),
             )
+            if histogram.classes != tuple(classes) or histogram.noise_multiplier != sigma_h:
+                raise ValueError(
+                    f"{out / HISTOGRAM_FILE} was released for other settings: use a new out_dir"
+                )
             label_probs = (histogram.classes, histogram.distribution())
             say(f"released the label histogram with noise multiplier {sigma_h:.4g}")
         else:
@@ -242,6 +253,19 @@ def make_synthetic(
     }
     (out / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
     return SyntheticResult(records, provenance, total, plan.delta)
+
+
+def _released_once(path: Path, release: Callable[[], LabelHistogram]) -> LabelHistogram:
+    """The histogram released before in this folder (a run that stopped and is run again),
+    else a new release written there before anything uses it: a release is never drawn twice,
+    so it is charged once."""
+    if path.exists():
+        return LabelHistogram.from_dict(json.loads(path.read_text()))
+    histogram = release()
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(histogram.to_dict()))
+    tmp.replace(path)
+    return histogram
 
 
 def _units_and_plan(spec: Any) -> tuple[int, PrivacyPlan]:
