@@ -30,6 +30,7 @@ from api.keys.router import router as keys_router
 from api.metrics import install_metrics
 from api.models.router import router as models_router
 from api.organization.router import router as organization_router
+from api.synthetic.router import router as synthetic_router
 from api.uploads.router import router as uploads_router
 from service.base.ids import new_id
 from service.base.logging_setup import log_context
@@ -122,6 +123,7 @@ def create_app(
         accountant_router,
         keys_router,
         organization_router,
+        synthetic_router,
     ):
         app.include_router(router)
     mount_dashboard(app)  # the web dashboard: pages at /, static files, its own CSP

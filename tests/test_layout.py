@@ -123,6 +123,7 @@ SERVICE_ROOMS = (
     "models",
     "inference",
     "jobs",
+    "synthetic",
     "admin",
 )
 

@@ -39,6 +39,7 @@ from service.data.private_data import restrict_new_files
 from service.data.rekey import open_current_store
 from service.jobs.lifecycle import runnable_jobs
 from service.store.store import Store
+from service.synthetic import synthetic_runs
 
 TASK_NAME = "dprc.run_job"
 QUEUE = "gpu"
@@ -113,9 +114,12 @@ def _setup_logging(**_: Any) -> None:
 def run_job_task(job_id: str) -> str:
     from worker.execution import execute_job  # torch and the runner: only in the task
 
+    store = _store()
     with log_context(job_id=job_id):
-        outcome = execute_job(_store(), job_id)
+        outcome = execute_job(store, job_id)
         log.info("job %s: %s", job_id, outcome)
+    for waiting in synthetic_runs.waiting_on(store, job_id):  # its synthetic-data jobs
+        enqueue(app, waiting)
     return outcome.value
 
 
@@ -126,6 +130,8 @@ def _sweep_forever(stop: threading.Event) -> None:
             older = store.settings.sweep_seconds
             for job_id, devices in runnable_jobs(store, queued_older_than=older):
                 enqueue(app, job_id, devices)
+            for job_id in synthetic_runs.runnable(store):
+                enqueue(app, job_id)
         except Exception:
             log.exception("sweep failed")
         stop.wait(Settings().sweep_seconds)

@@ -17,6 +17,7 @@ import threading
 from service.base.logging_setup import log_context
 from service.jobs.lifecycle import runnable_jobs
 from service.store.store import Store
+from service.synthetic import synthetic_runs
 from worker.execution import execute_job, worker_id
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ class EmbeddedWorker:
             try:
                 for job_id, devices in runnable_jobs(self.store):
                     self.submit(job_id, devices)
+                for job_id in synthetic_runs.runnable(self.store):
+                    self.submit(job_id)
             except Exception:
                 log.exception("embedded worker sweep failed")
             self._stop.wait(self.store.settings.sweep_seconds)
@@ -86,3 +89,8 @@ class EmbeddedWorker:
             finally:
                 with self._lock:
                     self._pending.discard(job_id)
+            try:  # the synthetic-data jobs that waited for this one
+                for waiting in synthetic_runs.waiting_on(self.store, job_id):
+                    self.submit(waiting)
+            except Exception:
+                log.exception("looking up the synthetic-data jobs of %s failed", job_id)

@@ -51,11 +51,13 @@ from service.data import token_hashes
 from service.data.private_data import engine_seed, run_folder, token_store_dir
 from service.jobs import job_runs as runs
 from service.jobs import lifecycle
+from service.jobs.jobs import SYNTHETIC_RECORD_FORMATS
 from service.jobs.lifecycle import WorkerOutcome
 from service.models import builtin_models as builtin
 from service.models import fine_tuned_models, model_folders
 from service.models.model_registry import Model, registry
 from service.store.store import Store
+from service.synthetic import synthetic_runs
 from worker.ranks import RankFailure, RanksDied, run_on_ranks
 
 log = logging.getLogger(__name__)
@@ -79,8 +81,16 @@ def run_dir(store: Store, job_id: str) -> Path:
 class Heartbeat:
     """Renews the lease every ``lease/3`` seconds; ``lost`` turns true if the lease is gone."""
 
-    def __init__(self, store: Store, job_id: str, owner: str, lease_seconds: int):
+    def __init__(
+        self,
+        store: Store,
+        job_id: str,
+        owner: str,
+        lease_seconds: int,
+        renew: Callable[[Store, str, str, int], bool] = lifecycle.renew_lease,
+    ):
         self.store, self.job_id, self.owner, self.lease = store, job_id, owner, lease_seconds
+        self.renew = renew
         self.lost = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"lease-{job_id}")
@@ -89,7 +99,7 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(max(self.lease / 3, 0.5)):
             try:
-                if not lifecycle.renew_lease(self.store, self.job_id, self.owner, self.lease):
+                if not self.renew(self.store, self.job_id, self.owner, self.lease):
                     self.lost = True
                     return
             except Exception:  # a transient store error: try again at the next beat
@@ -106,11 +116,12 @@ def build_spec(store: Store, req: runs.JobRequest) -> JobSpec:
     settings = store.settings
     model = _ready_model(store, req)
     _check_files_on_disk(req)
+    train_file, validation_file = _training_files(store, req)
     return JobSpec(
         model=str(model.path),
         task=model.task,
-        train_file=str(req.file_path),
-        validation_file=str(req.validation_path) if req.validation_path is not None else None,
+        train_file=str(train_file),
+        validation_file=str(validation_file) if validation_file is not None else None,
         output_dir=str(run_dir(store, req.id)),
         **_hyperparameter_fields(store, req.hyperparameters),
         **_privacy_fields(store, req),
@@ -121,6 +132,29 @@ def build_spec(store: Store, req: runs.JobRequest) -> JobSpec:
         token_store=str(token_store_dir(settings.data_dir, req.tenant_id)),
         sharding=req.sharding,
     )
+
+
+def _training_files(store: Store, req: runs.JobRequest) -> tuple[Path, Path | None]:
+    """The files the runner reads: the job's own, or for a generator of synthetic records
+    (``synthetic_records``) its text or classification lines rendered as prompt-completion
+    lines, line for line with the user field kept (:mod:`dprc_core.synthetic.records`), into
+    the job's run folder (written again on every attempt: the same bytes)."""
+    if not req.hyperparameters.get("synthetic_records"):
+        return req.file_path, req.validation_path
+    from dprc_core.synthetic.records import file_format, write_conditioned_file
+
+    if file_format(req.file_path) not in SYNTHETIC_RECORD_FORMATS:
+        return req.file_path, req.validation_path
+    user_field = unit_fields(req.privacy).get("user_field")
+    folder = run_dir(store, req.id)
+    folder.mkdir(parents=True, exist_ok=True)
+    rendered = folder / "synthetic-train.jsonl"
+    write_conditioned_file(req.file_path, rendered, user_field)
+    valid = None
+    if req.validation_path is not None:
+        valid = folder / "synthetic-validation.jsonl"
+        write_conditioned_file(req.validation_path, valid)
+    return rendered, valid
 
 
 def _ready_model(store: Store, req: runs.JobRequest) -> Model:
@@ -279,8 +313,13 @@ def _archive(ckpt: Path) -> Path:
 def execute_job(
     store: Store, job_id: str, owner: str | None = None, stop: threading.Event | None = None
 ) -> WorkerOutcome:
-    """Run or resume ``job_id`` (:func:`_execute_job`), its log lines carrying its id."""
+    """Run or resume ``job_id`` (:func:`_execute_job`; a synthetic-data job's id:
+    :func:`worker.synthesis.execute_synthetic`), its log lines carrying its id."""
     with log_context(job_id=job_id):
+        if synthetic_runs.is_synthetic(job_id):
+            from worker.synthesis import execute_synthetic
+
+            return execute_synthetic(store, job_id, owner or worker_id(), stop)
         return _execute_job(store, job_id, owner, stop)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -146,6 +146,12 @@ class FileObject(BaseModel):
         default=None,
         description="(upload answer only) true: the budget is the tenant's default "
         "(DPRC_DEFAULT_EPSILON_BUDGET), the upload named none",
+    )
+    synthetic: dict[str, Any] | None = Field(
+        default=None,
+        description="a synthetic data set's provenance (written by its synthetic-data job, "
+        "never by an upload): the source budget group, file and jobs, the privacy unit and the "
+        "composed (epsilon, delta) of everything that read the private data",
     )
     unbudgeted: bool = Field(
         default=False, description="validation-only data: no budget, no job may train on it"

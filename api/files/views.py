@@ -76,6 +76,7 @@ def file_object(data_set: DataSet, *, may_decide: bool = False) -> FileObject:
         joined_budget_group=data_set.joined,
         budget_default=data_set.defaulted,
         unbudgeted=f.unbudgeted,
+        synthetic=f.synthetic,
         deleted=f.deleted,
         deleted_at=f.deleted_at,
         created_by=f.created_by,

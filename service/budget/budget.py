@@ -41,7 +41,7 @@ from dprc_core.training.plan import check_delta_for_size, default_delta
 from service.base.errors import Conflict, InvalidInput
 from service.store.job_status import ACTIVE, JobStatus
 from service.store.metrics import BUDGET_REFUSALS
-from service.store.tables import BudgetGroup, File, Job
+from service.store.tables import BudgetGroup, File, Job, SyntheticJob
 
 
 def planned_event(job: Job) -> PrivacyEvent:
@@ -90,7 +90,11 @@ def live_spent(session: Session, group: BudgetGroup) -> float:
         hit = _live.get(group.id)
     if hit is not None and t - hit[0] < SPENT_REFRESH_SECONDS:
         return hit[2]
-    events = tuple(spent_event(j) for j in group_jobs(session, group.id))
+    releases = group_releases(session, group.id)
+    events = tuple(
+        [spent_event(j) for j in group_jobs(session, group.id)]
+        + [release_spent(r) for r in releases]
+    )
     if hit is not None and hit[1] == events:
         value = hit[2]
     else:
@@ -149,6 +153,32 @@ def group_jobs(session: Session, group_id: str) -> list[Job]:
     return list(session.scalars(query))
 
 
+def group_releases(session: Session, group_id: str) -> list[SyntheticJob]:
+    """The group's synthetic-data jobs in creation order: each may release a label histogram
+    (docs/synthetic.md), composed with the jobs' events in the slots after theirs."""
+    query = select(SyntheticJob).where(SyntheticJob.group_id == group_id).order_by(SyntheticJob.seq)
+    return list(session.scalars(query))
+
+
+def release_planned(row: SyntheticJob) -> PrivacyEvent | None:
+    """A synthetic-data job's planned release (its label histogram's event), or None when its
+    labels are public."""
+    event = (row.privacy or {}).get("event")
+    return None if event is None else PrivacyEvent.from_dict(event)
+
+
+def release_spent(row: SyntheticJob) -> PrivacyEvent | None:
+    """The release once drawn (the worker records it before using it), else None."""
+    return release_planned(row) if (row.privacy or {}).get("released") else None
+
+
+def release_committed(row: SyntheticJob) -> PrivacyEvent | None:
+    """Its reservation while the job is active; what was drawn once it ended."""
+    if JobStatus(row.status) in ACTIVE:
+        return release_planned(row)
+    return release_spent(row)
+
+
 def check_delta_for(n: int, delta: float, param: str) -> float:
     """The library's rule (0 < δ ≤ 1/N), as a domain error naming ``param``."""
     try:
@@ -187,13 +217,15 @@ Snapshot = tuple[GroupEvents, tuple[float, float]] | None
 
 def group_events(session: Session, group: BudgetGroup) -> GroupEvents:
     """(spent, committed) events of a group's jobs, one slot per job in creation order (``None``
-    for a job without such an event): what its budget composes. Equal snapshots compose to
+    for a job without such an event), then one per synthetic-data job (its label histogram's
+    release, :func:`release_spent`): what its budget composes. Equal snapshots compose to
     equal ε (the optimistic check of job creation), and a job keeps its slot, so composing a
     changed snapshot reuses the blocks that did not change (:func:`compose`)."""
     jobs = group_jobs(session, group.id)
+    releases = group_releases(session, group.id)
     return (
-        tuple(spent_event(j) for j in jobs),
-        tuple(committed_event(j) for j in jobs),
+        tuple([spent_event(j) for j in jobs] + [release_spent(r) for r in releases]),
+        tuple([committed_event(j) for j in jobs] + [release_committed(r) for r in releases]),
     )
 
 
@@ -431,10 +463,10 @@ def _finite(value: float) -> float | None:
 
 @dataclass(frozen=True)
 class HistoryPoint:
-    """The group's composed ε once its jobs up to and including ``job`` (in creation order)
-    are counted."""
+    """The group's composed ε once its jobs up to and including ``job`` (in creation order;
+    then its synthetic-data jobs' label histograms, in theirs) are counted."""
 
-    job: Job
+    job: Job | SyntheticJob
     job_epsilon_spent: float | None  # this job alone, at the group's δ
     spent: float | None
     committed: float | None
@@ -463,6 +495,18 @@ def history(session: Session, group: BudgetGroup) -> History:
         points.append(
             HistoryPoint(
                 job=job,
+                job_epsilon_spent=_finite(compose([own], delta)),
+                spent=_finite(compose(spent, delta)),
+                committed=_finite(compose(committed, delta)),
+            )
+        )
+    for release in group_releases(session, group.id):
+        own = release_spent(release)
+        spent.append(own)
+        committed.append(release_committed(release))
+        points.append(
+            HistoryPoint(
+                job=release,
                 job_epsilon_spent=_finite(compose([own], delta)),
                 spent=_finite(compose(spent, delta)),
                 committed=_finite(compose(committed, delta)),

@@ -258,6 +258,9 @@ class File(Base):
     overlap_report: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     decided_by: Mapped[str | None] = mapped_column(String(40), nullable=True)
     decided_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # a synthetic data set's provenance (service/synthetic): its source group, jobs, ε, δ and
+    # unit; set only by a synthetic-data job, never by an upload
+    synthetic: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class Upload(Base):
@@ -436,3 +439,43 @@ class IdempotencyKey(Base):
 def validation_file_id(job: Job) -> str | None:
     value = (job.hyperparameters or {}).get(VALIDATION_FILE_KEY)
     return str(value) if value is not None else None
+
+
+class SyntheticJob(Base):
+    """A synthetic-data job (docs/synthetic.md): generate ``n`` records from the ``ft:`` model
+    of ``source_job_id`` (a succeeded job, or one this job created from its training file).
+    ``privacy`` holds the label histogram's planned ``event`` (None when labels are public),
+    ``released`` (the histogram, once drawn: then it is spent), the group's ``delta`` and the
+    data set's composed ``epsilon``; ``spec`` the format, labels, prompts and sampling. The
+    lease columns work as a job's."""
+
+    __tablename__ = "synthetic_jobs"
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    created_by: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    status: Mapped[str] = mapped_column(String(24), index=True)
+    source_job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    training_file_id: Mapped[str] = mapped_column(String(40))  # the source job's
+    group_id: Mapped[str] = mapped_column(ForeignKey("budget_groups.id"), index=True)
+    holdout_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    n: Mapped[int] = mapped_column(Integer)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    privacy: Mapped[dict[str, Any]] = mapped_column(JSON)
+    seed: Mapped[int] = mapped_column(BigInteger)
+    records_done: Mapped[int] = mapped_column(Integer, default=0)
+    result_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    report: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    events: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    finished_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), nullable=True
+    )
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    __table_args__ = (Index("ix_synthetic_jobs_tenant_seq", "tenant_id", "seq"),)

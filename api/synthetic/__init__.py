@@ -1,0 +1,1 @@
+"""``/v1/synthetic_data/jobs``: private synthetic data sets."""

@@ -1,0 +1,1 @@
+"""Synthetic-data jobs: records generated from a DP model, with their provenance."""
