@@ -12,7 +12,8 @@ the next attempt counts instead, so the file holds exactly ``n`` valid records; 
 then a state file beside it (``<output>.state.json``: attempts done, records and bytes written,
 a digest of the settings) is replaced atomically. A restarted run truncates the output to the
 recorded bytes and goes on with the next batch, so it writes the same file as an uninterrupted
-run (the same batches, the same seeds). The state file is removed when the file is complete.
+run (the same batches, the same seeds). The state file stays when the file is complete: run
+again, the call returns at once (a caller that died after the last batch finds it done).
 
 Nothing here reads private data: the model is a DP release, the labels' distribution is the DP
 histogram's (or public), the prompts are public. The file is post-processing.
@@ -206,5 +207,4 @@ def synthesize(
         _write_state(out, state)
         if on_progress is not None:
             on_progress(progress)
-    _state_path(out).unlink(missing_ok=True)
     return progress

@@ -54,7 +54,9 @@ def test_stopped_and_killed_runs_resume_to_the_same_file(byte_llama, tmp_path, f
         f.write(b'{"text": "half a rec')
     synthesize(model, tok, spec, tmp_path / "part.jsonl")
     assert (tmp_path / "part.jsonl").read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
-    assert not (tmp_path / "part.jsonl.state.json").exists()
+    again = synthesize(model, tok, spec, tmp_path / "part.jsonl")  # complete: nothing to do
+    assert again.records == 11
+    assert (tmp_path / "part.jsonl").read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
 
 
 def test_a_resume_with_other_settings_is_refused(byte_llama, tmp_path):
