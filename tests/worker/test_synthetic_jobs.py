@@ -17,6 +17,7 @@ import json
 import random
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -201,3 +202,47 @@ def test_an_upload_cannot_claim_to_be_synthetic_and_a_histogram_must_fit(served)
             cast_to=object,
         )
     assert refused.value.body["param"] == "model"
+
+
+def test_concurrent_creates_from_a_generator_never_overdraw_the_budget(served):
+    tenant = f"burst {served.settings.data_dir.name}"
+    owner = served.client(served.key(tenant, "data_owner"))
+    trainer_key = served.key(tenant, "trainer")
+    trainer = served.client(trainer_key)
+    f = owner.files.create(
+        file=("b.jsonl", _jsonl(_rows(48, 5))),
+        purpose="fine-tune",
+        extra_body={"epsilon_budget": 6},
+    )
+    body = {
+        "n": 4,
+        "training_file": f.id,
+        "fine_tuning": {"model": "dprc-tiny-llama", "hyperparameters": HP, "privacy": PRIVACY},
+        "label_epsilon": 0.3,
+        "sampling": {"max_tokens": 6},
+    }
+    first = _wait(trainer, trainer.post("/synthetic_data/jobs", body=body, cast_to=object)["id"])
+    assert first["status"] == "succeeded"
+    burst = {"n": 2, "model": first["model"], "label_epsilon": 1.0, "sampling": {"max_tokens": 4}}
+
+    def create(_: int) -> int:
+        with served.http(trainer_key) as http:
+            return http.post("/v1/synthetic_data/jobs", json=burst).status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(create, range(8)))
+    assert set(codes) <= {200, 409} and 200 in codes and 409 in codes, codes
+    accepted = [
+        _wait(trainer, j["id"])
+        for j in trainer.get("/synthetic_data/jobs", cast_to=object)["data"]
+        if j["id"] != first["id"]
+    ]
+    assert len(accepted) == codes.count(200)
+    events = list(first["privacy"]["events"])
+    for job in accepted:
+        assert job["status"] == "succeeded"
+        events.append(job["privacy"]["events"][1])
+    budget = owner.files.retrieve(f.id).model_extra["budget"]
+    assert budget["committed"] <= 6 + 1e-9
+    ref = _reference_epsilon(events, budget["delta"])
+    assert ref * 0.995 <= budget["committed"] <= ref * 1.01
