@@ -10,6 +10,7 @@ from api.app_state import get_dispatcher, get_store
 from api.keys.dependencies import CallerDep
 from api.synthetic import views
 from api.synthetic.schemas import (
+    Sharing,
     SyntheticCreate,
     SyntheticEventList,
     SyntheticJob,
@@ -58,6 +59,13 @@ def cancel(job_id: str, request: Request, caller: CallerDep) -> SyntheticJob:
 @router.get("/{job_id}/events", response_model=SyntheticEventList)
 def events(job_id: str, request: Request, caller: CallerDep) -> SyntheticEventList:
     return views.event_list(synthetic_jobs.retrieve(get_store(request), caller, job_id))
+
+
+@router.post("/{job_id}/sharing", response_model=SyntheticJob)
+def share(job_id: str, body: Sharing, request: Request, caller: CallerDep) -> SyntheticJob:
+    """Who (besides admin) may download the records: admin and data_owner keys set it."""
+    view = synthetic_jobs.share(get_store(request), caller, job_id, body.download_roles)
+    return views.synthetic_object(view)
 
 
 @router.get("/{job_id}/report")

@@ -77,6 +77,12 @@ class SyntheticCreate(Strict):
     )
 
 
+class Sharing(Strict):
+    download_roles: list[Literal["data_owner", "trainer", "viewer"]] = Field(
+        max_length=3, description="the roles besides admin that may download the records"
+    )
+
+
 class SyntheticPrivacy(BaseModel):
     epsilon: float | None = Field(
         description="the data set's epsilon at delta: the composition of the fine-tuning "
@@ -112,6 +118,7 @@ class SyntheticJob(BaseModel):
     holdout_file: str | None
     result_file: str | None
     labels: dict[str, Any]
+    download_roles: list[str] = Field(description="who besides admin downloads the records")
     sampling: dict[str, Any]
     seed: int
     privacy: SyntheticPrivacy

@@ -60,6 +60,7 @@ def synthetic_object(v: SyntheticView) -> SyntheticJob:
         holdout_file=row.holdout_file_id,
         result_file=row.result_file_id,
         labels=dict(row.spec.get("labels") or {}),
+        download_roles=list(row.spec.get("download_roles") or []),
         sampling=sampling,
         seed=row.seed,
         privacy=SyntheticPrivacy(

@@ -19,7 +19,7 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from service.base.clock import now
-from service.base.errors import Conflict, InvalidInput, NotFound, TooLarge
+from service.base.errors import Conflict, InvalidInput, NotFound, PermissionDenied, TooLarge
 from service.base.ids import new_id
 from service.base.pagination import cursor_page
 from service.budget import budget
@@ -587,16 +587,26 @@ def _download_act(session: Session, row: File) -> str:
 
 def content_path(store: Store, caller: Caller, file_id: str) -> tuple[Path, str]:
     """Where a file's content is, for a download; the download is audited before it is sent
-    (an entry per request, whether or not the client reads the whole body)."""
-    authorize(caller, Action.DOWNLOAD)
+    (an entry per request, whether or not the client reads the whole body). A synthetic data
+    set goes to the roles its data owner shares it with (``synthetic.download_roles``; admin
+    always), any other file to the roles that download."""
+    authorize(caller, Action.READ)
     with locked_session(store.sessions) as session:
         row = get_row(session, caller, file_id, deleted=True)
+        if (row.synthetic or {}).get("download_roles") is None:
+            authorize(caller, Action.DOWNLOAD)
         if row.deleted:
             raise NotFound(
                 f"file {file_id} was deleted: its content is gone (its budget and history "
                 "remain: GET /v1/files/{id})",
                 param="file_id",
                 code="file_deleted",
+            )
+        shared = (row.synthetic or {}).get("download_roles")
+        if shared is not None and caller.role != "admin" and caller.role not in shared:
+            raise PermissionDenied(
+                f"the data owner shares synthetic data set {row.id} with the roles "
+                f"{', '.join(['admin', *shared])} only"
             )
         path = Path(row.storage_path)
         if not path.exists():

@@ -60,6 +60,10 @@ MAX_PROMPT_CHARS = 200_000  # all prompts together
 DEFAULT_LABEL_SHARE = 0.1  # the histogram's ε, as a share of the fine-tuning's target ε
 LABEL_CHOICES = ("dp", "uniform")
 GENERATOR_FORMATS = ("text", "classification", "chat")
+# who may download the records (admin always): the roles that download files, until the data
+# owner says otherwise (:func:`share`)
+DEFAULT_DOWNLOAD_ROLES = ("data_owner", "trainer")
+SHAREABLE_ROLES = ("data_owner", "trainer", "viewer")
 
 
 @dataclass(frozen=True)
@@ -301,6 +305,7 @@ def _insert(
                 "format": source.fmt,
                 "labels": labels,
                 "prompts": prompts,
+                "download_roles": list(DEFAULT_DOWNLOAD_ROLES),
                 "sampling": {
                     "temperature": req.sampling.temperature,
                     "top_p": req.sampling.top_p,
@@ -436,6 +441,30 @@ def cancel(store: Store, caller: Caller, job_id: str) -> SyntheticView:
             row.cancel_requested = True
             add_event(row, "Cancellation requested: the job stops after its current batch")
         audit.record(session, caller, "synthetic_job.cancel", row.id)
+        session.commit()
+        return view(session, row)
+
+
+def share(store: Store, caller: Caller, job_id: str, roles: Sequence[str]) -> SyntheticView:
+    """The roles (besides admin) that may download the job's records: the data owner's choice
+    (admin and data_owner keys), kept in the job and in its data set's provenance."""
+    with locked_session(store.sessions) as session:
+        row = get_row(session, caller, job_id)
+        authorize(caller, Action.SET_BUDGET)
+        unknown = sorted(set(roles) - set(SHAREABLE_ROLES))
+        if unknown:
+            raise _refuse(
+                f"download_roles: {unknown[0]!r} is not one of {', '.join(SHAREABLE_ROLES)}",
+                "download_roles",
+            )
+        kept = sorted(set(roles))
+        row.spec = {**dict(row.spec), "download_roles": kept}
+        if row.result_file_id is not None:
+            file = session.scalar(select(File).where(File.id == row.result_file_id))
+            if file is not None:
+                file.synthetic = {**dict(file.synthetic or {}), "download_roles": kept}
+        add_event(row, f"Records shared with: admin, {', '.join(kept) or 'no other role'}")
+        audit.record(session, caller, "synthetic_job.share", row.id, {"download_roles": kept})
         session.commit()
         return view(session, row)
 

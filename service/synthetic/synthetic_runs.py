@@ -266,6 +266,7 @@ def succeed(
             "delta": row.privacy.get("delta"),
             "events": events,
             "labels": row.spec.get("labels", {}).get("type"),
+            "download_roles": list(row.spec.get("download_roles") or []),
         }
         group = BudgetGroup(
             id=new_id("bg"),

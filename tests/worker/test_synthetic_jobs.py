@@ -141,6 +141,28 @@ def test_a_synthetic_job_from_a_training_file(served):
     assert report["private"] is True and "not differentially private" in report["note"]
     assert report["leakage"]["exact_copies"] >= 0 and report["counts"]["synthetic"] == 10
 
+    # the data owner says who downloads the records (admin always)
+    assert job["download_roles"] == ["data_owner", "trainer"]
+    with pytest.raises(openai.PermissionDeniedError):  # a trainer does not decide
+        trainer.post(
+            f"/synthetic_data/jobs/{job['id']}/sharing", body={"download_roles": []}, cast_to=object
+        )
+    shared = owner.post(
+        f"/synthetic_data/jobs/{job['id']}/sharing",
+        body={"download_roles": ["viewer"]},
+        cast_to=object,
+    )
+    assert shared["download_roles"] == ["viewer"]
+    with pytest.raises(openai.PermissionDeniedError):
+        trainer.files.content(result.id)
+    viewer = served.client(served.key(tenant, "viewer"))
+    assert viewer.files.content(result.id).text.splitlines() == lines
+    owner.post(
+        f"/synthetic_data/jobs/{job['id']}/sharing",
+        body={"download_roles": ["data_owner", "trainer"]},
+        cast_to=object,
+    )
+
     # training on the synthetic records (a classifier: train on synthetic) charges no one
     before = owner.files.retrieve(train.id).model_extra["budget"]
     again = trainer.fine_tuning.jobs.create(
