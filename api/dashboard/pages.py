@@ -26,6 +26,7 @@ NAV = (
     ("/jobs/new", "New job"),
     ("/accountant", "Accountant"),
     ("/playground", "Playground"),
+    ("/synthetic", "Synthetic data"),
 )
 # (url, title, the action its role must be allowed)
 ADMIN_NAV = (

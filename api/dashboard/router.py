@@ -1,5 +1,6 @@
 """The dashboard's pages: sign in and out, home, data sets, jobs, a job, new job, accountant,
-the playground (``?model=`` preselects a model), and for admins the tenant's keys and audit log.
+the playground (``?model=`` preselects a model), synthetic-data jobs and one of them, and for
+admins the tenant's keys and audit log.
 
 A page checks the session cookie (:mod:`api.dashboard.session`), the caller's role for the
 admin pages (:func:`service.governance.roles.authorize`: a 403 page) and, for one data set or job,
@@ -28,6 +29,7 @@ from service.governance import dashboard_sessions
 from service.governance.keys import Caller
 from service.governance.roles import Action, allowed, authorize
 from service.jobs import jobs
+from service.synthetic import synthetic_jobs
 
 router = APIRouter(include_in_schema=False)
 STATIC = Path(__file__).parent / "static"
@@ -106,6 +108,7 @@ for _path, _page, _title in (
     ("/jobs/new", "new_job", "New job"),
     ("/accountant", "accountant", "Accountant"),
     ("/playground", "playground", "Playground"),
+    ("/synthetic", "synthetic", "Synthetic data"),
 ):
     router.add_api_route(_path, _simple(_page, _title), methods=["GET"], name=f"page_{_page}")
 
@@ -165,6 +168,18 @@ def job_page(job_id: str, request: Request) -> Response:
     except NotFound as exc:
         return pages.not_found(caller, exc.message)
     return pages.render("job", job.id, caller, data={"job-id": job.id})
+
+
+@router.get("/synthetic/{job_id}")
+def synthetic_job_page(job_id: str, request: Request) -> Response:
+    caller = _caller(request)
+    if isinstance(caller, Response):
+        return caller
+    try:
+        job = synthetic_jobs.retrieve(get_store(request), caller, job_id).row
+    except NotFound as exc:
+        return pages.not_found(caller, exc.message)
+    return pages.render("synthetic_job", job.id, caller, data={"job-id": job.id})
 
 
 def mount_dashboard(app: FastAPI) -> None:

@@ -1,5 +1,6 @@
 """The client's sub-commands: ``dprc login``, ``dprc files …``, ``dprc jobs …``,
-``dprc audit …``, and ``dprc chat`` / ``dprc complete`` (:mod:`dprc.client.chat`).
+``dprc audit …``, ``dprc chat`` / ``dprc complete`` (:mod:`dprc.client.chat`) and
+``dprc synthetic …`` (:mod:`dprc.client.synthetic`).
 
 Every command takes ``--server URL`` (else ``DPRC_SERVER_URL`` or the client config, see
 :mod:`dprc.client.config`) and ``--json`` (the server's objects as JSON, for scripts; tables
@@ -21,11 +22,12 @@ from typing import Any
 from dprc.client import audit_chain
 from dprc.client import chat as chat_mod
 from dprc.client import follow as follow_mod
+from dprc.client import synthetic as synthetic_mod
 from dprc.client.api import Client, ClientError
 from dprc.client.config import load_config, save_config
 from dprc.client.tables import fields, number, table, when
 
-CLIENT_COMMANDS = ("login", "files", "jobs", "audit", *chat_mod.COMMANDS)
+CLIENT_COMMANDS = ("login", "files", "jobs", "audit", *chat_mod.COMMANDS, *synthetic_mod.COMMANDS)
 
 
 def _common() -> argparse.ArgumentParser:
@@ -51,6 +53,7 @@ def add_subparsers(sub: Any) -> None:
     _add_jobs(sub, common)
     _add_audit(sub, common)
     chat_mod.add_subparsers(sub, common)
+    synthetic_mod.add_subparsers(sub, common)
 
 
 def _add_files(sub: Any, common: argparse.ArgumentParser) -> None:
