@@ -33,7 +33,7 @@ from service.jobs.ledger_files import checkpoint_ledgers, ledger_files, read, st
 from service.store.job_status import TERMINAL, JobStatus
 from service.store.ledger_folder import ledger_path, ledgers_dir, since
 from service.store.store import Store
-from service.store.tables import BudgetGroup, File, Job
+from service.store.tables import BudgetGroup, File, Job, SyntheticJob
 
 # |ε in a ledger file − ε in the database|, and a stored total against its recomputation:
 # relative, with an absolute floor (both are the same float arithmetic, so agreement is exact
@@ -74,6 +74,10 @@ def check(store: Store) -> CheckReport:
             report.jobs += 1
             known.add(job.id)
             report.problems += _job_problems(data_dir, job, group_id, kept_since)
+        for row in session.scalars(select(SyntheticJob).order_by(SyntheticJob.seq)):
+            report.jobs += 1
+            known.add(row.id)
+            report.problems += _synthetic_problems(data_dir, row)
         for path in ledger_files(data_dir):
             report.ledgers += 1
             if path.stem not in known:
@@ -86,6 +90,26 @@ def check(store: Store) -> CheckReport:
             report.problems += _group_problems(session, group)
         report.frozen = frozen_groups(session)
     return report
+
+
+def _synthetic_problems(data_dir: Path, row: SyntheticJob) -> list[str]:
+    """A synthetic-data job's ledger file counts its histogram's release as the database does
+    (``steps_done``: 1 once drawn)."""
+    path = ledger_path(data_dir, row.id)
+    if not path.is_file():
+        if row.steps_done:
+            return [f"synthetic data job {row.id}: drew its label histogram but has no ledger"]
+        return []
+    try:
+        steps = read(path)["steps_done"]
+    except ValueError as exc:
+        return [f"synthetic data job {row.id}: {exc}"]
+    if steps != row.steps_done:
+        return [
+            f"synthetic data job {row.id}: its ledger counts {steps} releases, the database "
+            f"{row.steps_done}"
+        ]
+    return []
 
 
 def _steps_in(path: Path) -> str:

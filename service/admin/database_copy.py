@@ -33,9 +33,13 @@ from sqlalchemy.engine import URL, make_url
 
 from service.admin.backup_manifest import JobAtBackup
 
+# the jobs, and the synthetic-data jobs (a drawn label histogram: one step; their ledger files
+# are kept as the jobs' are, service/synthetic/synthetic_runs.py)
 JOBS_SQL = (
     "SELECT j.id, j.tenant_id, f.group_id, j.status, j.steps_done "
-    "FROM jobs j JOIN files f ON f.id = j.training_file_id"
+    "FROM jobs j JOIN files f ON f.id = j.training_file_id "
+    "UNION ALL SELECT s.id, s.tenant_id, s.group_id, s.status, s.steps_done "
+    "FROM synthetic_jobs s"
 )
 GROUPS_SQL = "SELECT id, tenant_id FROM budget_groups"
 REVISION_SQL = "SELECT version_num FROM alembic_version"

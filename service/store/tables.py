@@ -465,6 +465,9 @@ class SyntheticJob(Base):
     privacy: Mapped[dict[str, Any]] = mapped_column(JSON)
     seed: Mapped[int] = mapped_column(BigInteger)
     records_done: Mapped[int] = mapped_column(Integer, default=0)
+    # 1 once the label histogram was drawn (a release counted as one step): what backups and
+    # ledger files compare, as a job's steps_done
+    steps_done: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     result_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     report: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     events: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)

@@ -18,7 +18,10 @@ charges no one, and no upload can join its group (no example hashes are recorded
 
 from __future__ import annotations
 
+import json
+import logging
 import shutil
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -27,21 +30,68 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from dprc_core.accounting import PrivacyLedger
 from service.base.clock import now, utc_now
 from service.base.ids import new_id
 from service.budget import budget
 from service.data.file_storage import storage_dir
+from service.jobs.ledger_files import FORMAT, VERSION
 from service.jobs.lifecycle import lease_expired
 from service.store.db import locked_session
 from service.store.job_status import TERMINAL, JobStatus
+from service.store.ledger_folder import ensure_dir, ledger_path, write_atomic
 from service.store.store import Store
 from service.store.tables import BudgetGroup, File, SyntheticJob
 from service.store.tables import Job as JobRow
 from service.synthetic.synthetic_jobs import SYNTHETIC_PREFIX, add_event, privacy_summary
 
+log = logging.getLogger(__name__)
+
 
 def is_synthetic(job_id: str) -> bool:
     return job_id.startswith(SYNTHETIC_PREFIX + "-")
+
+
+def ledger_record(row: SyntheticJob) -> dict[str, Any]:
+    """The job's ledger file (the format of :mod:`service.jobs.ledger_files`): its one step is
+    the label histogram's release, counted once drawn; a backup's manifest and ``dprc admin
+    restore`` compare ``steps_done`` as for a job, so a histogram drawn after a backup freezes
+    its data set when that backup is restored."""
+    spent = budget.release_spent(row)
+    planned = budget.release_planned(row)
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "job_id": row.id,
+        "tenant_id": row.tenant_id,
+        "training_file": row.training_file_id,
+        "budget_group": row.group_id,
+        "status": row.status,
+        "started_at": row.started_at,
+        "updated_at": time.time(),
+        "steps_total": 1 if planned is not None else 0,
+        "steps_done": row.steps_done,
+        "epsilon_spent": None,
+        "delta": float((row.privacy or {}).get("delta") or 0.0),
+        "ledger": json.loads(PrivacyLedger([spent] if spent is not None else []).to_json()),
+        "planned": planned.to_dict() if planned is not None else None,
+    }
+
+
+def write_ledger(store: Store, job_id: str) -> None:
+    """Rewrite the job's ledger file from the database (after a commit that changed it); a
+    failure is logged (``dprc admin check`` reports the file that disagrees)."""
+    try:
+        with store.sessions() as session:
+            row = session.scalar(select(SyntheticJob).where(SyntheticJob.id == job_id))
+            if row is None:
+                return
+            record = ledger_record(row)
+        ensure_dir(store.settings.data_dir)
+        data = json.dumps(record, sort_keys=True, indent=1).encode()
+        write_atomic(ledger_path(store.settings.data_dir, job_id), data)
+    except Exception:  # noqa: BLE001 - the job goes on; the check reports the file
+        log.exception("could not write the ledger file of synthetic data job %s", job_id)
 
 
 def runnable(store: Store) -> list[str]:
@@ -155,7 +205,7 @@ def claim(store: Store, job_id: str, owner: str, lease_seconds: int) -> Claimed 
         row.attempts = row.attempts + 1
         add_event(row, f"Synthetic data job started (attempt {row.attempts})")
         session.commit()
-        return Claimed(
+        claimed = Claimed(
             id=row.id,
             tenant_id=row.tenant_id,
             model=str(source.fine_tuned_model),
@@ -170,6 +220,8 @@ def claim(store: Store, job_id: str, owner: str, lease_seconds: int) -> Claimed 
             seed=int(row.seed),
             attempts=row.attempts,
         )
+    write_ledger(store, job_id)
+    return claimed
 
 
 def _held(session: Session, job_id: str, owner: str) -> SyntheticJob | None:
@@ -207,11 +259,13 @@ def release_histogram(
         if released is not None:
             return dict(released)
         row.privacy = {**dict(row.privacy), "released": histogram}
+        row.steps_done = 1
         sigma = histogram["noise_multiplier"]
         add_event(row, f"Released the label histogram (Gaussian noise, σ = {sigma:.4g})")
         _settle(session, row)
         session.commit()
-        return histogram
+    write_ledger(store, job_id)
+    return histogram
 
 
 def _end(
@@ -237,7 +291,8 @@ def end(
             return False
         _end(session, row, status, message, code)
         session.commit()
-        return True
+    write_ledger(store, job_id)
+    return True
 
 
 def succeed(
@@ -312,4 +367,6 @@ def succeed(
             f"{row.privacy.get('delta'):.3g} for each {unit}, composed)",
         )
         session.commit()
-        return file.id
+        file_id = file.id
+    write_ledger(store, job_id)
+    return file_id

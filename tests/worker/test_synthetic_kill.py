@@ -134,3 +134,46 @@ def test_a_killed_synthetic_worker_is_taken_over_and_charges_once(quiet, point):
     assert len(lines) == 40
     budget = client.files.retrieve(f.id).model_extra["budget"]
     assert budget["committed"] == pytest.approx(done["privacy"]["epsilon"], rel=1e-9)
+
+
+def test_a_histogram_drawn_after_a_backup_is_evidence_for_its_restore(quiet, tmp_path):
+    """The release is one step of the job's ledger: a backup taken before it does not hold it
+    (``dprc admin restore`` of that backup finds it and freezes the data set), a backup taken
+    after it does (no evidence), and ``dprc admin check`` finds the ledger and the database in
+    agreement."""
+    from service.admin.backup import backup
+    from service.admin.consistency import check
+    from service.admin.restore import find_evidence
+
+    client = quiet.client(quiet.key("restore"))
+    rows = [{"text": f"item {i} {'red' if i % 2 else 'blue'}", "label": i % 2} for i in range(32)]
+    data = ("\n".join(json.dumps(r) for r in rows) + "\n").encode()
+    f = client.files.create(
+        file=("r.jsonl", data), purpose="fine-tune", extra_body={"epsilon_budget": 20}
+    )
+    job = client.post(
+        "/synthetic_data/jobs",
+        body={
+            "n": 3,
+            "training_file": f.id,
+            "fine_tuning": {
+                "model": "dprc-tiny-llama",
+                "hyperparameters": HP,
+                "privacy": {"target_epsilon": 4.0, "clipping": {"method": "exact"}},
+            },
+            "sampling": {"max_tokens": 4},
+        },
+        cast_to=object,
+    )
+    _worker(quiet, job["fine_tuning_job"])
+    before = backup(quiet.store, tmp_path / "before")
+    _worker(quiet, job["id"])
+    assert client.get(f"/synthetic_data/jobs/{job['id']}", cast_to=object)["status"] == "succeeded"
+    group = client.files.retrieve(f.id).model_extra["budget_group"]
+    evidence, _ = find_evidence(tmp_path / "before", before, quiet.settings.data_dir)
+    assert [(e.job_id, e.group) for e in evidence] == [(job["id"], group)]
+    after = backup(quiet.store, tmp_path / "after")
+    evidence, _ = find_evidence(tmp_path / "after", after, quiet.settings.data_dir)
+    assert evidence == []
+    report = check(quiet.store)
+    assert not [p for p in report.problems if "synth" in p], report.problems

@@ -37,6 +37,7 @@ def upgrade() -> None:
         sa.Column("privacy", sa.JSON(), nullable=False),
         sa.Column("seed", sa.BigInteger(), nullable=False),
         sa.Column("records_done", sa.Integer(), nullable=False),
+        sa.Column("steps_done", sa.Integer(), server_default="0", nullable=False),
         sa.Column("result_file_id", sa.String(length=40), nullable=True),
         sa.Column("report", sa.JSON(), nullable=True),
         sa.Column("events", sa.JSON(), nullable=False),
