@@ -28,7 +28,7 @@ from service.models import builtin_models, model_folders
 from service.store.job_status import JobStatus
 from service.store.store import Store
 from service.synthetic import synthetic_runs as runs
-from worker.execution import Heartbeat, failure_of, run_dir
+from worker.execution import Heartbeat, JobFailure, failure_of, run_dir
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +57,16 @@ def _label_distribution(
     kind = labels_spec["type"]
     if kind == "none":
         return (), ()
-    if kind == "stated":
-        weights = labels_spec["weights"]
-        return tuple(weights), tuple(float(w) for w in weights.values())
     file_labels, users = _labels_and_users(job.training_path, job.user_field)
     classes = label_names(file_labels)
+    if kind == "stated":
+        weights = labels_spec["weights"]
+        extra = sorted(set(weights) - set(classes))
+        if extra:  # checked at creation unless the file was too large to read there
+            raise JobFailure(
+                "invalid_labels", f"labels {extra[:3]} are not classes of the training file"
+            )
+        return tuple(weights), tuple(float(w) for w in weights.values())
     if kind == "uniform":
         return tuple(classes), tuple(1.0 / len(classes) for _ in classes)
     released = job.privacy.get("released")

@@ -37,10 +37,18 @@ from service.admin.backup_manifest import JobAtBackup
 # are kept as the jobs' are, service/synthetic/synthetic_runs.py)
 JOBS_SQL = (
     "SELECT j.id, j.tenant_id, f.group_id, j.status, j.steps_done "
-    "FROM jobs j JOIN files f ON f.id = j.training_file_id "
-    "UNION ALL SELECT s.id, s.tenant_id, s.group_id, s.status, s.steps_done "
+    "FROM jobs j JOIN files f ON f.id = j.training_file_id"
+)
+SYNTHETIC_JOBS_SQL = (
+    " UNION ALL SELECT s.id, s.tenant_id, s.group_id, s.status, s.steps_done "
     "FROM synthetic_jobs s"
 )
+SYNTHETIC_JOBS_SINCE = "0014"  # the revision that made synthetic_jobs
+
+
+def jobs_sql(revision: str) -> str:
+    """The manifest's jobs at ``revision``: the synthetic-data jobs too once they exist."""
+    return JOBS_SQL + (SYNTHETIC_JOBS_SQL if revision >= SYNTHETIC_JOBS_SINCE else "")
 GROUPS_SQL = "SELECT id, tenant_id FROM budget_groups"
 REVISION_SQL = "SELECT version_num FROM alembic_version"
 # a restore waits this long for a table lock (a server still connected) before giving up
@@ -83,11 +91,12 @@ def sqlite_backup(source: Path, target: Path) -> Snapshot:
     ):
         src.backup(dst)
         dst.execute("PRAGMA journal_mode=DELETE")
-        revision = dst.execute(REVISION_SQL).fetchone()
+        row = dst.execute(REVISION_SQL).fetchone()
+        revision = str(row[0]) if row else ""
         snap = _snapshot(
-            dst.execute(JOBS_SQL).fetchall(),
+            dst.execute(jobs_sql(revision)).fetchall(),
             dst.execute(GROUPS_SQL).fetchall(),
-            str(revision[0]) if revision else "",
+            revision,
         )
     return snap
 
@@ -162,11 +171,11 @@ def pg_backup(engine: Engine, sqlalchemy_url: str, target: Path) -> Snapshot:
     with engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn:
         with conn.begin():
             name = conn.execute(text("SELECT pg_export_snapshot()")).scalar_one()
-            revision = conn.execute(text(REVISION_SQL)).scalar()
+            revision = str(conn.execute(text(REVISION_SQL)).scalar() or "")
             snap = _snapshot(
-                conn.execute(text(JOBS_SQL)).all(),
+                conn.execute(text(jobs_sql(revision))).all(),
                 conn.execute(text(GROUPS_SQL)).all(),
-                str(revision or ""),
+                revision,
             )
             argv = [pg_dump, "--format=custom", "--no-owner", "--no-privileges"]
             argv += [f"--snapshot={name}", f"--file={target}", f"--dbname={dsn}"]

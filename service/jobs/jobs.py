@@ -618,6 +618,11 @@ def _labels_cached(path: str, user_field: str | None, _size: int, _mtime_ns: int
         )
 
 
+def file_labels(file: File) -> frozenset[str] | None:
+    """The distinct labels of a classification data set (None: too large to read here)."""
+    return _labels(_StoredData.of(file))
+
+
 def _labels(data: _StoredData) -> frozenset[str] | None:
     """The distinct labels of a classification data set as the worker compares them
     (:func:`dprc_core.training.data.label_names`: ``1`` and ``"1"`` are one class); None when

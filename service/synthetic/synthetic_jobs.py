@@ -203,9 +203,14 @@ def _holdout(session: Session, caller: Caller, file_id: str | None, fmt: str) ->
 
 
 def _labels_plan(
-    req: SyntheticRequest, fmt: str, target_epsilon: float, delta: float
+    req: SyntheticRequest,
+    fmt: str,
+    target_epsilon: float,
+    delta: float,
+    classes: frozenset[str] | None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(the spec's label settings, the histogram's event or None)."""
+    """(the spec's label settings, the histogram's event or None). ``classes``: the training
+    file's (None: too large to read here; the worker checks stated labels against them)."""
     if fmt != "classification":
         if req.labels != "dp" or req.label_epsilon is not None:
             raise _refuse(f"labels are for classification data sets; this one is {fmt}", "labels")
@@ -214,6 +219,13 @@ def _labels_plan(
         return {"type": "uniform"}, None
     if isinstance(req.labels, Mapping):
         weights = {str(k): float(v) for k, v in req.labels.items()}
+        if classes is not None and not set(weights) <= classes:
+            extra = sorted(set(weights) - classes)[:3]
+            raise _refuse(
+                f"labels: {extra} are not classes of the training file (a record's label is "
+                "one of its classes)",
+                "labels",
+            )
         return {"type": "stated", "weights": weights}, None
     eps_h = req.label_epsilon
     if eps_h is None:
@@ -238,6 +250,11 @@ def create(store: Store, caller: Caller, req: SyntheticRequest) -> SyntheticJob:
             source = _Source("", file, str(file.data_format), 0.0)
         holdout = _holdout(session, caller, req.holdout_file, source.fmt)
     if source.fmt == "chat":
+        if req.prompts:
+            # the prompts are written into a data set that carries no budget: text a trainer
+            # could copy from the private data would leave it uncharged, so only the roles
+            # that own budgets give them
+            authorize(caller, Action.SET_BUDGET)
         if not req.prompts:
             raise _refuse(
                 "a chat data set's synthetic records need public prompts: the model learned "
@@ -286,7 +303,8 @@ def _insert(
         assert file is not None and file.group_id is not None
         group = budget.lock_group(session, file.group_id)
         delta = budget.group_delta(session, group)
-        labels, event = _labels_plan(req, source.fmt, source.target_epsilon, delta)
+        classes = fine_tuning.file_labels(file) if source.fmt == "classification" else frozenset()
+        labels, event = _labels_plan(req, source.fmt, source.target_epsilon, delta, classes)
         if event is not None:
             planned = PrivacyEvent.from_dict(event)
             budget.reserve(session, group, planned, None, float(labels["epsilon"]), delta)

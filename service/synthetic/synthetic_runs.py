@@ -238,6 +238,8 @@ def renew(store: Store, job_id: str, owner: str, lease_seconds: int, records: in
         row = _held(session, job_id, owner)
         if row is None:
             return False
+        if row.n and records * 10 // row.n > row.records_done * 10 // row.n and records < row.n:
+            add_event(row, f"Generated {records:,} of {row.n:,} records")  # every tenth
         row.records_done = records
         row.lease_expires_at = utc_now() + timedelta(seconds=lease_seconds)
         cancel = row.cancel_requested

@@ -40,6 +40,15 @@ def _rows(n: int, seed: int) -> list[dict]:
     return out
 
 
+def _chat(i: int) -> dict:
+    return {
+        "messages": [
+            {"role": "user", "content": f"say {i}"},
+            {"role": "assistant", "content": f"{i} said"},
+        ]
+    }
+
+
 def _jsonl(rows: list[dict]) -> bytes:
     return ("\n".join(json.dumps(r) for r in rows) + "\n").encode()
 
@@ -215,6 +224,50 @@ def test_an_upload_cannot_claim_to_be_synthetic_and_a_histogram_must_fit(served)
     assert admin.get("/synthetic_data/jobs", cast_to=object)["data"] == []
     budget = admin.files.retrieve(f.id).model_extra["budget"]
     assert budget["committed"] == 0 and budget["spent"] == 0
+    with pytest.raises(openai.BadRequestError) as refused:  # a label is one of the classes
+        admin.post(
+            "/synthetic_data/jobs",
+            body={**body, "labels": {"calm": 1, "my secret line": 1}},
+            cast_to=object,
+        )
+    assert refused.value.body["param"] == "labels"
+    assert [j.status for j in admin.fine_tuning.jobs.list().data] == ["cancelled", "cancelled"]
+    chat = admin.files.create(
+        file=("c.jsonl", _jsonl([_chat(i) for i in range(12)])),
+        purpose="fine-tune",
+        extra_body={"epsilon_budget": 5},
+    )
+    trainer = served.client(served.key(tenant, "trainer"))
+    with pytest.raises(openai.PermissionDeniedError):  # prompts land in a budget-free data set
+        trainer.post(
+            "/synthetic_data/jobs",
+            body={
+                **body,
+                "training_file": chat.id,
+                "label_epsilon": None,
+                "prompts": [[{"role": "user", "content": "a line copied from the data"}]],
+            },
+            cast_to=object,
+        )
+    assert len(admin.fine_tuning.jobs.list().data) == 2  # none created for it
+    prompts = [[{"role": "user", "content": "say 3"}], [{"role": "user", "content": "say 4"}]]
+    made = admin.post(  # an admin owns budgets: its prompts are public text it vouches for
+        "/synthetic_data/jobs",
+        body={
+            "n": 3,
+            "training_file": chat.id,
+            "fine_tuning": {"model": "dprc-tiny-llama", "hyperparameters": HP, "privacy": PRIVACY},
+            "prompts": prompts,
+            "sampling": {"max_tokens": 6},
+        },
+        cast_to=object,
+    )
+    assert made["format"] == "chat" and made["labels"] == {"type": "none"}
+    done = _wait(admin, made["id"])
+    assert done["status"] == "succeeded" and len(done["privacy"]["events"]) == 1
+    records = [json.loads(x) for x in admin.files.content(done["result_file"]).text.splitlines()]
+    assert len(records) == 3 and all(r["messages"][:-1] in prompts for r in records)
+    assert all(r["messages"][-1]["role"] == "assistant" for r in records)
     with pytest.raises(openai.UnprocessableEntityError):  # a body field the API does not know
         admin.post("/synthetic_data/jobs", body={**body, "synthetic": True}, cast_to=object)
     with pytest.raises(openai.BadRequestError) as refused:  # chat needs public prompts
