@@ -40,8 +40,7 @@ JOBS_SQL = (
     "FROM jobs j JOIN files f ON f.id = j.training_file_id"
 )
 SYNTHETIC_JOBS_SQL = (
-    " UNION ALL SELECT s.id, s.tenant_id, s.group_id, s.status, s.steps_done "
-    "FROM synthetic_jobs s"
+    " UNION ALL SELECT s.id, s.tenant_id, s.group_id, s.status, s.steps_done FROM synthetic_jobs s"
 )
 SYNTHETIC_JOBS_SINCE = "0014"  # the revision that made synthetic_jobs
 
@@ -49,6 +48,8 @@ SYNTHETIC_JOBS_SINCE = "0014"  # the revision that made synthetic_jobs
 def jobs_sql(revision: str) -> str:
     """The manifest's jobs at ``revision``: the synthetic-data jobs too once they exist."""
     return JOBS_SQL + (SYNTHETIC_JOBS_SQL if revision >= SYNTHETIC_JOBS_SINCE else "")
+
+
 GROUPS_SQL = "SELECT id, tenant_id FROM budget_groups"
 REVISION_SQL = "SELECT version_num FROM alembic_version"
 # a restore waits this long for a table lock (a server still connected) before giving up
