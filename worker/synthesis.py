@@ -35,17 +35,16 @@ log = logging.getLogger(__name__)
 REPORT_RECORDS = 2_000
 
 
-def _records(path: Path) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def _labels_and_users(path: Path, user_field: str | None) -> tuple[list[Any], list[Any] | None]:
+    """Each line's label (and user), read line by line."""
     labels: list[Any] = []
     users: list[Any] = []
-    for obj in _records(path):
-        labels.append(obj["label"])
-        users.append(obj.get(user_field) if user_field else None)
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                obj = json.loads(line)
+                labels.append(obj["label"])
+                users.append(obj.get(user_field) if user_field else None)
     return labels, (users if user_field else None)
 
 
@@ -86,15 +85,26 @@ def _report(store: Store, job: runs.Claimed, records: Path) -> dict[str, Any]:
 
     rng = random.Random(derive_seed(job.seed, "synthetic-report"))
 
-    def sample(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return rows if len(rows) <= REPORT_RECORDS else rng.sample(rows, REPORT_RECORDS)
+    def sample(path: Path) -> list[dict[str, Any]]:
+        """At most REPORT_RECORDS lines, uniformly (reservoir sampling: one pass, the kept
+        lines only in memory)."""
+        kept: list[dict[str, Any]] = []
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(x for x in f if x.strip()):
+                if i < REPORT_RECORDS:
+                    kept.append(json.loads(line))
+                else:
+                    j = rng.randrange(i + 1)
+                    if j < REPORT_RECORDS:
+                        kept[j] = json.loads(line)
+        return kept
 
     fmt = str(job.spec["format"])
-    synthetic = sample(_records(records))
-    train = sample(_records(job.training_path))
+    synthetic = sample(records)
+    train = sample(job.training_path)
     embedder = builtin_models.minilm_dir()
     if job.holdout_path is not None and job.holdout_path.is_file():
-        holdout = sample(_records(job.holdout_path))
+        holdout = sample(job.holdout_path)
         report = quality_report(synthetic, train, holdout, fmt, embedder, seed=job.seed % 2**31)
     else:
         report = {

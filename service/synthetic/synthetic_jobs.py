@@ -248,6 +248,12 @@ def create(store: Store, caller: Caller, req: SyntheticRequest) -> SyntheticJob:
             assert req.training_file is not None
             file = _training_source(session, caller, req.training_file)
             source = _Source("", file, str(file.data_format), 0.0)
+        if req.holdout_file is not None and req.holdout_file == source.training_file.id:
+            raise _refuse(
+                "the holdout file must hold other records than the training file (the report "
+                "compares the synthetic records with real ones the model never saw)",
+                "holdout_file",
+            )
         holdout = _holdout(session, caller, req.holdout_file, source.fmt)
     if source.fmt == "chat":
         if req.prompts:
