@@ -394,7 +394,7 @@ def mean_se(xs: list[float]) -> tuple[float, float]:
 
 def pm(xs: list[float], scale: float = 1.0, digits: int = 1) -> str:
     m, se = mean_se([x * scale for x in xs])
-    return f"{m:.{digits}f} ± {se:.{digits}f}"
+    return f"{m:.{digits}f} ± {se:.{digits}f}" if len(xs) > 1 else f"{m:.{digits}f}"
 
 
 def table(rows: dict[str, list[dict[str, Any]]], tor: float, majority: float) -> list[str]:
