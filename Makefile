@@ -88,6 +88,7 @@ bench: bench-install
 	$(PY) benchmarks/three_ways.py
 	$(PY) benchmarks/inference.py --tokens 48
 	$(PY) benchmarks/dpo.py --seeds 20
+	$(PY) benchmarks/synthetic.py
 	$(PY) benchmarks/report.py
 
 # Utility of randomized vs exact clipping on real text (about 30 min on 2 cores).

@@ -33,6 +33,7 @@ SECTIONS = [
     ("dpftrl_lm", "benchmarks/dpftrl_lm.py"),
     ("utility", "benchmarks/utility.py"),
     ("dpo", "benchmarks/dpo.py --seeds 20"),
+    ("synthetic", "benchmarks/synthetic.py"),
     ("audit", "benchmarks/audit.py"),
     ("audit_per_example", "benchmarks/audit.py --cases per-example --eps 1 3"),
     ("audit_step", "benchmarks/audit_step.py"),
