@@ -533,7 +533,7 @@ non-private generator's records give {100 * tos_np:.1f} % train-on-synthetic
 
 
 def main() -> None:
-    global LR, DP_BATCH, DP_LR
+    global LR, DP_BATCH, DP_LR, HIDDEN, LAYERS
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="1 seed, ε = 8, fewer records, prints")
@@ -541,6 +541,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=float, default=EPOCHS)
     ap.add_argument("--eps", type=float, nargs="*", default=None, help="the DP rows' ε")
     ap.add_argument("--lr", type=float, default=LR)
+    ap.add_argument("--hidden", type=int, default=HIDDEN, help="the Llama's hidden size")
+    ap.add_argument("--layers", type=int, default=LAYERS, help="the Llama's layers")
     ap.add_argument("--dp-batch", type=int, default=DP_BATCH)
     ap.add_argument("--dp-lr", type=float, default=DP_LR)
     ap.add_argument("--full", action="store_true", help="--quick with the default sizes")
@@ -554,6 +556,7 @@ def main() -> None:
     small = args.quick and not args.full
     n_train, n_test, n_synth = (600, 300, 200) if small else (N_TRAIN, N_TEST, N_SYNTH)
     LR, DP_BATCH, DP_LR = args.lr, args.dp_batch, args.dp_lr
+    HIDDEN, LAYERS = args.hidden, args.layers
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device")
     t_start = time.perf_counter()
@@ -593,7 +596,8 @@ def main() -> None:
     print(f"wall: {wall:.0f} s")
     for name, rs in rows.items():  # scripts/gpu_check.sh collects these lines
         print(
-            f"summary: synthetic ({args.device}, {len(rs)} seed(s)) {name}: train-on-synthetic "
+            f"summary: synthetic ({args.device}, hidden {HIDDEN}, {LAYERS} layers, {len(rs)} "
+            f"seed(s)) {name}: train-on-synthetic "
             f"{pm([r['tos'] for r in rs], 100)} %, AUC {pm([r['auc'] for r in rs], 1, 3)}, "
             f"{statistics.fmean(r['records_per_s'] for r in rs):.0f} records/s"
         )

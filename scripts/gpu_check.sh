@@ -17,8 +17,9 @@
 # 6. vllm: dprc's completions router against a real vLLM server (scripts/vllm_check.py): a base
 #    model and a LoRA adapter registered at run time, streamed and not, 8 concurrent requests;
 #    skipped, and said so, where vLLM is not installed.
-# 7. synthetic: benchmarks/synthetic.py --device cuda --quick (issue 44): the synthetic-data
-#    pipeline (non-private and DP ε = 8 fine-tuning of a tiny Llama on CUDA, then generation),
+# 7. synthetic: benchmarks/synthetic.py --device cuda --quick --hidden 768 --layers 12 (issue
+#    44): the synthetic-data pipeline at a GPT-2-small size (about 85 M parameters, random
+#    weights; non-private and DP ε = 8 fine-tuning on CUDA, then generation),
 #    1 seed, 600 lines; its table goes to run.log and one summary line per row to summary.txt
 #    (no file of its own); at most 3 min beyond the plan. The dry run: --device cpu --epochs 1.
 # The dry run skips 3, 4, 5 and 6 (CUDA only). Every section runs under its own `timeout`. $OUT gets
@@ -93,7 +94,7 @@ else
     fi
     section vllm 300 "$OUT/run.log" "$PY" scripts/vllm_check.py --timeout 200
 fi
-synthetic=("$PY" benchmarks/synthetic.py --quick --device cuda)
+synthetic=("$PY" benchmarks/synthetic.py --quick --device cuda --hidden 768 --layers 12)
 ((dry)) && synthetic=("$PY" benchmarks/synthetic.py --quick --device cpu --epochs 1)
 section synthetic 180 "$OUT/run.log" "${synthetic[@]}"
 grep -h '^summary: ' "$OUT/run.log" | sed 's/^summary: //' >>"$OUT/summary.txt"
