@@ -18,7 +18,7 @@
 #    model and a LoRA adapter registered at run time, streamed and not, 8 concurrent requests;
 #    skipped, and said so, where vLLM is not installed.
 # 7. synthetic: benchmarks/synthetic.py --device cuda --quick --hidden 768 --layers 12 (issue
-#    44): the synthetic-data pipeline at a GPT-2-small size (about 85 M parameters, random
+#    44): the synthetic-data pipeline at about 64 M parameters (hidden 768, 12 layers, random
 #    weights; non-private and DP ε = 8 fine-tuning on CUDA, then generation),
 #    1 seed, 600 lines; its table goes to run.log and one summary line per row to summary.txt
 #    (no file of its own); at most 3 min beyond the plan. The dry run: --device cpu --epochs 1.
