@@ -55,11 +55,14 @@ def upgrade() -> None:
     op.create_index("ix_synthetic_jobs_source_job_id", "synthetic_jobs", ["source_job_id"])
     op.create_index("ix_synthetic_jobs_group_id", "synthetic_jobs", ["group_id"])
     op.create_index("ix_synthetic_jobs_tenant_seq", "synthetic_jobs", ["tenant_id", "seq"])
-    with op.batch_alter_table("files") as batch:
-        batch.add_column(sa.Column("synthetic", sa.JSON(), nullable=True))
+    # a plain ALTER TABLE on both databases: rebuilding ``files`` (what a batch operation does
+    # on SQLite) is forbidden there by the other tables' foreign keys to it
+    op.add_column("files", sa.Column("synthetic", sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("files") as batch:
-        batch.drop_column("synthetic")
+    if op.get_bind().dialect.name == "sqlite":
+        op.execute("ALTER TABLE files DROP COLUMN synthetic")  # SQLite >= 3.35, no rebuild
+    else:
+        op.drop_column("files", "synthetic")
     op.drop_table("synthetic_jobs")
