@@ -6,43 +6,35 @@ probability q, so the batch size is Binomial(N, q) — possibly 0, which is stil
 step. Divide by the *expected* batch size q·N, never by the realised one. Fixed-order batches:
 see :class:`FixedOrderSampler`.
 
-The coins are float64 uniforms (multiples of 2⁻⁵³, as torch draws them on the CPU) compared
-with ⌊q·2⁵³⌋/2⁵³, so each example's inclusion probability is ⌊q·2⁵³⌋/2⁵³ ≤ q: never above the
-rate the accountant is given (float32 coins, 24 bits, would include an example with probability
-⌈q·2²⁴⌉/2²⁴ — up to 2⁻²⁴ above q, 1% of q at N = 10⁷ and B = 64). They are drawn
-``DRAW_CHUNK`` at a time, so a step's memory does not grow with N beyond its indices.
+A step costs O(q·N), not O(N): the batch is drawn by geometric skips
+(:mod:`dprc_core.training.geometric_skips`), which has exactly the law of one coin per example,
+each included with probability ⌊q·2⁵³⌋/2⁵³ ≤ q — never above the rate the accountant is given
+(docs/accounting.md §12). The words come from torch's CPU generator (53-bit uniforms).
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from collections.abc import Iterator
-from fractions import Fraction
 
 import torch
 
 from dprc_core.distributed import Ranks, broadcast_int, check_same_on_all_ranks, shard_indices
-
-DRAW_CHUNK = 1 << 20
+from dprc_core.training.geometric_skips import TorchWords, poisson_positions, rate_threshold
 
 
 def inclusion_threshold(q: float) -> float:
-    """⌊q·2⁵³⌋/2⁵³ (exact): a float64 uniform below it has probability ≤ q."""
-    return math.floor(Fraction(q) * (1 << 53)) / (1 << 53)
+    """⌊q·2⁵³⌋/2⁵³ (exact): the probability with which each example is included (≤ q)."""
+    return rate_threshold(q, 53) / (1 << 53)
 
 
 def poisson_indices(n: int, q: float, generator: torch.Generator) -> torch.Tensor:
-    """The indices in [0, n) whose coin came up: each with probability ⌊q·2⁵³⌋/2⁵³ ≤ q."""
-    threshold = inclusion_threshold(q)
-    if q >= 1.0:
-        return torch.arange(n)
-    parts = []
-    for start in range(0, n, DRAW_CHUNK):
-        coins = torch.rand(min(DRAW_CHUNK, n - start), generator=generator, dtype=torch.float64)
-        parts.append(torch.nonzero(coins < threshold).flatten() + start)
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+    """The indices in [0, n) of one Poisson sample: each independently with probability
+    ⌊q·2⁵³⌋/2⁵³ ≤ q, in O(q·n) time and memory (geometric skips from ``generator``)."""
+    if not 0 <= q <= 1:
+        raise ValueError(f"q must be in [0, 1], got {q!r}")
+    return poisson_positions(n, rate_threshold(q, 53), TorchWords(generator))
 
 
 def _shared_seed(seed: int | None, ranks: Ranks) -> int:

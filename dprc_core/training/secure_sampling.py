@@ -1,13 +1,14 @@
 """Poisson sampling from the secure stream (secure mode).
 
 Same batches as :class:`dprc_core.training.sampling.PoissonSampler` in law — each of the N
-examples independently in each step's batch — but the inclusion decisions come from ChaCha20
-(:mod:`dprc_core.noise.secure_stream`) instead of ``torch.rand``: example i is in step t's
-batch iff word i of stream t (key HMAC(root key, "sampling/0")) is below ⌊q·2⁶⁴⌋, an exact
-comparison of 64-bit integers. The realised inclusion probability is ⌊q·2⁶⁴⌋/2⁶⁴, in
-(q − 2⁻⁶⁴, q]: never above the q the accountant is given (ε is non-decreasing in q).
+examples independently in each step's batch — but the randomness comes from ChaCha20
+(:mod:`dprc_core.noise.secure_stream`) instead of ``torch.rand``: step t's batch is drawn by
+geometric skips (:mod:`dprc_core.training.geometric_skips`, O(q·N) a step) from the 64-bit
+words of stream t (key HMAC(root key, "sampling/0")), with the exact law of one coin per
+example, each included with probability ⌊q·2⁶⁴⌋/2⁶⁴ ∈ (q − 2⁻⁶⁴, q]: never above the q the
+accountant is given (ε is non-decreasing in q; docs/accounting.md §12).
 
-The mask of step t depends on (key, t) only, so every rank that shares the root stream draws
+The batch of step t depends on (key, t) only, so every rank that shares the root stream draws
 the same batches, and iteration resumes from :attr:`step` (like
 :class:`~dprc_core.training.sampling.FixedOrderSampler`). :meth:`state_dict` holds the
 sampling key: SECRET (it reveals which examples were in which batch).
@@ -18,10 +19,31 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from dprc_core.distributed import Ranks, shard_indices
 from dprc_core.noise.secure_stream import STATE_VERSION, SecureStream
+from dprc_core.training.geometric_skips import poisson_positions, rate_threshold
+
+
+class StreamWords:
+    """64-bit words of a secure stream, in order (a :class:`~dprc_core.training.geometric_skips.
+    WordSource`)."""
+
+    bits = 64
+
+    def __init__(self, stream: SecureStream):
+        self.stream = stream
+
+    def draw(self, m: int) -> np.ndarray:
+        return self.stream.words(m)
+
+
+def secure_poisson_indices(stream: SecureStream, n: int, q: float) -> torch.Tensor:
+    """One Poisson sample of [0, n) from ``stream``'s words (from its position): each index
+    independently with probability ⌊q·2⁶⁴⌋/2⁶⁴ ≤ q, in O(q·n)."""
+    return poisson_positions(n, rate_threshold(q, 64), StreamWords(stream))
 
 
 class SecurePoissonSampler:
@@ -60,13 +82,19 @@ class SecurePoissonSampler:
     def __len__(self) -> int:
         return self.steps
 
+    def indices(self, step: int) -> torch.Tensor:
+        """All example indices of ``step`` (int64, ascending), every rank's."""
+        return secure_poisson_indices(self._stream.at(step), self.num_examples, self.sample_rate)
+
     def mask(self, step: int) -> torch.Tensor:
-        """The inclusion mask (bool, N) of ``step``."""
-        return self._stream.at(step).bernoulli(self.num_examples, self.sample_rate)
+        """The inclusion mask (bool, N) of ``step`` (O(N): for inspection)."""
+        mask = torch.zeros(self.num_examples, dtype=torch.bool)
+        mask[self.indices(step)] = True
+        return mask
 
     def batch(self, step: int) -> torch.Tensor:
         """The example indices of ``step`` (int64, ascending); this rank's part of them."""
-        return shard_indices(torch.nonzero(self.mask(step)).flatten(), self.ranks)
+        return shard_indices(self.indices(step), self.ranks)
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         while self.step < self.steps:

@@ -1,8 +1,9 @@
 """Poisson sampling of users (user-level DP, docs/privacy_unit.md).
 
-Each step includes each of the U users independently with probability q — the same float64
-coins against ⌊q·2⁵³⌋/2⁵³ as example-level sampling (:func:`sampling.poisson_indices`), so a
-user's inclusion probability never exceeds the accounted q — and each included user contributes
+Each step includes each of the U users independently with probability q — drawn as
+example-level sampling draws examples (:func:`sampling.poisson_indices`: geometric skips, O(q·U)
+a step, each user with probability ⌊q·2⁵³⌋/2⁵³), so a user's inclusion probability never
+exceeds the accounted q — and each included user contributes
 at most ``max_examples_per_user`` (m) of its examples, chosen uniformly at random without
 replacement, afresh at every step (all of them when it has m or fewer). The engine clips the
 user's summed gradient over those rows to C (``PrivacyEngine.accumulate(..., user_ids=)``); the
@@ -16,7 +17,8 @@ positions): a user's rows are never split across ranks.
 
 Secure mode (:class:`SecureUserPoissonSampler`): the users' inclusion coins come from the
 ChaCha20 stream, exactly as :class:`~dprc_core.training.secure_sampling.SecurePoissonSampler`
-draws examples (user u is in step t iff word u of stream t is below ⌊q·2⁶⁴⌋). Which m lines a
+draws examples (geometric skips over the words of stream t, each user with probability
+⌊q·2⁶⁴⌋/2⁶⁴). Which m lines a
 sampled user contributes stays on torch's generator: that choice is not part of the privacy
 analysis (whatever lines are chosen, the user's clipped contribution has norm at most C), so
 predicting it tells an adversary nothing the guarantee does not already allow.
@@ -32,6 +34,7 @@ import torch
 from dprc_core.distributed import Ranks, shard_indices
 from dprc_core.noise.secure_stream import STATE_VERSION, SecureStream
 from dprc_core.training.sampling import _shared_seed, poisson_indices
+from dprc_core.training.secure_sampling import secure_poisson_indices
 
 # the most rows a sampled user contributes to a step unless the spec or the Trainer's
 # arguments say (capped by the micro-batch; docs/privacy_unit.md, "Choosing
@@ -195,7 +198,7 @@ class UserPoissonSampler:
 
 class SecureUserPoissonSampler(UserPoissonSampler):
     """:class:`UserPoissonSampler` whose users' inclusion coins come from the secure stream
-    (key HMAC(root, "sampling"), stream t for step t, word u for user u: below ⌊q·2⁶⁴⌋), so
+    (key HMAC(root, "sampling"), stream t for step t: geometric skips at ⌊q·2⁶⁴⌋/2⁶⁴), so
     the users of step t depend on (key, t) only; the lines of each sampled user are chosen by
     the seeded generator (see the module docstring). :meth:`state_dict` holds the sampling
     key: SECRET."""
@@ -219,9 +222,11 @@ class SecureUserPoissonSampler(UserPoissonSampler):
             yield self._next_batch()
 
     def _choose(self) -> torch.Tensor:
-        mask = self._stream.at(self.step).bernoulli(self.users.num_users, self.sample_rate)
+        chosen = secure_poisson_indices(
+            self._stream.at(self.step), self.users.num_users, self.sample_rate
+        )
         self.step += 1
-        return torch.nonzero(mask).flatten()
+        return chosen
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The generator's state, the step and the sampling key. SECRET."""
