@@ -18,11 +18,13 @@ N = 10⁷ through a real service and the library's samplers.
   file's history), then the file and its history read again; the server's peak RSS above its
   RSS before these reads and creates;
 * **samplers** — in a fresh process, the library's per-step Poisson sampling at rate
-  batch / N: :class:`~dprc_core.training.sampling.PoissonSampler` (float64 coins 2²⁰ at a
-  time) and :class:`~dprc_core.training.secure_sampling.SecurePoissonSampler` (ChaCha20
-  words), the mean of ``--draws`` draws and the peak RSS above the RSS before; and the
-  per-job cost of :class:`~dprc_core.training.sampling.FixedOrderSampler` (one permutation of
-  N);
+  batch / N (geometric skips, docs/accounting.md §12):
+  :class:`~dprc_core.training.sampling.PoissonSampler` (torch's generator) and
+  :class:`~dprc_core.training.secure_sampling.SecurePoissonSampler` (ChaCha20 words), and the
+  per-user samplers over N examples of N / 10 users at rate batch / users (their index built
+  once: "construction"), the mean of ``--draws`` draws and the peak RSS above the RSS before;
+  and the per-job cost of :class:`~dprc_core.training.sampling.FixedOrderSampler` (one
+  permutation of N). Target (issue 45): a Poisson step ≤ 5 ms;
 * **store** (``--store``) — the job's data (``load_job_data``, MiniLM): the tokenized store
   built from the file, then opened again by a later job (its checksums verified), each in a
   fresh process, with the data's peak RSS (``benchmarks/data_scale.py``'s data phase).
@@ -32,6 +34,11 @@ hand-written text between its ``<!-- reading -->`` markers is kept.
 
     .venv/bin/python benchmarks/big_n.py [--n 10000000] [--batch 1024] [--store] [--out PAGE]
     # writes docs/benchmarks/big_n.md
+    .venv/bin/python benchmarks/big_n.py --samplers-only  # reruns the samplers, keeps the rest
+
+The targets of issue 45 are stated on the page with PASS or FAIL: a Poisson step ≤ 5 ms, the
+upload ≤ 90 s end to end, the API's RSS back within +32 MiB of its start after the upload and
+after the creates.
 """
 
 from __future__ import annotations
@@ -171,6 +178,11 @@ def sampling(n: str, batch: str, draws: str) -> dict[str, Any]:
 
     from dprc_core.training.sampling import FixedOrderSampler, PoissonSampler
     from dprc_core.training.secure_sampling import SecurePoissonSampler
+    from dprc_core.training.user_sampling import (
+        SecureUserPoissonSampler,
+        UserIndex,
+        UserPoissonSampler,
+    )
 
     size, b, k = int(n), int(batch), int(draws)
     q = b / size
@@ -203,6 +215,16 @@ def sampling(n: str, batch: str, draws: str) -> dict[str, Any]:
     measure("PoissonSampler", lambda: PoissonSampler(size, q, steps=k, seed=0))
     measure("SecurePoissonSampler", lambda: SecurePoissonSampler(size, q, steps=k))
     measure("FixedOrderSampler", lambda: FixedOrderSampler(size, b, epochs=1, seed=0))
+    users = max(1, size // 10)  # N examples of N / 10 users, 10 each
+    qu = min(1.0, b / users)
+    measure(
+        "UserPoissonSampler",
+        lambda: UserPoissonSampler(UserIndex.of(torch.arange(size) % users), qu, k, 8, seed=0),
+    )
+    measure(
+        "SecureUserPoissonSampler",
+        lambda: SecureUserPoissonSampler(UserIndex.of(torch.arange(size) % users), qu, k, 8),
+    )
     return out
 
 
@@ -239,6 +261,54 @@ def _read_rank(name: str) -> int:
     return READS.index(name) if name in READS else len(READS)
 
 
+SAMPLERS = [
+    "PoissonSampler",
+    "SecurePoissonSampler",
+    "UserPoissonSampler",
+    "SecureUserPoissonSampler",
+    "FixedOrderSampler",
+]
+POISSON_STEP_TARGET_S = 0.005  # a Poisson step at N = 10⁷, B = 1024 (issue 45)
+UPLOAD_TARGET_S = 90.0  # a 10⁷-example upload, end to end
+RSS_TARGET_MIB = 32.0  # the API's RSS after the upload / the creates, above its start
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def targets(result: dict[str, Any]) -> list[str]:
+    """The targets of issue 45 this page measures, each with PASS or FAIL and its date."""
+    rows = ["| target | measured | verdict | when |", "| --- | --- | --- | --- |"]
+    s, when = result.get("sampling"), result.get("dates", {})
+    for name in SAMPLERS[:4]:
+        if s and name in s:
+            v = s[name]["mean_draw_s"]
+            rows.append(
+                f"| `{name}` step ≤ {POISSON_STEP_TARGET_S * 1e3:.0f} ms | {v * 1e3:.2f} ms | "
+                f"{_verdict(v <= POISSON_STEP_TARGET_S)} | {when.get('sampling', result['date'])} |"
+            )
+    up = result.get("upload")
+    if up is not None:
+        total = up["upload_s"]
+        rows.append(
+            f"| upload of {result['n']:,} ≤ {UPLOAD_TARGET_S:.0f} s | {total:.1f} s | "
+            f"{_verdict(total <= UPLOAD_TARGET_S)} | {when.get('service', result['date'])} |"
+        )
+        grown = up["api_rss_after_mib"] - up["api_rss_before_mib"]
+        rows.append(
+            f"| API RSS after the upload ≤ start + {RSS_TARGET_MIB:.0f} MiB | +{grown:.0f} MiB | "
+            f"{_verdict(grown <= RSS_TARGET_MIB)} | {when.get('service', result['date'])} |"
+        )
+    if result.get("reads") is not None and up is not None:
+        grown = result["api_rss_after_reads_mib"] - up["api_rss_before_mib"]
+        rows.append(
+            f"| API RSS after the creates ≤ start + {RSS_TARGET_MIB:.0f} MiB | +{grown:.0f} MiB"
+            f" | {_verdict(grown <= RSS_TARGET_MIB)} | {when.get('service', result['date'])} |"
+        )
+    return rows
+
+
 def render(result: dict[str, Any]) -> str:
     """The page (a phase the run did not reach is said to be missing)."""
     n = result["n"]
@@ -253,6 +323,7 @@ def render(result: dict[str, Any]) -> str:
         '`{"text": "x12 w28", "label": 0}`, '
         f"{result.get('file_mb', 0):.0f} MB.\n",
     ]
+    lines += ["## Targets (issue 45)\n", *targets(result), ""]
     missing = "Not measured: the run stopped before this phase.\n"
     lines += ["## Upload (validation of every line, a keyed hash of every example)\n"]
     up = result.get("upload")
@@ -303,6 +374,12 @@ def render(result: dict[str, Any]) -> str:
     if s is None:
         lines.append(missing)
     else:
+        when = result.get("dates", {}).get("sampling", result["date"])
+        if when != result["date"]:
+            lines.append(
+                f"Rerun alone (`benchmarks/big_n.py --samplers-only`) on {when}; "
+                f"{result.get('sampling_load', '')}.\n"
+            )
         lines += [
             f"Rate q = {result['batch']} / {n:,}, {s['threads']} torch threads; the mean of the "
             "draws after the first, and the peak RSS above the RSS before (per sampler, after a "
@@ -311,7 +388,9 @@ def render(result: dict[str, Any]) -> str:
             "| peak RSS above before (MiB) |",
             "| --- | --- | --- | --- | --- | --- | --- |",
         ]
-        for name in ("PoissonSampler", "SecurePoissonSampler", "FixedOrderSampler"):
+        for name in SAMPLERS:
+            if name not in s:
+                continue
             v = s[name]
             lines.append(
                 f"| `{name}` | {v['construct_s']:.3f} | {v['first_draw_s']:.3f} | "
@@ -345,6 +424,33 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _kept(page: Path) -> dict[str, Any]:
+    """The results a page keeps in its ``<!-- big_n: … -->`` comment."""
+    marker = "<!-- big_n: "
+    text = page.read_text() if page.exists() else ""
+    at = text.find(marker)
+    if at < 0:
+        raise SystemExit(f"{page} holds no earlier results: run without --samplers-only")
+    return json.loads(text[at + len(marker) : text.index(" -->", at)])
+
+
+def samplers_only(args: argparse.Namespace, fresh: dict[str, Any]) -> int:
+    """Rerun the samplers' phase; the page's other phases stay as measured (with their date)."""
+    result = _kept(args.out)
+    if (result["n"], result["batch"]) != (args.n, args.batch):
+        raise SystemExit("--samplers-only needs the page's --n and --batch")
+    dates = result.setdefault("dates", {})
+    dates.setdefault("service", result["date"])
+    with LoadWatch() as load:
+        result["sampling"] = run_child("sampling", str(args.n), str(args.batch), str(args.draws))
+        dates["sampling"] = fresh["date"]
+        result["sampling_load"] = load.summary()
+    result["reading"] = fresh.get("reading", "")
+    args.out.write_text(render(result))
+    print(args.out.read_text())
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=10_000_000)
@@ -355,6 +461,11 @@ def main() -> int:
         "--store",
         action="store_true",
         help="also build the tokenized store of the file (MiniLM) and open it again",
+    )
+    ap.add_argument(
+        "--samplers-only",
+        action="store_true",
+        help="rerun only the samplers; the page keeps its other phases (dated)",
     )
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -375,6 +486,9 @@ def main() -> int:
         a, b = text.find(READING_START), text.find(READING_END)
         if 0 <= a < b:
             result["reading"] = text[a : b + len(READING_END)]
+    if args.samplers_only:
+        return samplers_only(args, result)
+    result["dates"] = {"sampling": result["date"], "service": result["date"]}
     started = time.monotonic()
     with LoadWatch() as load, tempfile.TemporaryDirectory(prefix="dprc-big-n-") as tmp:
 

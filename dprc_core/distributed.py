@@ -80,7 +80,12 @@ def shard_indices(indices: torch.Tensor, ranks: Ranks) -> torch.Tensor:
     """The part of a logical batch's example indices that ``ranks.rank`` computes."""
     if not ranks.distributed:
         return indices
-    return indices[indices % ranks.world_size == ranks.rank]
+    return indices[owned(indices, ranks)]
+
+
+def owned(indices: torch.Tensor, ranks: Ranks) -> torch.Tensor:
+    """Which of ``indices`` (bool mask) :func:`shard_indices` gives to ``ranks.rank``."""
+    return indices % ranks.world_size == ranks.rank
 
 
 def refuse_wrapped_model(model: nn.Module) -> None:

@@ -29,9 +29,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from dprc_core.distributed import Ranks, shard_indices
+from dprc_core.distributed import Ranks, owned
 from dprc_core.noise.secure_stream import STATE_VERSION, SecureStream
 from dprc_core.training.sampling import _shared_seed, poisson_indices
 from dprc_core.training.secure_sampling import secure_poisson_indices
@@ -162,29 +163,32 @@ class UserPoissonSampler:
     def _next_batch(self) -> torch.Tensor:
         chosen = self._choose()
         rows, owner = self._rows_of(chosen)
-        mine = shard_indices(chosen, self.ranks)
-        return rows[torch.isin(owner, mine)]
+        if not self.ranks.distributed:
+            return rows
+        return rows[owned(owner, self.ranks)]  # the rows of this rank's users (shard_indices)
 
     def _rows_of(self, chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows the ``chosen`` users (positions, increasing) contribute, and each row's
         user position: up to m rows a user, uniformly without replacement. The choice's coins
         are drawn for every chosen user on every rank (one shared stream)."""
-        counts = self.users.counts[chosen]
+        # numpy, single-threaded: a step's few thousand rows cost microseconds, where torch's
+        # thread pool waits milliseconds for a busy core
+        pos = chosen.numpy()
+        counts = self.users.counts.numpy()[pos]
         total = int(counts.sum())
         if total == 0:
             empty = torch.zeros(0, dtype=torch.long)
             return empty, empty
-        group = torch.repeat_interleave(torch.arange(chosen.numel()), counts)
-        first = torch.cumsum(counts, 0) - counts
-        within = torch.arange(total) - first[group]
-        rows = self.users.order[self.users.starts[chosen][group] + within]
-        coins = torch.rand(total, generator=self.generator, dtype=torch.float64)
-        # a random order within each user (groups stay in order): sort by group + coin
-        perm = torch.argsort(group.to(torch.float64) + coins)
-        rank_in_user = torch.arange(total) - first[group]  # group[perm] == group (sorted)
-        keep = rank_in_user < self.max_examples_per_user
+        group = np.repeat(np.arange(pos.size), counts)
+        first = np.cumsum(counts) - counts
+        within = np.arange(total) - first[group]
+        rows = self.users.order.numpy()[self.users.starts.numpy()[pos][group] + within]
+        coins = torch.rand(total, generator=self.generator, dtype=torch.float64).numpy()
+        # a random order within each user (groups stay in order): sort by (group, coin)
+        perm = np.lexsort((coins, group))
+        keep = within < self.max_examples_per_user  # group[perm] == group: within is rank
         picked = perm[keep]
-        return rows[picked], chosen[group[picked]]
+        return torch.from_numpy(rows[picked]), torch.from_numpy(pos[group[picked]])
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The generator's state (safetensors-able). PRIVATE: it reveals the batches."""
