@@ -58,7 +58,14 @@ from service.models import fine_tuned_models, model_folders
 from service.models.model_registry import Model, registry
 from service.store.store import Store
 from service.synthetic import synthetic_runs
-from worker.ranks import RankFailure, RanksDied, run_on_ranks
+from worker.ranks import (
+    RankFailure,
+    RanksDied,
+    RanksResult,
+    build_stores,
+    builds_in_child,
+    run_on_ranks,
+)
 
 log = logging.getLogger(__name__)
 
@@ -369,6 +376,9 @@ def _run_attempt(
     def on_data(data: JobData) -> None:
         check_token_sequences(store, req, data)
 
+    # a big file's stores are built by a child process, whose memory goes back on exit
+    if builds_in_child(spec) and not build_stores(spec, should_stop, on_event):
+        return spec, RanksResult(status="stopped", steps=0)  # asked to stop while building
     if req.devices > 1:
         on_data(prepare_data_stores(spec, on_event))  # once, before the ranks open it
         result = run_on_ranks(spec, req.devices, on_progress, should_stop, on_event)

@@ -4,6 +4,8 @@
 runs torchrun (``--standalone --nproc-per-node N --max-restarts=0``) with the rank program.
 ``python -m worker.rank_main rank CONTROL`` — one rank: joins the process group and runs the
 job spec in ``CONTROL/spec.json``; rank 0 reports progress and the end through ``CONTROL``.
+``python -m worker.rank_main stores CONTROL`` — builds (or verifies) the tokenized stores of
+the job spec in ``CONTROL/spec.json`` and exits, its memory returned (``worker.ranks``).
 """
 
 from __future__ import annotations
@@ -98,6 +100,30 @@ def rank(control: Path) -> int:
             torch.distributed.destroy_process_group()
 
 
+def stores(control: Path) -> int:
+    parent = os.getppid()
+    die_with_parent()
+    if os.getppid() != parent:
+        return 1
+    from dprc_core.training.runner import JobSpec, prepare_data_stores
+    from worker.execution import failure_of
+
+    spec = JobSpec.from_dict(json.loads((control / "spec.json").read_text()))
+
+    def on_event(message: str) -> None:
+        with (control / "events.jsonl").open("a") as f:
+            f.write(json.dumps({"message": message}) + "\n")
+            f.flush()
+
+    try:
+        prepare_data_stores(spec, on_event)
+        return 0
+    except Exception as exc:
+        code, message = failure_of(exc)
+        (control / "error.json").write_text(json.dumps({"code": code, "message": message}))
+        return 1
+
+
 PEER_LOST = ("gloo/transport", "Connection closed by peer", "Connection reset by peer", "NCCL")
 
 
@@ -114,7 +140,12 @@ def main(argv: list[str]) -> int:
         return launch(int(argv[1]), Path(argv[2]))
     if argv[:1] == ["rank"] and len(argv) == 2:
         return rank(Path(argv[1]))
-    print("usage: python -m worker.rank_main launch N CONTROL | rank CONTROL", file=sys.stderr)
+    if argv[:1] == ["stores"] and len(argv) == 2:
+        return stores(Path(argv[1]))
+    print(
+        "usage: python -m worker.rank_main launch N CONTROL | rank CONTROL | stores CONTROL",
+        file=sys.stderr,
+    )
     return 2
 
 

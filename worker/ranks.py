@@ -17,6 +17,14 @@ writing the checkpoints). They talk through files in the job's private run folde
   fails with its code and message);
 * ``ranks.log`` — torchrun's and the ranks' output.
 
+**The data's stores** of a big training file (:data:`STORE_CHILD_BYTES` or more) are built
+before the job's ranks (or its one in-process run) start, by a child process
+(``python -m worker.rank_main stores CONTROL``, :func:`build_stores`) through the same files
+(``spec.json``, ``events.jsonl`` for the tokenizing progress, ``stop``, ``error.json``), so
+the memory a build takes (the tokenizer's batches, the sorted digests) goes back to the
+system when it exits: a job on an embedded server grows the API process by its model and its
+steps, not by the build. The run then opens the finished store (its checksums verified).
+
 A rank that dies without ``error.json`` (a signal, the OOM killer) makes torchrun stop the others
 (``--max-restarts=0``); :class:`RanksDied` tells the worker, which ends this attempt and lets a
 new one resume from the last checkpoint. Every process of the tree is bound to its parent's
@@ -45,6 +53,8 @@ from dprc_core.training.runner import JobSpec, Progress
 POLL_SECONDS = 0.2
 FILES = ("progress.jsonl", "events.jsonl", "stop", "result.json", "error.json")
 PR_SET_PDEATHSIG = 1
+# a training file this large (bytes) or larger has its stores built in a child process
+STORE_CHILD_BYTES = 8 << 20
 
 
 @dataclass
@@ -79,6 +89,56 @@ def die_with_parent() -> None:
 
 def control_dir(spec: JobSpec) -> Path:
     return Path(spec.output_dir) / "ranks"
+
+
+def builds_in_child(spec: JobSpec) -> bool:
+    """Whether the job's stores are built by a child process (a big training file)."""
+    return Path(spec.train_file).stat().st_size >= STORE_CHILD_BYTES
+
+
+def build_stores(
+    spec: JobSpec,
+    should_stop: Callable[[], bool],
+    on_event: Callable[[str], None] | None = None,
+) -> bool:
+    """Build (or verify) the job's stores in a child process; ``on_event`` gets its progress.
+    Returns False when the job was asked to stop before the build ended (the child is
+    stopped; a build it left unfinished is never opened: token_store's atomic rename).
+    Raises :class:`RankFailure` (a data error, with the in-process code) or
+    :class:`RanksDied`."""
+    control = control_dir(spec)
+    control.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for name in FILES:
+        (control / name).unlink(missing_ok=True)
+    (control / "spec.json").write_text(json.dumps(spec.to_dict()))
+    cmd = [sys.executable, "-m", "worker.rank_main", "stores", str(control)]
+    with open(control / "ranks.log", "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        events = 0
+
+        def event(line: dict) -> None:
+            if on_event is not None:
+                on_event(str(line["message"]))
+
+        while True:
+            ended = proc.poll() is not None
+            events = _forward_lines(control / "events.jsonl", events, event)
+            if ended:
+                break
+            if should_stop():
+                return False
+            time.sleep(POLL_SECONDS)
+        error = control / "error.json"
+        if error.exists():
+            data = json.loads(error.read_text())
+            raise RankFailure(data["code"], data["message"])
+        if proc.returncode != 0:
+            tail = (control / "ranks.log").read_bytes()[-2000:].decode(errors="replace")
+            raise RanksDied(f"the data's build ended without finishing: {tail}")
+        return True
+    finally:
+        _kill_tree(proc)
 
 
 def run_on_ranks(

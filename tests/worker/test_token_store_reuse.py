@@ -5,6 +5,7 @@ and PostgreSQL, the embedded worker (the same task code as Celery)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -58,3 +59,41 @@ def test_a_second_job_on_the_same_file_reuses_the_store(served):
     assert len(list(root.glob("*/meta.json"))) == 1
     client.files.delete(f.id)
     assert not list(root.glob("*/meta.json"))  # derived from the deleted file: removed
+
+
+def test_a_big_file_s_store_is_built_by_a_child_process(served, monkeypatch):
+    """At STORE_CHILD_BYTES or more the worker builds the stores in a child process (its
+    memory returned on exit) and the run opens the finished store: with an in-process build
+    made to fail here, the job still succeeds, tells the child's tokenizing progress, and the
+    store was built once. A data error in the child fails the job with the in-process code."""
+    from worker import ranks
+
+    monkeypatch.setattr(ranks, "STORE_CHILD_BYTES", 0)  # every file counts as big
+
+    def no_build_here(*args, **kwargs):
+        raise AssertionError("the store was built in the worker's own process")
+
+    monkeypatch.setattr(token_store, "_build", no_build_here)
+    client = served.client(served.key("tokens"))
+    f = client.files.create(
+        file=("child.jsonl", learnable_lines(48)),
+        purpose="fine-tune",
+        extra_body={"epsilon_budget": 9.0},
+    )
+    job = _job(client, f.id)
+    done = wait_for(client, job.id, {"succeeded", "failed"})
+    assert done.status == "succeeded", done.error
+    events = _events(client, job.id)
+    assert any(m.startswith("Tokenized 48 of 48 examples") for m in events)
+    assert any(m.startswith("Reusing the tokenized data (48 examples)") for m in events)
+    # prompt-completion lines whose completion the 16-token window cuts off: the child's
+    # build refuses them, and the job fails as an in-process build would
+    long_prompt = "".join(
+        json.dumps({"prompt": "word " * 60, "completion": " yes"}) + "\n" for _ in range(24)
+    ).encode()
+    bad = client.files.create(
+        file=("cut.jsonl", long_prompt), purpose="fine-tune", extra_body={"epsilon_budget": 9.0}
+    )
+    failed = wait_for(client, _job(client, bad.id).id, {"succeeded", "failed"})
+    assert failed.status == "failed"
+    assert failed.error.code == "invalid_training_file", failed.error
