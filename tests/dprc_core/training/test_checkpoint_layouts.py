@@ -3,8 +3,8 @@ the sampler's state dicts whole; a checkpoint in the flattened layout (``rng.saf
 ``engine:``/``noise:``/``projections:``/``sampler:`` keys) still resumes, and so does one
 written by the library of the last release before the resume state changed layout (commit
 :data:`FLAT_LAYOUT_COMMIT`, taken from this repository's history with ``git archive``), run in a
-subprocess with that code (for the Gaussian mode, whose batches after the checkpoint are drawn
-differently since, the restored state is compared instead: :data:`SAMPLING_CHANGED`)."""
+subprocess with that code (for the Poisson-sampled modes, whose batches after the checkpoint are
+drawn differently since, the restored state is compared instead: :data:`SAMPLING_CHANGED`)."""
 
 from __future__ import annotations
 
@@ -45,10 +45,12 @@ MODES = {
 # JobSpec fields that commit's code does not know (left out at their defaults)
 FIELDS_SINCE = {"privacy_unit", "user_field", "max_examples_per_user", "sharding", "method"}
 # modes whose draws after the checkpoint changed on purpose since that commit: the torch
-# generator's Poisson coins are float64 against floor(q·2^53)/2^53 (commit 7fdcdd6; float32
-# coins ran an inclusion probability above q). Their resume restores the same state, but the
-# batches it then draws from it are not that commit's, so its resumed weights cannot match.
-SAMPLING_CHANGED = {"gaussian"}
+# generator's Poisson coins became float64 against floor(q·2^53)/2^53 (commit 7fdcdd6; float32
+# coins ran an inclusion probability above q), then both Poisson samplers, torch's and the
+# secure one, draw by geometric skips (the same law in O(batch): docs/accounting.md §12).
+# Their resume restores the same state, but the batches it then draws from it are not that
+# commit's, so its resumed weights cannot match.
+SAMPLING_CHANGED = {"gaussian", "secure"}
 
 # run with that commit's code: stop after the first checkpoint, copy the run folder to
 # a twin, and resume the twin to the end with that same code
