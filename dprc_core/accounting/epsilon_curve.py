@@ -165,8 +165,8 @@ class EpsilonCurve:
         builder = builder_for(self.step)
         if builder.mergeable_steps:
             return "pld"
-        if not self.fixed and isinstance(self.step, NuDPFTRLEvent):
-            return "gaussian"
+        if not self.fixed and builder.gaussian_mu(self.step) is not None:
+            return "analytic"  # one Gaussian mechanism (a ν-DP-FTRL run): ε of μ(n)
         return "ledger"
 
     def events(self, n: int) -> list[PrivacyEvent]:
@@ -187,20 +187,23 @@ class EpsilonCurve:
         if self._mode == "ledger":
             events = self.events(n)
             return epsilon_for_events(events, self.delta, self.settings) if events else 0.0
-        if self._mode == "gaussian":
-            return self._gaussian(n)
+        if self._mode == "analytic":
+            return self._analytic(n)
         return self._pld(n)
 
-    def _gaussian(self, n: int) -> float:
+    def _analytic(self, n: int) -> float:
         if n == 0:
             return 0.0
-        step = cast(NuDPFTRLEvent, self.step)
-        if self._sensitivities is None:
-            self._sensitivities = _prefix_sensitivities(step, self.steps)
-        sens = self._sensitivities
-        if sens.size == 0:  # B⁻¹ not monotone: the ledger's own value
-            return epsilon_for_events(self.events(n), self.delta, self.settings)
-        return dpftrl.gaussian_epsilon(float(sens[n - 1]) / step.noise_multiplier, self.delta)
+        step = self.step
+        if isinstance(step, NuDPFTRLEvent):
+            if self._sensitivities is None:
+                self._sensitivities = _prefix_sensitivities(step, self.steps)
+            sens = self._sensitivities
+            if sens.size:
+                mu = float(sens[n - 1]) / step.noise_multiplier
+                return dpftrl.gaussian_epsilon(mu, self.delta)
+        # B⁻¹ not monotone, or another Gaussian mechanism: the ledger's own value
+        return epsilon_for_events(self.events(n), self.delta, self.settings)
 
     def _build(self) -> None:
         """The ledger's preparation at the last step: tail budget, grid, the one-step PLD and
@@ -250,9 +253,9 @@ class EpsilonCurve:
 
 def _prefix_sensitivities(step: NuDPFTRLEvent, steps: int) -> np.ndarray:
     """Δ(n) for n = 1..steps: the sensitivity of the first ``n`` steps of the ν-DP-FTRL run
-    ``step`` (``step.first_steps(n)``), rounded up as the ledger's; empty when B⁻¹'s coefficients are
-    not non-negative and non-increasing (then the earliest pattern is not known to be the
-    largest: the ledger's own search answers)."""
+    ``step`` (``step.first_steps(n)``), rounded up as the ledger's; empty when B⁻¹'s
+    coefficients are not non-negative and non-increasing (then the earliest pattern is not
+    known to be the largest: the ledger's own search answers)."""
     b = step.min_separation
     c = dpftrl.inverse_coefficients(step.nu, steps, step.bands)
     if not (np.all(c >= 0) and np.all(np.diff(c) <= 0)):
