@@ -62,19 +62,32 @@ def _log_mgfs(probs: np.ndarray, orders: np.ndarray) -> np.ndarray:
     return out
 
 
-def self_convolve_bounds(probs: np.ndarray, times: int, truncation: float) -> tuple[int, int]:
+def chernoff_log_mgfs(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The orders λ of the Chernoff bound of :func:`self_convolve_bounds` for ``probs`` and
+    its log-MGFs at them (rounded up): what the bounds of every ``times`` share, computed once
+    (:mod:`dprc_core.accounting.epsilon_curve` keeps them across a run's steps)."""
+    orders = _ORDERS_TIMES_N / len(probs)
+    log_mgfs = _log_mgfs(np.asarray(probs, dtype=np.float64), orders)
+    return orders, log_mgfs + _ROUND_UP * np.abs(log_mgfs)
+
+
+def self_convolve_bounds(
+    probs: np.ndarray,
+    times: int,
+    truncation: float,
+    log_mgfs: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[int, int]:
     """[lo, hi] (offsets in cells) outside which the ``times``-fold self-convolution of
     ``probs`` has at most ``truncation`` mass: dp_accounting's Chernoff bound
-    (``common.compute_self_convolve_bounds``), vectorised."""
+    (``common.compute_self_convolve_bounds``), vectorised. ``log_mgfs``: what
+    :func:`chernoff_log_mgfs` returns for ``probs``, when already computed."""
     upper = (len(probs) - 1) * times
     lower = 0
     if truncation == 0:
         return lower, upper
-    orders = _ORDERS_TIMES_N / len(probs)
-    log_mgfs = _log_mgfs(np.asarray(probs, dtype=np.float64), orders)
-    log_mgfs = log_mgfs + _ROUND_UP * np.abs(log_mgfs)
+    orders, log_mgfs_up = chernoff_log_mgfs(probs) if log_mgfs is None else log_mgfs
     with np.errstate(over="ignore", invalid="ignore"):
-        bounds = (times * log_mgfs + math.log(2 / truncation)) / orders
+        bounds = (times * log_mgfs_up + math.log(2 / truncation)) / orders
     for order, bound in zip(orders, bounds, strict=True):
         if not math.isfinite(bound):
             continue
@@ -85,12 +98,17 @@ def self_convolve_bounds(probs: np.ndarray, times: int, truncation: float) -> tu
     return lower, upper
 
 
-def _self_compose_dense(
-    pmf: pld_pmf.DensePLDPmf, times: int, truncation: float
+def self_compose_dense(
+    pmf: pld_pmf.DensePLDPmf,
+    times: int,
+    truncation: float,
+    log_mgfs: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> pld_pmf.DensePLDPmf:
+    """The ``times``-fold self-composition of a dense PMF (``log_mgfs``: its
+    :func:`chernoff_log_mgfs`, when already computed)."""
     # pylint: disable=protected-access
     probs = pmf._probs
-    lo, hi = self_convolve_bounds(probs, times, truncation)
+    lo, hi = self_convolve_bounds(probs, times, truncation, log_mgfs)
     length = hi - lo + 1
     fast = fft.next_fast_len(max(length, len(probs)))
     wrapped = np.real(fft.ifft(fft.fft(probs, fast) ** times))
@@ -107,11 +125,11 @@ def _self_compose_dense(
 
 def _self_compose_pmf(pmf: pld_pmf.PLDPmf, times: int, truncation: float) -> pld_pmf.PLDPmf:
     if isinstance(pmf, pld_pmf.DensePLDPmf):
-        return _self_compose_dense(pmf, times, truncation)
+        return self_compose_dense(pmf, times, truncation)
     if isinstance(pmf, pld_pmf.SparsePLDPmf) and times > 1:
         if pmf.size**times <= pld_pmf._MAX_PMF_SPARSE_SIZE:  # pylint: disable=protected-access
             return pmf.self_compose(times, truncation)  # stays sparse: dp_accounting's own
-        return _self_compose_dense(pmf.to_dense_pmf(), times, truncation)
+        return self_compose_dense(pmf.to_dense_pmf(), times, truncation)
     return pmf.self_compose(times, truncation)
 
 
@@ -194,4 +212,10 @@ def compose(
     return PrivacyLossDistribution(remove, add)
 
 
-__all__ = ["compose", "self_compose", "self_convolve_bounds"]
+__all__ = [
+    "chernoff_log_mgfs",
+    "compose",
+    "self_compose",
+    "self_compose_dense",
+    "self_convolve_bounds",
+]

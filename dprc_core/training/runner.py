@@ -39,6 +39,7 @@ from typing import Any, cast
 import torch
 
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger
+from dprc_core.accounting.epsilon_curve import EpsilonCurve
 from dprc_core.clipping import Auto, Clipping, norm_from_method
 from dprc_core.distributed import (
     Ranks,
@@ -151,7 +152,9 @@ class JobSpec:
     # secure mode: Gaussian noise and Poisson batches from a ChaCha20 stream keyed from the OS
     # (docs/engine.md, "Secure mode"); the seed then drives only the sketches' projections
     secure_rng: bool = False
-    epsilon_every: int = 10  # compute ε spent for progress every this many steps
+    # no longer used: the live ε is the exact ε of the steps that ran at every step (an ε
+    # curve of the plan, TrainingRun.live_epsilon); accepted, and checked, for compatibility
+    epsilon_every: int = 10
     classes: list[str] | None = None  # classification: class names (default: from the file)
     # where the tokenized data is kept and reused (token_store.py); None: $DPRC_TOKEN_STORE or
     # ~/.cache/dprc/tokens
@@ -440,8 +443,9 @@ class Progress:
     loss: float | None  # None when report_train_loss is off (training loss is NOT private)
     clipped_fraction: float | None
     dropped: int
-    # an upper bound on ε spent so far: exact at checkpoints, at the end and every
-    # `epsilon_every` steps, else ε at the next multiple of `epsilon_every` (never stale)
+    # ε spent by the `step` steps that ran: an upper bound on their ε, never a value for
+    # steps that have not run — the ledger's at checkpoints and at the end, else the plan's ε
+    # curve at `step` (TrainingRun.live_epsilon; equal to the ledger's within 5e-4 relative)
     epsilon: float | None
     checkpoint: str | None = None
     valid_loss: float | None = None  # at checkpoints, with a validation file (validation.py)
@@ -1039,6 +1043,8 @@ class TrainingRun:
     last_checkpoint: Path | None = None
     losses: list[float] = field(default_factory=list)
     _epsilons: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    _curve: EpsilonCurve | None = field(default=None, init=False, repr=False)
+    _shown: float = field(default=0.0, init=False, repr=False)  # the last live ε reported
 
     # -- the ledger and epsilon
     def ledger_at(self, steps: int) -> PrivacyLedger:
@@ -1054,12 +1060,37 @@ class TrainingRun:
             self._epsilons[steps] = self.ledger_at(steps).epsilon(self.plan.delta)
         return self._epsilons[steps]
 
-    def epsilon_bound(self) -> float:
-        """An upper bound on ε spent after `done` steps, computed once per `epsilon_every`
-        steps: ε at the next multiple of `epsilon_every` (ε only grows with steps), exact at
-        those multiples, at checkpoints and at the end. Never a stale, smaller value."""
-        every = self.spec.epsilon_every
-        return self.epsilon_at(min(self.plan.steps, -(-self.done // every) * every))
+    def epsilon_curve(self) -> EpsilonCurve:
+        """ε of the ledger after each step of this run (:mod:`dprc_core.accounting.
+        epsilon_curve`), built at the first call: the plan's one-step PLD on the ledger's grid
+        for the run's last step, composed with the checkpoint's events when the run resumed
+        from some that are not the plan's first steps (a departure from the plan, re-accounted
+        once here). Its ``epsilon(n)`` is ε of ``ledger_at(resumed_from + n)`` (whole-run
+        events: of ``ledger_at(n)``)."""
+        if self._curve is None:
+            plan = self.plan
+            if plan.noise.whole_run_event:  # the chain's first t steps (ledger_at)
+                self._curve = EpsilonCurve(plan.event(1), plan.steps, plan.delta)
+            else:
+                remaining = plan.steps - self.resumed_from
+                self._curve = EpsilonCurve(plan.event(1), remaining, plan.delta, self.prior)
+        return self._curve
+
+    def live_epsilon(self, exact: bool = False) -> float:
+        """ε spent by the ``done`` steps that ran, for the progress: the ledger's value when
+        ``exact`` (checkpoints and the end: the checkpoint's own ε, computed for its
+        metadata), else the ε curve's at ``done`` — an upper bound on the ε of exactly those
+        steps, equal to the ledger's within the curve's tolerance, at the cost of one
+        self-composition (no accountant call), never below the last value reported (an upper
+        bound on fewer steps' ε, so on these steps' too)."""
+        if exact:
+            value = self.epsilon_at(self.done)
+        else:
+            curve = self.epsilon_curve()
+            n = self.done if self.plan.noise.whole_run_event else self.done - self.resumed_from
+            value = max(curve.epsilon(n), self._shown)
+        self._shown = value
+        return value
 
     @property
     def sharded(self) -> bool:
@@ -1223,7 +1254,7 @@ class TrainingRun:
             loss=stats.mean_loss if report else None,
             clipped_fraction=stats.clipped_fraction if report else None,
             dropped=stats.dropped,
-            epsilon=self.epsilon_at(self.done) if saved else self.epsilon_bound(),
+            epsilon=self.live_epsilon(exact=saved is not None),
             checkpoint=saved,
             valid_loss=valid.get("valid_loss"),
             valid_reward_margin=valid.get("valid_reward_margin"),

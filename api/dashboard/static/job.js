@@ -36,8 +36,9 @@
   /* ε after t steps of the job's plan, from the accountant (step → ε; null: no finite bound).
      A job that runs as planned has spent exactly this after t steps: a resumed job's ledger
      composes to the same event, and a ν-DP-FTRL job's first t steps are the plan's first t rows
-     (dprc_core/training/plan.py, PrivacyPlan.event). The worker's progress events carry an upper
-     bound instead (the ε of its next computation), so the chart does not draw them. */
+     (dprc_core/training/plan.py, PrivacyPlan.event). The worker's progress events carry the ε of
+     the steps that ran from the plan's ε curve (docs/accounting.md §12), the accountant's within
+     its discretisation (5e-4 relative): the chart draws the accountant's. */
   const curve = new Map([[0, 0]]);
   const failed = new Set(); // steps the accountant refused: not asked again
   const ALL_STEPS = 48; // a plan of at most this many steps: ε at every step
@@ -237,15 +238,12 @@
         }))))))));
   }
 
-  // the job's ε in the summary: once it stopped, the job object's; while it runs, the exact ε
-  // after its last step when the accountant has answered it (the worker's bound beside it)
+  // the job's ε in the summary: the job object's ε spent, the ε of the steps that ran (the
+  // worker reports it at every step, never a value for a step that has not run)
   function spentWords() {
     const p = job.privacy, target = `of the target ${num(p.target_epsilon)}`;
-    const exact = curve.get(job.steps_done);
     const running = !dprc.TERMINAL.has(job.status) && job.status !== "paused";
-    if (running && job.steps_done > 0 && Number.isFinite(exact) && exact !== p.epsilon_spent) {
-      return `${eps(exact)} after step ${job.steps_done} ${target} (the worker's bound until its next ε computation: ${eps(p.epsilon_spent)})`;
-    }
+    if (running && job.steps_done > 0) return `${eps(p.epsilon_spent)} after step ${job.steps_done} ${target}`;
     return `${eps(p.epsilon_spent)} ${target}`;
   }
 
