@@ -1081,8 +1081,8 @@ class TrainingRun:
         ``exact`` (checkpoints and the end: the checkpoint's own ε, computed for its
         metadata), else the ε curve's at ``done`` — an upper bound on the ε of exactly those
         steps, equal to the ledger's within the curve's tolerance, at the cost of one
-        self-composition (no accountant call), never below the last value reported (an upper
-        bound on fewer steps' ε, so on these steps' too)."""
+        self-composition (no accountant call), never below the last value reported (so the
+        reported ε never decreases; the larger of an upper bound and anything is still one)."""
         if exact:
             value = self.epsilon_at(self.done)
         else:
