@@ -158,7 +158,7 @@ def run(db: str, older: int, method: str = "exact") -> dict:
                 job_runs.record_progress(store, jid, steps, 0.0)
                 job_runs.end_job(store, jid, "cancelled")
                 e = exact_job_event(j)
-                history.append(PrivacyEvent(e.noise_multiplier, e.sample_rate, steps))
+                history.append(SubsampledGaussianEvent(e.noise_multiplier, e.sample_rate, steps))
             setup = time.perf_counter() - t0
 
         # the clients exist before the burst (each builds a TLS context: tens of milliseconds)

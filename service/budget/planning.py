@@ -26,7 +26,6 @@ runner computes:
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 import warnings
@@ -48,12 +47,11 @@ MAX_STEPS = 200_000
 DEFAULT_EPOCHS = 3
 DEFAULT_BATCH = 32
 
-# Calibrations (tens of milliseconds of accountant work each) run at most one per core at a
-# time in a process: their numpy kernels release the GIL, so as many as there are cores run
-# side by side; more would only interleave, and a bounded lane lets them finish about in
-# arrival order and leaves the interpreter to the requests that hold a file's turn
-# (service/jobs/jobs.py).
-_CALIBRATION_LANE = threading.BoundedSemaphore(max(1, min(4, os.cpu_count() or 1)))
+# Calibrations (tenths of a second of accountant work each) run one at a time in a process:
+# under the GIL, concurrent ones gain nothing from running together, and one at a time they
+# finish in arrival order — each in its own time instead of all at the end of a burst — and
+# leave the interpreter to the requests that hold a file's turn (service/jobs/jobs.py).
+_CALIBRATION_LANE = threading.Lock()
 
 
 @dataclass(frozen=True)
