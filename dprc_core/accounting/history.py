@@ -235,7 +235,11 @@ def build_leaves(
 
 
 def clear_cache() -> None:
-    """Forget every cached leaf, block and prepared event (tests, memory pressure)."""
+    """Forget every cached leaf, block and prepared event, and the Poisson-subsampled
+    Gaussian's cached steps (tests, memory pressure)."""
+    from dprc_core.accounting.subsampled_gaussian_builder import clear_step_cache
+
+    clear_step_cache()
     _CACHE.clear()
     _prepared.cache_clear()
     _history_grid.cache_clear()

@@ -102,6 +102,11 @@ class PreparedSubsampledGaussian:
         return build(self.mech, h, tail, self.geometry)
 
 
+def clear_step_cache() -> None:
+    """Forget the cached steps (:func:`_one_step`)."""
+    _one_step.cache_clear()
+
+
 @pld_builder(SubsampledGaussianEvent)
 class SubsampledGaussianPLD(PLDBuilder[SubsampledGaussianEvent]):
     """Steps are self-compositions of one step's PLD; equal events merge their steps."""
