@@ -120,7 +120,7 @@ class SubsampledGaussianPLD(PLDBuilder[SubsampledGaussianEvent]):
         return PreparedSubsampledGaussian(event, mech, geometry)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1024)  # ≤ ~16 MB: a fine hidden-scale law is ~1,000 atoms × 16 bytes
 def _one_step(
     step: SubsampledGaussianEvent, tail: float, settings: AccountingSettings
 ) -> tuple[StepMechanism, StepGeometry]:

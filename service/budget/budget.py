@@ -68,12 +68,12 @@ def event_from_dict(data: Any) -> PrivacyEvent:
     return _event_of_json(json.dumps(data, sort_keys=True))
 
 
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=8192)  # a few MB at most: one entry per distinct stored event
 def _event_of_json(text: str) -> PrivacyEvent:
     return PrivacyEvent.from_dict(json.loads(text))
 
 
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=8192)  # a few MB at most: one entry per distinct stored event
 def _first_steps(event: PrivacyEvent, steps: int) -> PrivacyEvent:
     return event.first_steps(steps)
 
