@@ -90,7 +90,15 @@ def _prepared(event: PrivacyEvent, tail: float, settings: AccountingSettings) ->
 def history_grid(
     events: Sequence[PrivacyEvent], delta: float, settings: AccountingSettings = DEFAULT_SETTINGS
 ) -> HistoryGrid:
-    """The grid of a history's (non-empty) events at δ; see the module docstring."""
+    """The grid of a history's (non-empty) events at δ; see the module docstring. Cached by
+    the events (a budget check asks for the grid of the same history several times)."""
+    return _history_grid(tuple(events), delta, settings)
+
+
+@lru_cache(maxsize=1024)
+def _history_grid(
+    events: tuple[PrivacyEvent, ...], delta: float, settings: AccountingSettings
+) -> HistoryGrid:
     total = sum(compositions(e) for e in events)
     tail = settings.tail_fraction * delta / _steps_bucket(total)
     prepared = [_prepared(e, tail, settings) for e in sorted(set(events), key=repr)]
@@ -227,6 +235,11 @@ def build_leaves(
 
 
 def clear_cache() -> None:
-    """Forget every cached leaf, block and prepared event (tests, memory pressure)."""
+    """Forget every cached leaf, block and prepared event, and the Poisson-subsampled
+    Gaussian's cached steps (tests, memory pressure)."""
+    from dprc_core.accounting.subsampled_gaussian_builder import clear_step_cache
+
+    clear_step_cache()
     _CACHE.clear()
     _prepared.cache_clear()
+    _history_grid.cache_clear()

@@ -92,8 +92,11 @@ def _bisection_tree(lo: float, hi: float, levels: int) -> np.ndarray:
     for _ in range(levels):
         mid = 0.5 * (a + b)
         out.append(mid)
-        a = np.column_stack([a, mid]).ravel()  # children: (a, mid) then (mid, b)
-        b = np.column_stack([mid, b]).ravel()
+        a2 = np.empty(2 * mid.size)  # children: (a, mid) then (mid, b)
+        b2 = np.empty(2 * mid.size)
+        a2[0::2], a2[1::2] = a, mid
+        b2[0::2], b2[1::2] = mid, b
+        a, b = a2, b2
     return np.concatenate(out)
 
 

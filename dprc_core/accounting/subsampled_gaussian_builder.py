@@ -12,7 +12,8 @@ up to their step counts are one event.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
@@ -101,6 +102,11 @@ class PreparedSubsampledGaussian:
         return build(self.mech, h, tail, self.geometry)
 
 
+def clear_step_cache() -> None:
+    """Forget the cached steps (:func:`_one_step`)."""
+    _one_step.cache_clear()
+
+
 @pld_builder(SubsampledGaussianEvent)
 class SubsampledGaussianPLD(PLDBuilder[SubsampledGaussianEvent]):
     """Steps are self-compositions of one step's PLD; equal events merge their steps."""
@@ -110,10 +116,21 @@ class SubsampledGaussianPLD(PLDBuilder[SubsampledGaussianEvent]):
     def prepare(
         self, event: SubsampledGaussianEvent, tail: float, settings: AccountingSettings
     ) -> PreparedSubsampledGaussian:
-        inf_budget = tail / (4.0 * event.sample_rate)
-        fine = scale_distribution(event, inf_budget, settings.scale_width)
-        coarse = scale_distribution(event, inf_budget, max(_COARSE_WIDTH, settings.scale_width))
-        geometry_of = hidden_step_geometry if hidden_scale(event) else step_geometry
-        sigma, q = event.noise_multiplier, event.sample_rate
-        geometry = geometry_of(StepMechanism(sigma, q, coarse), tail)
-        return PreparedSubsampledGaussian(event, StepMechanism(sigma, q, fine), geometry)
+        mech, geometry = _one_step(replace(event, steps=1), tail, settings)
+        return PreparedSubsampledGaussian(event, mech, geometry)
+
+
+@lru_cache(maxsize=1024)  # ≤ ~16 MB: a fine hidden-scale law is ~1,000 atoms × 16 bytes
+def _one_step(
+    step: SubsampledGaussianEvent, tail: float, settings: AccountingSettings
+) -> tuple[StepMechanism, StepGeometry]:
+    """One step's mechanism (fine scale) and loss geometry (coarse scale): neither depends on
+    the number of steps, so the events of one job — planned, then settled after each number of
+    steps — and its repeated compositions share them (the same values, computed once)."""
+    inf_budget = tail / (4.0 * step.sample_rate)
+    fine = scale_distribution(step, inf_budget, settings.scale_width)
+    coarse = scale_distribution(step, inf_budget, max(_COARSE_WIDTH, settings.scale_width))
+    geometry_of = hidden_step_geometry if hidden_scale(step) else step_geometry
+    sigma, q = step.noise_multiplier, step.sample_rate
+    geometry = geometry_of(StepMechanism(sigma, q, coarse), tail)
+    return StepMechanism(sigma, q, fine), geometry

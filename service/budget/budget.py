@@ -25,12 +25,15 @@ preview against the budget.
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -48,15 +51,35 @@ def planned_event(job: Job) -> PrivacyEvent:
     """The job's planned privacy event: the one stored form, ``privacy.event`` (written at
     creation, re-accounted in place when an ``auto`` job resolves to exact norms; migration
     0012 wrote it for older jobs), read by the event classes' registry."""
-    return PrivacyEvent.from_dict(job.privacy["event"])
+    return event_from_dict(job.privacy["event"])
 
 
 def spent_event(job: Job) -> PrivacyEvent | None:
     """The steps that ran (the worker counts a step as soon as it starts): the planned
     event's first ``steps_done`` steps."""
-    if job.steps_done <= 0:
-        return None
-    return planned_event(job).first_steps(job.steps_done)
+    return _spent(planned_event(job), job.steps_done)
+
+
+def event_from_dict(data: Any) -> PrivacyEvent:
+    """``PrivacyEvent.from_dict(data)``, read once per distinct stored event in a process (a
+    group's events are read several times by every create: :func:`group_events`)."""
+    if not isinstance(data, dict):
+        return PrivacyEvent.from_dict(data)  # its refusal
+    return _event_of_json(json.dumps(data, sort_keys=True))
+
+
+@lru_cache(maxsize=8192)  # a few MB at most: one entry per distinct stored event
+def _event_of_json(text: str) -> PrivacyEvent:
+    return PrivacyEvent.from_dict(json.loads(text))
+
+
+@lru_cache(maxsize=8192)  # a few MB at most: one entry per distinct stored event
+def _first_steps(event: PrivacyEvent, steps: int) -> PrivacyEvent:
+    return event.first_steps(steps)
+
+
+def _spent(planned: PrivacyEvent, steps_done: int) -> PrivacyEvent | None:
+    return None if steps_done <= 0 else _first_steps(planned, steps_done)
 
 
 def compose(events: Sequence[PrivacyEvent | None], delta: float) -> float:
@@ -221,11 +244,23 @@ def group_events(session: Session, group: BudgetGroup) -> GroupEvents:
     release, :func:`release_spent`): what its budget composes. Equal snapshots compose to
     equal ε (the optimistic check of job creation), and a job keeps its slot, so composing a
     changed snapshot reuses the blocks that did not change (:func:`compose`)."""
-    jobs = group_jobs(session, group.id)
+    rows = session.execute(
+        select(Job.status, Job.steps_done, Job.privacy)
+        .join(File, File.id == Job.training_file_id)
+        .where(File.group_id == group.id)
+        .order_by(Job.seq)
+    ).all()  # the columns the events need (not whole rows: a create reads them four times)
     releases = group_releases(session, group.id)
+    spent: list[PrivacyEvent | None] = []
+    committed: list[PrivacyEvent | None] = []
+    for status, steps_done, privacy in rows:
+        planned = event_from_dict(privacy["event"])
+        ran = _spent(planned, steps_done)
+        spent.append(ran)
+        committed.append(planned if JobStatus(status) in ACTIVE else ran)
     return (
-        tuple([spent_event(j) for j in jobs] + [release_spent(r) for r in releases]),
-        tuple([committed_event(j) for j in jobs] + [release_committed(r) for r in releases]),
+        tuple(spent + [release_spent(r) for r in releases]),
+        tuple(committed + [release_committed(r) for r in releases]),
     )
 
 
