@@ -155,6 +155,7 @@ def test_help_imports_no_torch(tmp_path, argv):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: dprc")
     _no_torch(proc, imports)
+    assert "openai" not in imports["loaded"], imports  # the SDK is for requests alone
 
 
 USAGE_ERRORS = [
@@ -174,6 +175,7 @@ def test_usage_errors_import_no_torch(tmp_path, argv, error):
     assert proc.returncode == 2, proc.stderr
     assert error in proc.stderr
     _no_torch(proc, imports)
+    assert "openai" not in imports["loaded"], imports
 
 
 def test_the_librarys_accountant_imports_no_torch(tmp_path):
