@@ -167,13 +167,14 @@ def main() -> None:
         "",
         "Why they are fast: `dprc_core` and `dprc_core.accounting` import their names lazily "
         "(a module `__getattr__` over a name → submodule map, as `transformers` does), so no "
-        "command imports torch to start; the client's commands import the `openai` SDK (about "
-        "0.3 s of the client rows) and no numpy; `dprc accountant …` is parsed without the "
-        "client or numpy, and the library's accountant imports numpy, SciPy and "
-        "`dp_accounting` (about 0.8 s) only to compute. Before (issue 45, an idle machine of "
-        "the same kind): `dprc --help` 6.7 s, the library's `dprc accountant epsilon` 6.7 s "
-        "and its argument errors 6.0 s, because `import dprc_core` imported torch and "
-        "transformers.",
+        "command imports torch to start. `--help` and argument errors import neither the "
+        "`openai` SDK nor numpy; a command that sends a request imports the SDK (about 0.3 s "
+        "on an idle machine, most of the client rows); the library's accountant imports "
+        "numpy, SciPy (`scipy.signal` alone about 0.7 s) and `dp_accounting` only to compute. "
+        "On a shared machine these imports stretch with the load (the load average above). "
+        "Before (issue 45, an idle machine of the same kind): `dprc --help` 6.7 s, the "
+        "library's `dprc accountant epsilon` 6.7 s and its argument errors 6.0 s, because "
+        "`import dprc_core` imported torch and transformers.",
     ]
     write_page(Path(args.out), "\n".join(lines) + "\n")
 
