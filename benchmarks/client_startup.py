@@ -105,6 +105,7 @@ def main() -> None:
     env["DPRC_CLIENT_CONFIG"] = str(Path(os.devnull))
     env["DPRC_API_KEY"] = "dprc-benchmark-key"
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    load_start = os.getloadavg()[0]
     rows = []
     for argv, kind, expected in ROWS:
         argv = [url if a == SERVER else a for a in argv]
@@ -134,9 +135,10 @@ def main() -> None:
         "# Commands: start-up time (`dprc --help`, the client, the accountant)",
         "",
         f"`benchmarks/client_startup.py --runs {args.runs}` at {git_commit()}; "
-        f"{cpu_model()}, {os.cpu_count()} cores (shared: load average {load[0]:.2f} when "
-        f"the run ended), Python {platform.python_version()}. Each command is the installed "
-        "`dprc` console script in a fresh process, this checkout first on `PYTHONPATH`; "
+        f"{cpu_model()}, {os.cpu_count()} cores (shared: 1-minute load average "
+        f"{load_start:.2f} when the run began, {load[0]:.2f} when it ended), Python "
+        f"{platform.python_version()}. Each command is the installed `dprc` console script in "
+        "a fresh process, this checkout first on `PYTHONPATH`; "
         f"{args.runs} wall times a row.",
         "",
         "Targets (issue 45): `dprc --help`, every client command and its `--help`, and every "
