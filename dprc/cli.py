@@ -283,7 +283,7 @@ def _admin_acknowledge(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "accountant":  # before the client (the openai SDK) is imported
+    if argv and argv[0] == "accountant":  # its own parser; the client's is not built
         return _accountant(argv)
     from dprc.client import commands as client_commands
 

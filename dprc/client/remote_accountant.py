@@ -6,19 +6,18 @@ and steps derived as the local command derives them) are defined once, in
 :mod:`dprc_core.accounting.cli_args`, which imports neither torch nor numpy; ``dprc_core`` and
 ``dprc_core.accounting`` import their names lazily, so importing it loads neither the engine
 nor the accountant: ``dprc accountant … --server`` starts as fast as the other client
-commands. The client (the ``openai`` SDK) is imported only to send a request, so the
-library's own ``dprc accountant`` and the command's usage errors do without it."""
+commands. The client imports the ``openai`` SDK only to send a request, so the library's own
+``dprc accountant`` and the command's usage errors do without it."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from dprc.client.api import Client
+from dprc.client.config import load_config
 from dprc_core.accounting import cli_args
-
-if TYPE_CHECKING:
-    from dprc.client.api import Client
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,9 +39,6 @@ def command(args: argparse.Namespace) -> int:
 
 
 def run(kind: str, body: dict[str, Any], args: argparse.Namespace) -> int:
-    from dprc.client.api import Client  # the openai SDK: imported only to ask a server
-    from dprc.client.config import load_config
-
     config = load_config(args.server or None)
     client = Client(config)
     result = client.accountant(kind, body)
