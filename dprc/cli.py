@@ -5,12 +5,15 @@
 that ``dprc_core`` never imports the service or the client and ``api`` never imports
 ``worker``.
 
-The client's commands are parsed without importing the library (whose engine imports torch):
-``dprc files list`` starts in under a second. ``dprc accountant …`` is parsed first with
-the command's own parser, standard library alone (:mod:`dprc.client.remote_accountant`): with
-``--server`` a server answers and the library is never imported; ``--help`` and usage errors
-exit before it is; the library (and torch) is imported only to compute here. Errors are one
-line and exit status 2 on both paths."""
+No command imports torch to start: ``dprc_core`` imports its names lazily, the client's
+commands are parsed without the library's engine (``dprc files list`` starts in under a
+second), and ``dprc --help`` builds every parser without torch or the accountant.
+``dprc accountant …`` is parsed first with the command's own parser, without the client or
+numpy (:mod:`dprc.client.remote_accountant`, :mod:`dprc_core.accounting.cli_args`): with
+``--server`` a server answers through the client and the accountant is never imported;
+``--help`` and usage errors exit before anything heavy is; the accountant (numpy,
+dp_accounting, no torch) is imported only to compute here. Errors are one line and exit status
+2 on both paths (tests/dprc/test_startup_imports.py)."""
 
 from __future__ import annotations
 
@@ -21,8 +24,6 @@ import logging
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
-
-from dprc.client import commands as client_commands
 
 if TYPE_CHECKING:
     from service.store.store import Store
@@ -98,6 +99,7 @@ def _add_admin(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dprc.client import commands as client_commands
     from dprc.client import remote_accountant
     from dprc_core import cli as core_cli
 
@@ -109,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_client_parser() -> argparse.ArgumentParser:
     """The client's commands alone (same parsers as in :func:`build_parser`)."""
+    from dprc.client import commands as client_commands
+
     parser = argparse.ArgumentParser(
         prog="dprc", description="Differentially private fine-tuning of language models."
     )
@@ -279,10 +283,12 @@ def _admin_acknowledge(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "accountant":  # its own parser; the client's is not built
+        return _accountant(argv)
+    from dprc.client import commands as client_commands
+
     if argv and argv[0] in client_commands.CLIENT_COMMANDS:
         return _run_client(build_client_parser(), argv)
-    if argv and argv[0] == "accountant":
-        return _accountant(argv)
     from dprc_core import cli as core_cli
 
     return core_cli.main(argv, parser=build_parser())

@@ -3,14 +3,38 @@
 ``PrivacyEngine(model, optimizer, clipping=Clipping(C, Hutch(k)), noise=Gaussian(σ),
 expected_batch_size=q·N)``; ``engine.privacy_event(steps, q)`` is what the accountant counts.
 The library never imports the ``api`` or ``worker`` packages.
+
+The package imports its names lazily, as ``transformers`` does: ``import dprc_core`` (and
+``import dprc_core.accounting``) loads no torch; ``from dprc_core import PrivacyEngine`` imports
+the engine's module (and torch) when the name is first asked for (:data:`_LAZY` says where each
+name lives). ``dprc --help``, the client's commands and ``dprc accountant`` start without torch
+(tests/dprc/test_startup_imports.py, docs/benchmarks/client_startup.md).
 """
 
-from dprc_core.clipping import Auto, Clipping, Exact, Hutch, HutchPP, Sketched
-from dprc_core.engine import PrivacyEngine, PrivacyWarning, StepStats, per_sample_grad_norms
-from dprc_core.independence import SampleMixingError
-from dprc_core.layers import LayerHandler, UnsupportedModuleError, register
-from dprc_core.noise import Gaussian, NuDPFTRL
-from dprc_core.norm_methods import NORM_METHODS, NormMethod, register_norm_method
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
+    from dprc_core.clipping import Auto, Clipping, Exact, Hutch, HutchPP, Sketched
+    from dprc_core.engine import PrivacyEngine, PrivacyWarning, StepStats, per_sample_grad_norms
+    from dprc_core.independence import SampleMixingError
+    from dprc_core.layers import LayerHandler, UnsupportedModuleError, register
+    from dprc_core.noise import Gaussian, NuDPFTRL
+    from dprc_core.norm_methods import NORM_METHODS, NormMethod, register_norm_method
+
+# each public name -> the submodule it is imported from on first use
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(("Auto", "Clipping", "Exact", "Hutch", "HutchPP", "Sketched"), "clipping"),
+    **dict.fromkeys(
+        ("PrivacyEngine", "PrivacyWarning", "StepStats", "per_sample_grad_norms"), "engine"
+    ),
+    "SampleMixingError": "independence",
+    **dict.fromkeys(("LayerHandler", "UnsupportedModuleError", "register"), "layers"),
+    **dict.fromkeys(("Gaussian", "NuDPFTRL"), "noise"),
+    **dict.fromkeys(("NORM_METHODS", "NormMethod", "register_norm_method"), "norm_methods"),
+}
 
 __all__ = [
     "NORM_METHODS",
@@ -33,4 +57,24 @@ __all__ = [
     "register",
     "register_norm_method",
 ]
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # a literal: pyproject.toml reads it with setuptools' attr:
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its submodule on first use (then cached here); a
+    submodule (``dprc_core.engine``), imported on first use as an eager package's would be."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__"):
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":  # a submodule that failed to import
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -1,9 +1,11 @@
 """The ``dprc`` command line.
 
 Each domain contributes its own sub-commands through an ``add_subparser(subparsers)``
-function, so this module only wires them together. The installed ``dprc`` script is
-``dprc.cli:main``, which adds the service's commands (``serve``, ``keys``) through
-``extra_commands``; this library never imports the service.
+function, so this module only wires them together. Building the parser imports no torch and
+no accountant (each command imports what it needs when it runs): ``dprc --help`` and every
+usage error start in well under a second (docs/benchmarks/client_startup.md). The installed
+``dprc`` script is ``dprc.cli:main``, which adds the service's commands (``serve``, ``keys``)
+through ``extra_commands``; this library never imports the service.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ def build_parser(
         prog="dprc", description="Differentially private fine-tuning of language models."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    from dprc_core.accounting import cli as accounting_cli
+    from dprc_core.accounting import cli_args
 
-    accounting_cli.add_subparser(sub)
+    # the accountant's options, without the accountant: it is imported to compute
+    cli_args.add_subparser(sub, dict.fromkeys(("epsilon", "sigma"), _accountant))
     from dprc_core.training import cli as training_cli
 
     training_cli.add_subparser(sub)
@@ -38,6 +41,15 @@ def build_parser(
     for add_subparser in extra_commands:
         add_subparser(sub)
     return parser
+
+
+def _accountant(args: argparse.Namespace) -> int:
+    """``dprc accountant epsilon|sigma``: the library's command
+    (:data:`dprc_core.accounting.cli.COMMANDS`), imported when it runs (numpy, dp_accounting),
+    not when the parser is built (``dprc --help`` starts without them)."""
+    from dprc_core.accounting import cli as accounting_cli
+
+    return accounting_cli.COMMANDS[args.accountant_command](args)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from dprc_core.accounting.events import default_sketch
+from dprc_core.mechanism_names import DEFAULT_K
 from dprc_core.norm_methods import get_norm_method
 from dprc_core.sketches import check_sketch_mode, resolve_sketch
 
-DEFAULT_K = 32
 # How the clipped sum is formed: a second backward, or from the stored factors / gradients
 CLIPPED_SUMS = ("two_pass", "bookkeeping")
 

@@ -30,14 +30,15 @@ from dprc_core.estimators import (
     hutchpp_sq_norms,
 )
 
+# The accountant's envelope families, weakest first: a plan that mixes methods is accounted
+# with the strongest family among them (docs/design.md §4). Defined in dprc_core.mechanism_names
+# (which imports nothing, so the accountant reads it without torch).
+from dprc_core.mechanism_names import ENVELOPES
+
 # (contributions, k, projection source, dtype) -> (B,) per-sample squared norms
 Estimator = Callable[
     [Sequence[MatrixContribution], int, ProjectionSource, torch.dtype], torch.Tensor
 ]
-
-# The accountant's envelope families, weakest first: a plan that mixes methods is accounted
-# with the strongest family among them (docs/design.md §4).
-ENVELOPES = ("exact", "hutch", "hutchpp")
 
 
 @dataclass(frozen=True)

@@ -2,19 +2,23 @@
 checkpoints, cancel, pause, resume, streamed completions) and its raw ``get``/``post`` with the
 same base URL and key for dprc's own endpoints (budget, ledger, accountant, audit log) and for
 whole completion objects (as the server answers them, every field kept). Every answer is a
-plain JSON-like dict; every failure is a :class:`ClientError` with one line for the user."""
+plain JSON-like dict; every failure is a :class:`ClientError` with one line for the user.
+
+The SDK (``openai``, ``httpx``: about 0.3 s to import) is imported when a client is made or an
+error described, not with this module: the commands' parsers, their ``--help`` and their usage
+errors start without it (docs/benchmarks/client_startup.md)."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Generator
 from pathlib import Path
-from typing import Any
-
-import httpx
-import openai
+from typing import TYPE_CHECKING, Any
 
 from dprc.client.config import ClientConfig
+
+if TYPE_CHECKING:
+    import openai
 
 GENERATION_PATHS = {"chat": "/chat/completions", "complete": "/completions"}
 
@@ -31,6 +35,8 @@ def _plain(obj: Any) -> Any:
 
 
 def describe_error(exc: openai.APIError, server_url: str) -> str:
+    import openai
+
     if isinstance(exc, openai.APIConnectionError):
         cause = exc.__cause__ or exc
         return f"cannot reach the dprc server at {server_url}: {cause}"
@@ -46,6 +52,8 @@ def describe_error(exc: openai.APIError, server_url: str) -> str:
 
 class Client:
     def __init__(self, config: ClientConfig, timeout: float = 120.0, max_retries: int = 2):
+        import openai
+
         self.config = config
         self.sdk = openai.OpenAI(
             base_url=f"{config.server_url}/v1",
@@ -55,6 +63,8 @@ class Client:
         )
 
     def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
+        import openai
+
         try:
             return _plain(fn(*args, **kw))
         except openai.APIError as exc:
@@ -116,6 +126,8 @@ class Client:
         return self._call(self.sdk.files.delete, file_id)
 
     def file_content(self, file_id: str) -> bytes:
+        import openai
+
         try:
             return self.sdk.files.content(file_id).read()
         except openai.APIError as exc:
@@ -182,6 +194,9 @@ class Client:
     def generate_stream(self, kind: str, body: dict[str, Any]) -> Generator[str, None, None]:
         """The text of the first choice as the server streams it (``stream: true``), piece by
         piece; closing the iterator closes the connection, which ends the generation there."""
+        import httpx
+        import openai
+
         create: Any = (
             self.sdk.chat.completions.create if kind == "chat" else self.sdk.completions.create
         )

@@ -23,34 +23,63 @@ zero-out adjacency, which DP-SGD's add/remove guarantee implies, so the ledger c
 see docs/accounting.md for the constructions and their soundness arguments.
 """
 
-from dprc_core.accounting.accountant import (
-    DEFAULT_SETTINGS,
-    AccountingResult,
-    AccountingSettings,
-    account,
-    epsilon_for_events,
-)
-from dprc_core.accounting.calibration import calibrate, noise_multiplier
-from dprc_core.accounting.dp_sgd import epsilon
-from dprc_core.accounting.dpftrl import (
-    dpftrl_epsilon,
-    dpftrl_noise_multiplier,
-    dpftrl_sensitivity,
-)
-from dprc_core.accounting.envelope import RANK_ENVELOPE_MAX, envelope_cdf, x_plus
-from dprc_core.accounting.events import (
-    CLIPPINGS,
-    ENVELOPES,
-    PER_EXAMPLE_SKETCH,
-    SHARED_SKETCH,
-    SKETCHES,
-    NuDPFTRLEvent,
-    PrivacyEvent,
-    SubsampledGaussianEvent,
-    UnsupportedMechanismError,
-)
-from dprc_core.accounting.ledger import PrivacyLedger
-from dprc_core.accounting.pld_builders import PLDBuilder, pld_builder
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
+    from dprc_core.accounting.accountant import (
+        DEFAULT_SETTINGS,
+        AccountingResult,
+        AccountingSettings,
+        account,
+        epsilon_for_events,
+    )
+    from dprc_core.accounting.calibration import calibrate, noise_multiplier
+    from dprc_core.accounting.dp_sgd import epsilon
+    from dprc_core.accounting.dpftrl import (
+        dpftrl_epsilon,
+        dpftrl_noise_multiplier,
+        dpftrl_sensitivity,
+    )
+    from dprc_core.accounting.envelope import RANK_ENVELOPE_MAX, envelope_cdf, x_plus
+    from dprc_core.accounting.events import (
+        CLIPPINGS,
+        ENVELOPES,
+        PER_EXAMPLE_SKETCH,
+        SHARED_SKETCH,
+        SKETCHES,
+        NuDPFTRLEvent,
+        PrivacyEvent,
+        SubsampledGaussianEvent,
+        UnsupportedMechanismError,
+    )
+    from dprc_core.accounting.ledger import PrivacyLedger
+    from dprc_core.accounting.pld_builders import PLDBuilder, pld_builder
+
+# each public name -> the submodule it is imported from on first use (as dprc_core's own
+# names): ``import dprc_core.accounting`` loads neither numpy nor dp_accounting, so the
+# ``dprc accountant`` command's options (cli_args) parse before anything heavy is imported
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(
+        ("DEFAULT_SETTINGS", "AccountingResult", "AccountingSettings", "account",
+         "epsilon_for_events"),
+        "accountant",
+    ),
+    **dict.fromkeys(("calibrate", "noise_multiplier"), "calibration"),
+    "epsilon": "dp_sgd",
+    **dict.fromkeys(("dpftrl_epsilon", "dpftrl_noise_multiplier", "dpftrl_sensitivity"), "dpftrl"),
+    **dict.fromkeys(("RANK_ENVELOPE_MAX", "envelope_cdf", "x_plus"), "envelope"),
+    **dict.fromkeys(
+        ("CLIPPINGS", "ENVELOPES", "PER_EXAMPLE_SKETCH", "SHARED_SKETCH", "SKETCHES",
+         "NuDPFTRLEvent", "PrivacyEvent", "SubsampledGaussianEvent",
+         "UnsupportedMechanismError"),
+        "events",
+    ),
+    "PrivacyLedger": "ledger",
+    **dict.fromkeys(("PLDBuilder", "pld_builder"), "pld_builders"),
+}  # fmt: skip
 
 __all__ = [
     "CLIPPINGS",
@@ -80,3 +109,23 @@ __all__ = [
     "pld_builder",
     "x_plus",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its submodule on first use (then cached here); a
+    submodule, imported on first use as an eager package's would be."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__"):
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":  # a submodule that failed to import
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -1,18 +1,17 @@
-"""The ``dprc accountant epsilon|sigma`` command's arguments and its ``--server`` request, in the
-standard library alone.
+"""The ``dprc accountant epsilon|sigma`` command's arguments and its ``--server`` request,
+without torch or numpy.
 
 :func:`add_subparser` registers the command (the one definition of its options: the library's
 :mod:`dprc_core.accounting.cli` registers it through here); :func:`job` and :func:`dpftrl_job`
 derive a job's q and steps, or its ν-DP-FTRL pattern, as the planner does; :func:`api_request`
 builds the ``/v1/accountant`` request from the parsed arguments.
 
-This module imports nothing but the standard library, not even another ``dprc_core`` module:
-the ``dprc`` console script reads it from its file for ``dprc accountant … --server`` (and for
-the command's ``--help`` and usage errors) without importing the ``dprc_core`` package, whose
-``__init__`` imports the engine and torch, so a client command starts without torch. The few
-facts it needs from the library are restated here (:data:`ENVELOPES`, :data:`SKETCHES`, the
-mechanism names, the step rule, the ν-DP-FTRL job rule); tests/dprc/client/test_client_imports.py
-checks each against the library's own.
+It imports the standard library and two light modules of the library: the names
+(:mod:`dprc_core.mechanism_names`: envelope families, sketches, mechanisms, the default k) and
+the step rule (:mod:`dprc_core.accounting.steps`). ``dprc_core`` and ``dprc_core.accounting``
+import their names lazily, so the ``dprc`` console script imports this module for
+``dprc accountant … --server`` (and for the command's ``--help`` and usage errors) without
+torch, numpy or the accountant (tests/dprc/client/test_client_imports.py).
 """
 
 from __future__ import annotations
@@ -21,19 +20,22 @@ import argparse
 import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from fractions import Fraction
 from typing import Any, NamedTuple
 
-# the library's facts, restated (see the module's docstring)
-ENVELOPES = ("exact", "hutch", "hutchpp")  # dprc_core.norm_methods.ENVELOPES
-SHARED_SKETCH = "shared"  # dprc_core.accounting.events
-PER_EXAMPLE_SKETCH = "per_example"
-SKETCHES = (SHARED_SKETCH, PER_EXAMPLE_SKETCH)
-GAUSSIAN = "gaussian"  # dprc_core.mechanism_names
-NU_DPFTRL = "nu_dpftrl"
-MECHANISMS = (GAUSSIAN, NU_DPFTRL)
-LEGACY_MECHANISMS = {"dp-sgd": GAUSSIAN, "nu-dp-ftrl": NU_DPFTRL, "nu-dpftrl": NU_DPFTRL}
-FTRL_ONLY = ("nu", "bands", "participations", "min_separation")
+from dprc_core.accounting.steps import planned_steps
+from dprc_core.mechanism_names import (
+    DEFAULT_K,
+    ENVELOPES,
+    GAUSSIAN,
+    NOISE_MECHANISMS,
+    NU_DPFTRL,
+    PER_EXAMPLE_SKETCH,
+    SHARED_SKETCH,
+    SKETCHES,
+)
+from dprc_core.mechanism_names import canonical_mechanism as _canonical_mechanism
+
+FTRL_ONLY = ("nu", "bands", "participations", "min_separation")  # ν-DP-FTRL's own options
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -146,10 +148,10 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
 def canonical_mechanism(value: str) -> str:
     """The one name of a mechanism (the spellings of earlier versions are accepted too):
     :func:`dprc_core.mechanism_names.canonical_mechanism` for the command line."""
-    name = LEGACY_MECHANISMS.get(value, value)
-    if name not in MECHANISMS:
-        raise argparse.ArgumentTypeError(f"choose from {', '.join(MECHANISMS)}")
-    return name
+    try:
+        return _canonical_mechanism(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(NOISE_MECHANISMS)}") from None
 
 
 def add_mechanism_arguments(parser: argparse.ArgumentParser) -> None:
@@ -171,16 +173,6 @@ def add_mechanism_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--min-separation", type=int, help="nu_dpftrl with --steps: min steps between them"
     )
-
-
-def planned_steps(
-    dataset_size: int, batch_size: float, epochs: float, *, fixed_order: bool = False
-) -> int:
-    """:func:`dprc_core.accounting.steps.planned_steps`: ⌈epochs·N/B⌉ in exact rational
-    arithmetic (Poisson sampling), or epochs·⌈N/B⌉ for ``fixed_order`` (ν-DP-FTRL) epochs."""
-    if fixed_order:
-        return int(epochs) * -(-dataset_size // int(batch_size))
-    return math.ceil(Fraction(str(epochs)) * dataset_size / Fraction(str(batch_size)))
 
 
 def number(x: float) -> float | int:
@@ -287,9 +279,8 @@ def settle_mechanism(args: argparse.Namespace) -> bool:
 
 
 # What a job could have run with one σ, q and steps, listed by ``epsilon`` when it is not told
-# which (randomized norms at --k, default 32 as in dprc_core.clipping.DEFAULT_K; the engine's
-# default sketch for them is per-example, dprc_core.accounting.events.default_sketch)
-DEFAULT_K = 32
+# which (randomized norms at --k, default DEFAULT_K as the engine's; the engine's default
+# sketch for them is per-example, dprc_core.accounting.events.default_sketch)
 ALTERNATIVES = (
     ("exact", None),
     ("hutch", PER_EXAMPLE_SKETCH),

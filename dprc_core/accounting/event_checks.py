@@ -13,17 +13,16 @@ from typing import Any
 
 from dprc_core.accounting.envelope import check_k, check_rank
 from dprc_core.accounting.renamed_keywords import renamed_keyword
-from dprc_core.mechanism_names import canonical_mechanism
-from dprc_core.norm_methods import ENVELOPES
 
-# How the randomized-norm sketch was drawn (docs/accounting.md §10): "shared" — one
-# projection per layer per step for the whole batch, accounted with the revealed-scale model
-# (the adversary is given the scale a); "per_example" — an independent projection per example,
-# per layer, per step, accounted with the hidden-scale model. "shared" is the default and what
-# ledgers without the field mean.
-SHARED_SKETCH = "shared"
-PER_EXAMPLE_SKETCH = "per_example"
-SKETCHES = (SHARED_SKETCH, PER_EXAMPLE_SKETCH)
+# the envelope families and the sketches (shared or per-example, docs/accounting.md §10):
+# their one spelling is dprc_core.mechanism_names's, which imports nothing
+from dprc_core.mechanism_names import (
+    ENVELOPES,
+    PER_EXAMPLE_SKETCH,
+    SHARED_SKETCH,
+    SKETCHES,
+    canonical_mechanism,
+)
 
 __all__ = [
     "ENVELOPES",

@@ -39,8 +39,13 @@ from dprc_core.accounting.event_checks import (
     is_real,
 )
 from dprc_core.accounting.renamed_keywords import take_renamed
-from dprc_core.mechanism_names import GAUSSIAN, LEGACY_NAMES, NOISE_MECHANISMS, NU_DPFTRL
-from dprc_core.norm_methods import ENVELOPES
+from dprc_core.mechanism_names import (
+    ENVELOPES,
+    GAUSSIAN,
+    LEGACY_NAMES,
+    NOISE_MECHANISMS,
+    NU_DPFTRL,
+)
 
 __all__ = [
     "CLIPPINGS",

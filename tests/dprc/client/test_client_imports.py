@@ -1,22 +1,24 @@
 """The client's commands (``login``, ``files``, ``jobs``, ``audit``, ``accountant … --server``
 and their ``--help``) run with torch, transformers, numpy, scipy and dp_accounting made
-unimportable, and import neither those nor the ``dprc_core`` package: docs/cli.md, issue 33.
+unimportable, and import none of those: docs/cli.md, issues 33 and 45.
 
 Each command runs as ``python -c WRAPPER argv…``, where the wrapper puts a ``sys.meta_path``
 finder first that refuses those packages (noting every attempt) and, at exit, writes which of
-the watched packages were imported. The library's own path (``dprc accountant epsilon``
-without ``--server``) still imports torch, and fails under the same wrapper: the refusal bites.
+the watched packages were imported, and which ``dprc_core`` modules. The library's own path
+(``dprc accountant epsilon`` without ``--server``) imports the accountant (numpy, dp_accounting;
+no torch), and fails under the same wrapper: the refusal bites.
 
-The accountant's options and request live in :mod:`dprc_core.accounting.cli_args`, standard
-library alone, which restates a few of the library's facts; they are checked against the
-library's here.
+The accountant's options and request live in :mod:`dprc_core.accounting.cli_args`, which
+imports the library's names (:mod:`dprc_core.mechanism_names`) and step rule
+(:mod:`dprc_core.accounting.steps`) and nothing heavy: ``dprc_core`` and
+``dprc_core.accounting`` import their names lazily, so ``accountant … --server`` loads these
+light modules of the library and no more (:data:`LIGHT`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import socket
 import subprocess
@@ -28,7 +30,16 @@ import pytest
 from dprc.client import remote_accountant
 
 REFUSED = ("torch", "transformers", "numpy", "scipy", "dp_accounting")
-WATCHED = (*REFUSED, "dprc_core")
+WATCHED = REFUSED
+# the library's modules a client command may load: the lazy packages, the accountant's options
+# and the names and the step rule they import
+LIGHT = {
+    "dprc_core",
+    "dprc_core.accounting",
+    "dprc_core.accounting.cli_args",
+    "dprc_core.accounting.steps",
+    "dprc_core.mechanism_names",
+}
 
 WRAPPER = """
 import atexit, json, os, sys
@@ -52,8 +63,9 @@ sys.meta_path.insert(0, Refuse())
 @atexit.register
 def report():
     loaded = sorted({m.split(".")[0] for m in sys.modules} & set(WATCHED))
+    library = sorted(m for m in sys.modules if m.split(".")[0] == "dprc_core")
     with open(os.environ["IMPORT_REPORT"], "w") as fh:
-        json.dump({"tried": tried, "loaded": loaded}, fh)
+        json.dump({"tried": tried, "loaded": loaded, "library": library}, fh)
 
 
 from dprc.cli import main
@@ -99,7 +111,8 @@ def _dprc(
 
 def _assert_light(proc: subprocess.CompletedProcess[str], imports: dict[str, list[str]]) -> None:
     assert "Traceback" not in proc.stderr and "ImportError" not in proc.stderr, proc.stderr
-    assert imports == {"tried": [], "loaded": []}, imports
+    assert imports["tried"] == [] and imports["loaded"] == [], imports
+    assert set(imports["library"]) <= LIGHT, imports
 
 
 HELP = [
@@ -189,14 +202,17 @@ def test_login_saves_the_config_without_torch(tmp_path):
     _assert_light(proc, imports)
 
 
-def test_the_library_path_still_imports_torch(tmp_path):
-    """Computing here is the library's: it imports torch, and the refusal makes it fail."""
+def test_the_library_path_imports_the_accountant_not_torch(tmp_path):
+    """Computing here is the library's accountant: it imports numpy and dp_accounting (no
+    torch), and the refusal makes it fail."""
     from dprc_core.accounting import epsilon
 
     proc, imports = _dprc(tmp_path, "accountant", "epsilon", *SIGMA_JOB, "--json", refuse=False)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["epsilon"] == epsilon(1.1, 0.01, 10, 1e-5, "exact", None)
-    assert {"torch", "dprc_core", "numpy"} <= set(imports["loaded"]), imports
+    assert {"numpy", "dp_accounting"} <= set(imports["loaded"]), imports
+    assert "torch" not in imports["loaded"] and "dprc_core.engine" not in imports["library"]
+    assert "dprc_core.accounting.accountant" in imports["library"], imports
     refused, imports = _dprc(tmp_path, "accountant", "epsilon", *SIGMA_JOB)
     assert refused.returncode != 0 and "is made unimportable by the test" in refused.stderr
     assert any(name.split(".")[0] in REFUSED for name in imports["tried"]), imports
@@ -229,57 +245,30 @@ def test_server_request_is_built_from_the_same_arguments(monkeypatch):
     ]  # fmt: skip
 
 
-@pytest.fixture
-def fresh_loader():
-    remote_accountant.accountant_args.cache_clear()
-    yield remote_accountant.accountant_args
-    remote_accountant.accountant_args.cache_clear()
-
-
-def test_the_loader_reads_the_library_module_from_its_file(fresh_loader, monkeypatch):
-    from dprc_core.accounting import cli_args
-
-    assert fresh_loader() is cli_args  # the library is imported: its module
-    fresh_loader.cache_clear()
-    monkeypatch.delitem(sys.modules, remote_accountant.ACCOUNTANT_ARGS)
-    light = fresh_loader()
-    assert light is not cli_args and light.__file__ == cli_args.__file__
-    assert light.ENVELOPES == cli_args.ENVELOPES
-
-
-def test_the_restated_facts_are_the_librarys():
+def test_the_command_uses_the_librarys_names_and_step_rule():
+    """The options' names and the step rule are imported from their homes, not restated: the
+    same objects as the library's (norm methods, events, the planner)."""
     from dprc_core import mechanism_names, norm_methods
-    from dprc_core.accounting import cli_args, events
+    from dprc_core.accounting import cli_args, events, steps
 
-    assert cli_args.ENVELOPES == norm_methods.ENVELOPES == events.ENVELOPES
-    assert cli_args.SKETCHES == events.SKETCHES
-    assert cli_args.SHARED_SKETCH == events.SHARED_SKETCH
-    assert cli_args.PER_EXAMPLE_SKETCH == events.PER_EXAMPLE_SKETCH
+    assert cli_args.ENVELOPES is norm_methods.ENVELOPES is events.ENVELOPES
+    assert cli_args.SKETCHES is events.SKETCHES
+    assert (cli_args.SHARED_SKETCH, cli_args.PER_EXAMPLE_SKETCH) == (
+        events.SHARED_SKETCH,
+        events.PER_EXAMPLE_SKETCH,
+    )
     assert (cli_args.GAUSSIAN, cli_args.NU_DPFTRL) == (
         mechanism_names.GAUSSIAN,
         mechanism_names.NU_DPFTRL,
     )
-    assert cli_args.MECHANISMS == mechanism_names.NOISE_MECHANISMS
-    assert cli_args.LEGACY_MECHANISMS == mechanism_names.LEGACY_NAMES
+    assert cli_args.planned_steps is steps.planned_steps
+    from dprc_core.clipping import DEFAULT_K
+
+    assert cli_args.DEFAULT_K == DEFAULT_K
     for name in (*mechanism_names.NOISE_MECHANISMS, *mechanism_names.LEGACY_NAMES):
         assert cli_args.canonical_mechanism(name) == mechanism_names.canonical_mechanism(name)
-    with pytest.raises(argparse.ArgumentTypeError):
+    with pytest.raises(argparse.ArgumentTypeError, match="choose from gaussian, nu_dpftrl"):
         cli_args.canonical_mechanism("dp_sgd")
-
-
-def test_the_restated_step_rule_is_the_planners():
-    from dprc_core.accounting import cli_args
-    from dprc_core.accounting.steps import planned_steps
-
-    for n in (1, 7, 30, 1000, 60_000):
-        for b in (1, 3, 8, 30, 256):
-            if b > n:
-                continue
-            for e in (0.1, 0.3, 0.5, 1, 1.5, 2, 3, 7.25):
-                assert cli_args.planned_steps(n, b, e) == planned_steps(n, b, e), (n, b, e)
-            for e in (1, 2, 5):
-                got = cli_args.planned_steps(n, b, e, fixed_order=True)
-                assert got == planned_steps(n, b, e, fixed_order=True) == e * math.ceil(n / b)
 
 
 FTRL_JOBS = [
@@ -300,7 +289,7 @@ FTRL_JOBS = [
 
 
 @pytest.mark.parametrize("job", FTRL_JOBS)
-def test_the_restated_dpftrl_job_rule_is_the_librarys(job):
+def test_the_dpftrl_job_rule_is_the_librarys(job):
     from dprc_core.accounting import cli_args, dpftrl_cli
 
     parser = remote_accountant.build_parser()
