@@ -17,6 +17,7 @@ answered by :func:`dprc_core.accounting.events_compat.flat_event`, with a warnin
 
 from __future__ import annotations
 
+import importlib
 import math
 import warnings
 from dataclasses import dataclass, replace
@@ -538,6 +539,19 @@ def flat_event(
 # -- the event classes by name ---------------------------------------------------------------
 
 _EVENT_TYPES: dict[str, type[PrivacyEvent]] = {}
+# the modules whose builders register the built-in event classes; the package imports lazily
+# (dprc_core/accounting/__init__.py), so they are imported before the registry is read
+_BUILTIN_BUILDERS = (
+    "dprc_core.accounting.subsampled_gaussian_builder",
+    "dprc_core.accounting.nu_dpftrl_builder",
+)
+
+
+def _with_builtins() -> dict[str, type[PrivacyEvent]]:
+    """The registry, with the built-in event classes registered."""
+    for module in _BUILTIN_BUILDERS:
+        importlib.import_module(module)
+    return _EVENT_TYPES
 
 
 def register_event_type(event_type: type[PrivacyEvent]) -> None:
@@ -553,15 +567,16 @@ def register_event_type(event_type: type[PrivacyEvent]) -> None:
 
 def registered_event_types() -> tuple[type[PrivacyEvent], ...]:
     """The registered event classes, in the order they were registered."""
-    return tuple(_EVENT_TYPES.values())
+    return tuple(_with_builtins().values())
 
 
 def event_type_named(name: object) -> type[PrivacyEvent]:
     """The registered event class whose ``mechanism`` is ``name`` (or one of its earlier
     spellings, :data:`dprc_core.mechanism_names.LEGACY_NAMES`); ``ValueError`` naming the
     registered mechanisms otherwise."""
+    types = _with_builtins()
     if isinstance(name, str):
-        event_type = _EVENT_TYPES.get(LEGACY_NAMES.get(name, name))
+        event_type = types.get(LEGACY_NAMES.get(name, name))
         if event_type is not None:
             return event_type
     names = sorted(_EVENT_TYPES)
