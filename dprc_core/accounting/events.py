@@ -547,7 +547,7 @@ _BUILTIN_BUILDERS = (
 )
 
 
-def _with_builtins() -> dict[str, type[PrivacyEvent]]:
+def with_builtin_event_types() -> dict[str, type[PrivacyEvent]]:
     """The registry, with the built-in event classes registered."""
     for module in _BUILTIN_BUILDERS:
         importlib.import_module(module)
@@ -567,14 +567,14 @@ def register_event_type(event_type: type[PrivacyEvent]) -> None:
 
 def registered_event_types() -> tuple[type[PrivacyEvent], ...]:
     """The registered event classes, in the order they were registered."""
-    return tuple(_with_builtins().values())
+    return tuple(with_builtin_event_types().values())
 
 
 def event_type_named(name: object) -> type[PrivacyEvent]:
     """The registered event class whose ``mechanism`` is ``name`` (or one of its earlier
     spellings, :data:`dprc_core.mechanism_names.LEGACY_NAMES`); ``ValueError`` naming the
     registered mechanisms otherwise."""
-    types = _with_builtins()
+    types = with_builtin_event_types()
     if isinstance(name, str):
         event_type = types.get(LEGACY_NAMES.get(name, name))
         if event_type is not None:

@@ -29,6 +29,7 @@ from dprc_core.accounting.events import (
     PrivacyEvent,
     UnsupportedMechanismError,
     register_event_type,
+    with_builtin_event_types,
 )
 from dprc_core.accounting.events import event_type_named as event_type_named  # where it was
 from dprc_core.accounting.settings import AccountingSettings
@@ -112,6 +113,7 @@ def pld_builder(event_type: type[E]) -> Callable[[type[B]], type[B]]:
 
 def builder_for(event: PrivacyEvent) -> PLDBuilder:
     """The registered builder of ``event``'s class; ``UnsupportedMechanismError`` if none."""
+    registered_event_types()  # the built-in builders registered
     builder = _BUILDERS.get(type(event))
     if builder is None:
         raise UnsupportedMechanismError(
@@ -122,4 +124,5 @@ def builder_for(event: PrivacyEvent) -> PLDBuilder:
 
 def registered_event_types() -> tuple[type[PrivacyEvent], ...]:
     """The event classes with a registered builder, in the order they were registered."""
+    with_builtin_event_types()  # the lazy package may not have imported the built-in builders yet
     return tuple(_BUILDERS)
