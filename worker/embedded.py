@@ -18,7 +18,8 @@ from service.base.logging_setup import log_context
 from service.jobs.lifecycle import runnable_jobs
 from service.store.store import Store
 from service.synthetic import synthetic_runs
-from worker.execution import execute_job, worker_id
+from worker.attempt import worker_id
+from worker.execution import execute_job
 
 log = logging.getLogger(__name__)
 

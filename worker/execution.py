@@ -20,11 +20,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import socket
 import tarfile
 import tempfile
 import threading
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,8 +31,7 @@ from dprc_core.clipping import Clipping
 from dprc_core.mechanism_names import GAUSSIAN
 from dprc_core.noise.mechanisms import noise_from_dict, noise_from_request
 from dprc_core.training import checkpoint as ckpt_io
-from dprc_core.training.data import DataError
-from dprc_core.training.models import LoraSpec, ModelLoadError
+from dprc_core.training.models import LoraSpec
 from dprc_core.training.runner import (
     JobData,
     JobResult,
@@ -44,11 +41,10 @@ from dprc_core.training.runner import (
     run_job,
 )
 from dprc_core.training.token_store import TokenStore
-from dprc_core.training.validation import ValidationDataError
 from service.base.errors import NotFound
 from service.base.logging_setup import log_context
 from service.data import token_hashes
-from service.data.private_data import engine_seed, run_folder, token_store_dir
+from service.data.private_data import engine_seed, token_store_dir
 from service.jobs import job_runs as runs
 from service.jobs import lifecycle
 from service.jobs.jobs import SYNTHETIC_RECORD_FORMATS
@@ -58,6 +54,7 @@ from service.models import fine_tuned_models, model_folders
 from service.models.model_registry import Model, registry
 from service.store.store import Store
 from service.synthetic import synthetic_runs
+from worker.attempt import Heartbeat, JobFailure, failure_of, run_dir, worker_id
 from worker.ranks import (
     RankFailure,
     RanksDied,
@@ -68,53 +65,6 @@ from worker.ranks import (
 )
 
 log = logging.getLogger(__name__)
-
-
-class JobFailure(Exception):
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-
-
-def worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def run_dir(store: Store, job_id: str) -> Path:
-    """Private per-job folder (checkpoints with their resume state); never served."""
-    return run_folder(store.settings.data_dir, job_id)
-
-
-class Heartbeat:
-    """Renews the lease every ``lease/3`` seconds; ``lost`` turns true if the lease is gone."""
-
-    def __init__(
-        self,
-        store: Store,
-        job_id: str,
-        owner: str,
-        lease_seconds: int,
-        renew: Callable[[Store, str, str, int], bool] = lifecycle.renew_lease,
-    ):
-        self.store, self.job_id, self.owner, self.lease = store, job_id, owner, lease_seconds
-        self.renew = renew
-        self.lost = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name=f"lease-{job_id}")
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(max(self.lease / 3, 0.5)):
-            try:
-                if not self.renew(self.store, self.job_id, self.owner, self.lease):
-                    self.lost = True
-                    return
-            except Exception:  # a transient store error: try again at the next beat
-                log.exception("lease renewal failed for %s", self.job_id)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
 
 
 def build_spec(store: Store, req: runs.JobRequest) -> JobSpec:
@@ -586,21 +536,6 @@ def _keep_checkpoint_mode(spec: JobSpec) -> JobSpec:
 def settings_secure_but_not(store: Store, spec: JobSpec) -> bool:
     """Secure mode is on but does not cover this job's mechanism (said in an event)."""
     return store.settings.secure_rng and not spec.secure_rng
-
-
-def failure_of(exc: BaseException) -> tuple[str, str]:
-    """The job error (code, message) for an exception raised while running a job."""
-    if isinstance(exc, JobFailure):
-        return exc.code, str(exc)
-    if isinstance(exc, ValidationDataError):
-        return "invalid_validation_file", str(exc)
-    if isinstance(exc, DataError):
-        return "invalid_training_file", str(exc)
-    if isinstance(exc, ModelLoadError):
-        return "model_not_found", str(exc)
-    if isinstance(exc, (ValueError, RuntimeError)):
-        return "training_error", f"{type(exc).__name__}: {exc}"
-    return "internal_error", f"{type(exc).__name__}: {exc}"  # still ends the job, with a message
 
 
 def _rank_died(

@@ -48,7 +48,7 @@ def rank(control: Path) -> int:
 
     from dprc_core.distributed import current_ranks, join_torchrun_group
     from dprc_core.training.runner import JobSpec, Progress, run_job
-    from worker.execution import failure_of
+    from worker.attempt import failure_of
 
     spec = JobSpec.from_dict(json.loads((control / "spec.json").read_text()))
     joined = join_torchrun_group(spec.device)
@@ -106,7 +106,7 @@ def stores(control: Path) -> int:
     if os.getppid() != parent:
         return 1
     from dprc_core.training.runner import JobSpec, prepare_data_stores
-    from worker.execution import failure_of
+    from worker.attempt import failure_of
 
     spec = JobSpec.from_dict(json.loads((control / "spec.json").read_text()))
 

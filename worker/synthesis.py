@@ -28,7 +28,7 @@ from service.models import builtin_models, model_folders
 from service.store.job_status import JobStatus
 from service.store.store import Store
 from service.synthetic import synthetic_runs as runs
-from worker.execution import Heartbeat, JobFailure, failure_of, run_dir
+from worker.attempt import Heartbeat, JobFailure, failure_of, run_dir
 
 log = logging.getLogger(__name__)
 
