@@ -65,7 +65,7 @@ def _log_mgfs(probs: np.ndarray, orders: np.ndarray) -> np.ndarray:
 def chernoff_log_mgfs(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The orders λ of the Chernoff bound of :func:`self_convolve_bounds` for ``probs`` and
     its log-MGFs at them (rounded up): what the bounds of every ``times`` share, computed once
-    (:mod:`dprc_core.accounting.epsilon_curve` keeps them across a run's steps)."""
+    (:mod:`dprc_core.accounting.step_epsilons` keeps them across a run's steps)."""
     orders = _ORDERS_TIMES_N / len(probs)
     log_mgfs = _log_mgfs(np.asarray(probs, dtype=np.float64), orders)
     return orders, log_mgfs + _ROUND_UP * np.abs(log_mgfs)

@@ -39,7 +39,7 @@ from typing import Any, cast
 import torch
 
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger
-from dprc_core.accounting.epsilon_curve import EpsilonCurve
+from dprc_core.accounting.step_epsilons import StepEpsilons
 from dprc_core.clipping import Auto, Clipping, norm_from_method
 from dprc_core.distributed import (
     Ranks,
@@ -1043,7 +1043,7 @@ class TrainingRun:
     last_checkpoint: Path | None = None
     losses: list[float] = field(default_factory=list)
     _epsilons: dict[int, float] = field(default_factory=dict, init=False, repr=False)
-    _curve: EpsilonCurve | None = field(default=None, init=False, repr=False)
+    _curve: StepEpsilons | None = field(default=None, init=False, repr=False)
     _shown: float = field(default=0.0, init=False, repr=False)  # the last live ε reported
 
     # -- the ledger and epsilon
@@ -1060,9 +1060,9 @@ class TrainingRun:
             self._epsilons[steps] = self.ledger_at(steps).epsilon(self.plan.delta)
         return self._epsilons[steps]
 
-    def epsilon_curve(self) -> EpsilonCurve:
-        """ε of the ledger after each step of this run (:mod:`dprc_core.accounting.
-        epsilon_curve`), built at the first call: the plan's one-step PLD on the ledger's grid
+    def step_epsilons(self) -> StepEpsilons:
+        """ε of the ledger after each step of this run
+        (:mod:`dprc_core.accounting.step_epsilons`), built at the first call: the plan's one-step PLD on the ledger's grid
         for the run's last step, composed with the checkpoint's events when the run resumed
         from some that are not the plan's first steps (a departure from the plan, re-accounted
         once here). Its ``epsilon(n)`` is ε of ``ledger_at(resumed_from + n)`` (whole-run
@@ -1070,10 +1070,10 @@ class TrainingRun:
         if self._curve is None:
             plan = self.plan
             if plan.noise.whole_run_event:  # the chain's first t steps (ledger_at)
-                self._curve = EpsilonCurve(plan.event(1), plan.steps, plan.delta)
+                self._curve = StepEpsilons(plan.event(1), plan.steps, plan.delta)
             else:
                 remaining = plan.steps - self.resumed_from
-                self._curve = EpsilonCurve(plan.event(1), remaining, plan.delta, self.prior)
+                self._curve = StepEpsilons(plan.event(1), remaining, plan.delta, self.prior)
         return self._curve
 
     def live_epsilon(self, exact: bool = False) -> float:
@@ -1086,7 +1086,7 @@ class TrainingRun:
         if exact:
             value = self.epsilon_at(self.done)
         else:
-            curve = self.epsilon_curve()
+            curve = self.step_epsilons()
             n = self.done if self.plan.noise.whole_run_event else self.done - self.resumed_from
             value = max(curve.epsilon(n), self._shown)
         self._shown = value

@@ -13,7 +13,7 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution as dpl
 
 from dprc_core.accounting import NuDPFTRLEvent, PrivacyLedger, SubsampledGaussianEvent
-from dprc_core.accounting.epsilon_curve import LEDGER_TOLERANCE
+from dprc_core.accounting.step_epsilons import LEDGER_TOLERANCE
 from dprc_core.training.runner import JobSpec, Progress, run_job
 from dprc_core.training.tiny import build_tiny_llama
 

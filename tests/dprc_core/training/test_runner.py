@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from dprc_core.accounting import PrivacyLedger, epsilon
-from dprc_core.accounting.epsilon_curve import LEDGER_TOLERANCE
+from dprc_core.accounting.step_epsilons import LEDGER_TOLERANCE
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.runner import JobSpec, run_job
 from dprc_core.training.tiny import build_tiny_llama

@@ -7,7 +7,7 @@ accountant.account`) answers one such ledger in 0.1–0.5 s: it prepares every e
 dominating sensitivity scale, the step's loss geometry), chooses the loss grid h and the tail
 budget τ from the events, builds the one-step PLD on that grid — the costly part, about 0.6 s
 for the hidden-scale model — composes it over the steps and reads ε off the result.
-:class:`EpsilonCurve` does the preparation, the choice of (h, τ) and the one-step PLD **once**,
+:class:`StepEpsilons` does the preparation, the choice of (h, τ) and the one-step PLD **once**,
 for the ledger at the run's last step, and keeps them; ε after ``n`` steps is then one
 self-composition of the kept PLD (the Chernoff truncation bounds from its kept log-moment
 generating functions, one FFT, its ``n``-th power and one inverse FFT: dp_accounting's
@@ -27,7 +27,7 @@ events, grid, tail budget and code: identical). Before it, the ledger would choo
 grid (h ∝ n^{-1/4}) and a larger τ (``tail_fraction·δ / n``) for fewer steps; the curve keeps
 the finer ones of the last step, so the two are two upper bounds on the same ε that differ by
 the ledger's discretisation slack only: within :data:`LEDGER_TOLERANCE` relative
-(tests/dprc_core/accounting/test_epsilon_curve.py), the curve's value nearly always the
+(tests/dprc_core/accounting/test_step_epsilons.py), the curve's value nearly always the
 smaller.
 
 **ν-DP-FTRL.** A run's first ``n`` steps are one Gaussian mechanism with μ(n) = Δ(n)/σ, its ε
@@ -37,7 +37,7 @@ entries of that vector for the whole run, so Δ(n) for every ``n`` is one cumula
 rounded up by :data:`~dprc_core.accounting.dpftrl.ROUNDOFF_MARGIN` as the ledger's; ε(n) is
 then :func:`~dprc_core.accounting.dpftrl.gaussian_epsilon`, the ledger's formula (equal to
 1e-9 relative). Otherwise, and for any other event a fixed list precedes, each value is the
-ledger's own (:class:`EpsilonCurve` falls back to :func:`epsilon_for_events`).
+ledger's own (:class:`StepEpsilons` falls back to :func:`epsilon_for_events`).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ from dprc_core.accounting.pld_self_compose import (
     self_compose_dense,
 )
 
-__all__ = ["LEDGER_TOLERANCE", "EpsilonCurve"]
+__all__ = ["LEDGER_TOLERANCE", "StepEpsilons"]
 
 # The largest relative difference between the curve's ε after n steps and the ledger's
 # (``PrivacyLedger(events after n steps).epsilon(delta)``) the tests accept: the ledger's
@@ -123,7 +123,7 @@ class _Pmf:
         return self_compose_dense(pmf, times, truncation, self.log_mgfs)
 
 
-class EpsilonCurve:
+class StepEpsilons:
     """ε at δ of the ledger ``fixed + [step × n]`` for every ``n`` in ``[0, steps]``.
 
     ``step``: the event of one step (a Poisson-subsampled Gaussian step: its ``n``-step event
