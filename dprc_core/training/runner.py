@@ -1062,11 +1062,11 @@ class TrainingRun:
 
     def step_epsilons(self) -> StepEpsilons:
         """ε of the ledger after each step of this run
-        (:mod:`dprc_core.accounting.step_epsilons`), built at the first call: the plan's one-step PLD on the ledger's grid
-        for the run's last step, composed with the checkpoint's events when the run resumed
-        from some that are not the plan's first steps (a departure from the plan, re-accounted
-        once here). Its ``epsilon(n)`` is ε of ``ledger_at(resumed_from + n)`` (whole-run
-        events: of ``ledger_at(n)``)."""
+        (:mod:`dprc_core.accounting.step_epsilons`), built at the first call: the plan's
+        one-step PLD on the ledger's grid for the run's last step, composed with the
+        checkpoint's events when the run resumed from some that are not the plan's first steps
+        (a departure from the plan, re-accounted once here). Its ``epsilon(n)`` is ε of
+        ``ledger_at(resumed_from + n)`` (whole-run events: of ``ledger_at(n)``)."""
         if self._curve is None:
             plan = self.plan
             if plan.noise.whole_run_event:  # the chain's first t steps (ledger_at)
