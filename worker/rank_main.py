@@ -139,7 +139,13 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["launch"] and len(argv) == 3:
         return launch(int(argv[1]), Path(argv[2]))
     if argv[:1] == ["rank"] and len(argv) == 2:
-        return rank(Path(argv[1]))
+        code = rank(Path(argv[1]))  # a Python error propagates: its traceback, exit status 1
+        # leave without the interpreter's teardown: FSDP2 over gloo can abort it on a busy
+        # machine ("terminate called without an active exception") after the rank's work is
+        # done and its group destroyed, which torchrun would report as a rank that died
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     if argv[:1] == ["stores"] and len(argv) == 2:
         return stores(Path(argv[1]))
     print(
