@@ -150,7 +150,7 @@ def _nbytes(pld: PrivacyLossDistribution | None) -> int:
         if isinstance(pmf, pld_pmf.DensePLDPmf):
             total += int(np.asarray(pmf._probs).nbytes)
         else:
-            total += 64 * max(1, pmf.size())
+            total += 64 * max(1, pmf.size)  # a property of the PMF
     return total + 256
 
 

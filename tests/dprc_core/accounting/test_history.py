@@ -197,3 +197,18 @@ def test_cache_is_bounded_by_bytes(monkeypatch):
     first = epsilon_for_history(events, DELTA)
     assert len(small._items) == 1  # everything but the newest evicted
     assert epsilon_for_history(events, DELTA) == first
+
+
+def test_the_block_cache_sizes_sparse_plds():
+    """A PLD whose PMFs are sparse (dp_accounting's identity, for one) is sized by its number
+    of entries (``size`` is a property there): caching it does not raise."""
+    from dp_accounting.pld.privacy_loss_distribution import identity
+
+    from dprc_core.accounting import history
+
+    sparse = identity()
+    assert not isinstance(sparse._pmf_remove, history.pld_pmf.DensePLDPmf)
+    assert history._nbytes(sparse) == 2 * 64 * max(1, sparse._pmf_remove.size) + 256
+    cache = history._BlockCache(1 << 20)
+    cache.put(("sparse",), sparse)
+    assert cache.get(("sparse",)) == (True, sparse)
