@@ -24,14 +24,10 @@ the first step. Target: the big job's peak growth ≤ the reference's + 32 MiB.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,35 +38,10 @@ ROOT = Path(__file__).resolve().parents[1]
 from benchmarks.data_scale import LoadWatch, machine, make_file, measure_upload  # noqa: E402
 from benchmarks.kit.memory import proc_memory, reset_peak  # noqa: E402
 from benchmarks.kit.pages import PAGES  # noqa: E402
-from benchmarks.kit.server import DPRC, Server, dprc_serve, server_pid  # noqa: E402
+from benchmarks.kit.server import dprc_server  # noqa: E402
 
 OUT = PAGES / "embedded_memory.md"
 SLACK_MIB = 32.0
-
-
-@contextmanager
-def embedded_server(tmp: Path) -> Iterator[Server]:
-    """``dprc serve`` on SQLite in ``tmp/data`` with its embedded worker, an admin key."""
-    data_dir = tmp / "data"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DPRC_")}
-    env.update(
-        DPRC_DATA_DIR=str(data_dir),
-        DPRC_DEFAULT_EPSILON_BUDGET="8",
-        DPRC_EMBEDDED_WORKER="true",
-        DPRC_LOG_LEVEL="warning",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-    )
-    key = subprocess.run(
-        [*DPRC, "keys", "create", "--tenant", "bench", "--role", "admin"],
-        env=env,
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    with dprc_serve(DPRC, env, tmp / "server.log", cwd=ROOT) as url:
-        yield Server(url, key, server_pid(int(url.rsplit(":", 1)[1])), data_dir)
 
 
 def first_step(lines: int, tmp: Path) -> dict[str, Any]:
@@ -80,7 +51,7 @@ def first_step(lines: int, tmp: Path) -> dict[str, Any]:
 
     path = tmp / "train.jsonl"
     make_file(path, lines)
-    with embedded_server(tmp) as server:
+    with dprc_server(tmp, default_epsilon=8.0, embedded_worker=True) as server:
         upload = measure_upload(server, path, lines)
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.key, max_retries=0)
         time.sleep(2.0)  # the upload's work settles

@@ -13,8 +13,9 @@ name lives). ``dprc --help``, the client's commands and ``dprc accountant`` star
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dprc_core.lazy_import import lazy_names
 
 if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
     from dprc_core.clipping import Auto, Clipping, Exact, Hutch, HutchPP, Sketched
@@ -60,21 +61,4 @@ __all__ = [
 __version__ = "0.1.0"  # a literal: pyproject.toml reads it with setuptools' attr:
 
 
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its submodule on first use (then cached here); a
-    submodule (``dprc_core.engine``), imported on first use as an eager package's would be."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    if not name.startswith("__"):
-        try:
-            return importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":  # a submodule that failed to import
-                raise
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, __all__, globals())

@@ -100,16 +100,18 @@ class Server:
 
 
 @contextmanager
-def dprc_server(tmp: Path, default_epsilon: float = 8.0) -> Iterator[Server]:
-    """A real ``dprc serve`` on SQLite in ``tmp/data``, embedded worker off (created jobs stay
-    queued), with an admin key of a tenant ``bench`` whose data sets get the budget
-    ``default_epsilon``."""
+def dprc_server(
+    tmp: Path, default_epsilon: float = 8.0, embedded_worker: bool = False
+) -> Iterator[Server]:
+    """A real ``dprc serve`` on SQLite in ``tmp/data``, embedded worker off unless
+    ``embedded_worker`` (created jobs stay queued), with an admin key of a tenant ``bench``
+    whose data sets get the budget ``default_epsilon``."""
     data_dir = tmp / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DPRC_")}
     env.update(
         DPRC_DATA_DIR=str(data_dir),
         DPRC_DEFAULT_EPSILON_BUDGET=str(default_epsilon),
-        DPRC_EMBEDDED_WORKER="false",
+        DPRC_EMBEDDED_WORKER="true" if embedded_worker else "false",
         DPRC_LOG_LEVEL="warning",
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",

@@ -25,8 +25,9 @@ see docs/accounting.md for the constructions and their soundness arguments.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dprc_core.lazy_import import lazy_names
 
 if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
     from dprc_core.accounting.accountant import (
@@ -111,21 +112,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its submodule on first use (then cached here); a
-    submodule, imported on first use as an eager package's would be."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    if not name.startswith("__"):
-        try:
-            return importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":  # a submodule that failed to import
-                raise
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, __all__, globals())

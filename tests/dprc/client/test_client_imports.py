@@ -31,10 +31,11 @@ from dprc.client import remote_accountant
 
 REFUSED = ("torch", "transformers", "numpy", "scipy", "dp_accounting")
 WATCHED = REFUSED
-# the library's modules a client command may load: the lazy packages, the accountant's options
-# and the names and the step rule they import
+# the library's modules a client command may load: the lazy packages (and their lazy_import),
+# the accountant's options and the names and the step rule they import
 LIGHT = {
     "dprc_core",
+    "dprc_core.lazy_import",
     "dprc_core.accounting",
     "dprc_core.accounting.cli_args",
     "dprc_core.accounting.steps",
