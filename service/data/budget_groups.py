@@ -43,6 +43,7 @@ from service.base.ids import new_id
 from service.base.settings import Settings
 from service.budget.budget import budget_values
 from service.data.example_hashes import HashedData
+from service.data.hash_recordings import check_free
 from service.data.user_groups import add_pairs, check_mapping, user_overlap
 from service.store.tables import BudgetGroup, ExampleHash, LegacyExampleHash
 
@@ -133,7 +134,7 @@ def held_digests(
             f"SELECT digest, group_id FROM {table} WHERE tenant_id = {mark} AND digest IN "
             f"({', '.join([mark] * len(chunk))})"
         )
-        found = dict(conn.exec_driver_sql(sql, (tenant_id, *chunk)).all())
+        found: dict[str, str] = {d: g for d, g in conn.exec_driver_sql(sql, (tenant_id, *chunk))}
         if found:
             for j, d in enumerate(chunk, start=i):
                 g = found.get(d)
@@ -281,14 +282,22 @@ def place(
     settings: Settings,
     *,
     into: str | None = None,
+    found: list[str] | None = None,
+    record: bool = True,
+    token: str | None = None,
 ) -> Placement:
     """Put an upload's examples in their group (under the tenant's lock; the caller
     commits): a new group, or the one existing group it shares examples with. ``into``: a data
     owner's decision to join the upload to that group (it may share no example with it: a near
-    copy the hash does not see), refused when it shares examples with another group."""
-    found = sorted(
-        set(overlap(session, tenant_id, hashed)) | set(user_overlap(session, tenant_id, hashed))
-    )
+    copy the hash does not see), refused when it shares examples with another group.
+
+    Refused (:class:`~service.data.hash_recordings.RecordingBusy`) while another upload of the
+    tenant records its hashes (``token``: the caller's own recording, which holds the lease and
+    gives ``found``, the groups it shares examples or users with, looked up beforehand, and
+    ``record=False``: its digests are recorded afterwards, in batches)."""
+    check_free(session, tenant_id, token)
+    if found is None:
+        found = groups_shared(session, tenant_id, hashed)
     if into is not None and found and found != [into]:
         others = [g for g in found if g != into]
         raise Conflict(
@@ -333,7 +342,8 @@ def place(
             raise Conflict(refusal, param="epsilon_budget", code="budget_group_conflict")
         if group.privacy_unit == USER_UNIT:
             check_mapping(session, tenant_id, group, hashed)
-        add_digests(session, tenant_id, group, hashed)
+        if record:
+            add_digests(session, tenant_id, group, hashed)
         return Placement(group, joined=True, budget_set=False, defaulted=False)
     eps, d, defaulted = _new_budget(wish, accounting_size(hashed), settings)
     group = BudgetGroup(
@@ -349,8 +359,16 @@ def place(
     )
     session.add(group)
     session.flush()
-    add_digests(session, tenant_id, group, hashed, fresh=True)
+    if record:
+        add_digests(session, tenant_id, group, hashed, fresh=True)
     return Placement(group, joined=False, budget_set=eps is not None, defaulted=defaulted)
+
+
+def groups_shared(session: Session, tenant_id: int, hashed: HashedData) -> list[str]:
+    """The groups an upload shares examples (or, per-user data, users) with, sorted."""
+    return sorted(
+        set(overlap(session, tenant_id, hashed)) | set(user_overlap(session, tenant_id, hashed))
+    )
 
 
 def add_digests(
@@ -400,7 +418,7 @@ def insert_digests(
     their (sorted) order: ``INSERT_CHUNK`` rows an ``executemany`` through the driver (no ORM
     row objects), or ``COPY`` on PostgreSQL; how many."""
     conn = session.connection()
-    raw = conn.connection.dbapi_connection
+    raw: Any = conn.connection.dbapi_connection  # psycopg's on PostgreSQL (COPY)
     copy = conn.dialect.name == "postgresql" and hasattr(raw, "cursor")
     added = 0
     for i in range(start, stop, INSERT_CHUNK):

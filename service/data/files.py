@@ -23,8 +23,18 @@ from service.base.errors import Conflict, InvalidInput, NotFound, PermissionDeni
 from service.base.ids import new_id
 from service.base.pagination import cursor_page
 from service.budget import budget
-from service.data import near_copies
-from service.data.budget_groups import BudgetWish, overlap, overlap_report, place
+from service.data import hash_recordings, near_copies
+from service.data.budget_groups import (
+    BudgetWish,
+    Placement,
+    group_examples,
+    groups_shared,
+    held_bitmap,
+    insert_digests,
+    overlap,
+    overlap_report,
+    place,
+)
 from service.data.example_hashes import HashedData, hash_file, save_digests, tenant_secret
 from service.data.file_storage import RESULT_PURPOSE, clean_filename, storage_dir
 from service.data.private_data import remove_run_folders, remove_token_stores
@@ -164,6 +174,7 @@ def store_data_set(
     within: Callable[[Session, File], None] | None = None,
     audit_detail: dict[str, Any] | None = None,
     user_field: str | None = None,
+    upload_id: str | None = None,
 ) -> DataSet:
     """Validate a data set on disk (``source``, in the tenant's folder; it is moved into place
     when accepted) and store it as a file; a fine-tune data set goes to its budget group
@@ -177,7 +188,9 @@ def store_data_set(
     again. ``within(session, row)`` runs in the transaction that stores the file, under the
     tenant's lock, before its audit entries (the last lock taken); ``audit_detail`` is added
     to the detail of its ``file.upload`` entry. ``user_field``: the field naming each line's
-    user (user-level DP; :func:`service.data.example_hashes.hash_file`)."""
+    user (user-level DP; :func:`service.data.example_hashes.hash_file`). ``upload_id``: the
+    upload of the Uploads API it completes; with ``reserved``, a big one's hashes are
+    recorded in short transactions (:mod:`service.data.hash_recordings`)."""
     authorize(caller, Action.UPLOAD)
     check_purpose(purpose)
     directory = storage_dir(store, caller.tenant_id)
@@ -202,23 +215,189 @@ def store_data_set(
         path = directory / f"{file_id}.jsonl"
         os.replace(source, path)
         try:
-            return _insert_data_set(
-                store,
-                caller,
-                path,
-                size,
-                filename,
-                purpose,
-                wish,
-                hashed,
-                reserved,
-                within,
-                audit_detail or {},
-                near,
-            )
+            if (
+                reserved
+                and upload_id is not None
+                and hashed.users is None
+                and len(hashed.digests) >= hash_recordings.BATCHED_MIN
+            ):
+                return _insert_batched(
+                    store,
+                    caller,
+                    path,
+                    size,
+                    filename,
+                    purpose,
+                    wish,
+                    hashed,
+                    within,
+                    audit_detail or {},
+                    near,
+                    upload_id,
+                )
+            for attempt in range(BUSY_ATTEMPTS):
+                hash_recordings.wait_until_free(store, caller.tenant_id)
+                try:
+                    return _insert_data_set(
+                        store,
+                        caller,
+                        path,
+                        size,
+                        filename,
+                        purpose,
+                        wish,
+                        hashed,
+                        reserved,
+                        within,
+                        audit_detail or {},
+                        near,
+                    )
+                except hash_recordings.RecordingBusy:
+                    if attempt == BUSY_ATTEMPTS - 1:
+                        raise
+            raise AssertionError("unreachable")
         except BaseException:
             path.unlink(missing_ok=True)
             raise
+
+
+BUSY_ATTEMPTS = 3  # a recording's lease taken between the wait and the tenant's lock: wait again
+
+
+def _insert_batched(
+    store: Store,
+    caller: Caller,
+    path: Path,
+    size: int,
+    filename: str | None,
+    purpose: str,
+    wish: BudgetWish,
+    hashed: HashedData,
+    within: Callable[[Session, File], None] | None,
+    audit_detail: dict[str, Any],
+    near: near_copies.NearCopies | None,
+    upload_id: str,
+) -> DataSet:
+    """:func:`_insert_data_set` of a big upload of the Uploads API (its bytes reserved), its
+    hashes recorded in short transactions under the tenant's lease (the four steps of
+    :mod:`service.data.hash_recordings`); an upload that waits for a data owner records no
+    hash and is stored as :func:`_insert_data_set` stores it."""
+    token = None
+    for attempt in range(BUSY_ATTEMPTS):  # 1. the lease
+        hash_recordings.wait_until_free(store, caller.tenant_id)
+        try:
+            token = _lease(store, caller, wish, hashed, path.stem, upload_id)
+            break
+        except hash_recordings.RecordingBusy:
+            if attempt == BUSY_ATTEMPTS - 1:
+                raise
+    if token is None:  # it waits for a data owner: no hash is recorded
+        return _insert_data_set(
+            store,
+            caller,
+            path,
+            size,
+            filename,
+            purpose,
+            wish,
+            hashed,
+            True,
+            within,
+            audit_detail,
+            near,
+        )
+    try:
+        return _record_batched(
+            store, caller, path, size, filename, purpose, wish, hashed, within, audit_detail, token
+        )
+    except BaseException:
+        hash_recordings.rollback(store, caller.tenant_id, token)
+        raise
+
+
+def _lease(
+    store: Store,
+    caller: Caller,
+    wish: BudgetWish,
+    hashed: HashedData,
+    file_id: str,
+    upload_id: str,
+) -> str | None:
+    """Step 1: the tenant's lease for recording ``file_id`` (its token), or None when the
+    upload waits for a data owner (it records no hash)."""
+    with locked_session(store.sessions) as session:
+        session.get(Tenant, caller.tenant_id, with_for_update=True)
+        tenant = session.get(Tenant, caller.tenant_id)
+        assert tenant is not None
+        if waits_for_approval(
+            caller,
+            tenant,
+            wish,
+            store.settings,
+            lambda: bool(overlap(session, caller.tenant_id, hashed)),
+        ):
+            return None
+        token = hash_recordings.acquire(session, caller.tenant_id, file_id, upload_id).token
+        session.commit()
+        return token
+
+
+def _record_batched(
+    store: Store,
+    caller: Caller,
+    path: Path,
+    size: int,
+    filename: str | None,
+    purpose: str,
+    wish: BudgetWish,
+    hashed: HashedData,
+    within: Callable[[Session, File], None] | None,
+    audit_detail: dict[str, Any],
+    token: str,
+) -> DataSet:
+    """Steps 2 to 4 of :mod:`service.data.hash_recordings`, under the lease ``token``."""
+    tenant_id, digests = caller.tenant_id, hashed.digests
+    with store.sessions() as session:  # 2. the placement: looked up outside the write lock
+        found = groups_shared(session, tenant_id, hashed)
+    with locked_session(store.sessions) as session:
+        session.get(Tenant, tenant_id, with_for_update=True)
+        lease = hash_recordings.own(session, tenant_id, token)
+        placed = place(
+            session, tenant_id, hashed, wish, store.settings, found=found, record=False, token=token
+        )
+        group_id, joined = placed.group.id, placed.joined
+        lease.group_id, lease.new_group = group_id, not joined
+        before = group_examples(session, group_id) if joined else 0
+        session.commit()
+    held = None
+    if joined:  # the digests the tenant holds (in this group: the others refused it)
+        with store.sessions() as session:
+            held = held_bitmap(session, tenant_id, digests)
+    added = 0
+    for start in range(0, len(digests), hash_recordings.BATCH_ROWS):  # 3. the hashes
+        stop = min(start + hash_recordings.BATCH_ROWS, len(digests))
+        with locked_session(store.sessions) as session:
+            hash_recordings.own(session, tenant_id, token)
+            added += insert_digests(session, tenant_id, group_id, digests, held, start, stop)
+            session.commit()
+    with locked_session(store.sessions) as session:  # 4. the file
+        session.get(Tenant, tenant_id, with_for_update=True)
+        lease = hash_recordings.own(session, tenant_id, token)
+        group = budget.lock_group(session, group_id)
+        group.n_examples = max(before + added, group.n_examples, hashed.n_examples)
+        row = _file_row(caller, path, size, filename, purpose, hashed, wish)
+        row.group_id = group.id
+        session.add(row)
+        session.flush()
+        if within is not None:
+            within(session, row)
+        shown = _shown(row, group)
+        _audit_upload(session, caller, row, group, placed, audit_detail)
+        session.delete(lease)
+        session.commit()
+        return DataSet(
+            row, shown.group_id, shown.budget, joined=placed.joined, defaulted=placed.defaulted
+        )
 
 
 def _insert_data_set(
@@ -235,7 +414,6 @@ def _insert_data_set(
     audit_detail: dict[str, Any],
     near: near_copies.NearCopies | None = None,
 ) -> DataSet:
-    file_id = path.stem
     with locked_session(store.sessions) as session:
         # lock order: tenant, then group, then the audit head
         if reserved:
@@ -276,34 +454,7 @@ def _insert_data_set(
         if within is not None:
             within(session, row)
         shown = _shown(row, group)  # stored totals: no live read cached here
-        audit.record(
-            session,
-            caller,
-            Act.FILE_UPLOAD,
-            file_id,
-            {
-                "filename": row.filename,
-                "bytes": row.bytes,
-                "n_examples": row.n_examples,
-                "n_users": row.n_users,
-                "budget_group": group.id,
-                "joined": placed.joined,
-                **audit_detail,
-            },
-        )
-        if placed.budget_set:
-            audit.record(
-                session,
-                caller,
-                Act.BUDGET_SET,
-                group.id,
-                {
-                    "file_id": file_id,
-                    "epsilon": group.epsilon_budget,
-                    "delta": group.delta,
-                    "default": placed.defaulted,
-                },
-            )
+        _audit_upload(session, caller, row, group, placed, audit_detail)
         session.commit()
         return DataSet(
             row,
@@ -311,6 +462,46 @@ def _insert_data_set(
             shown.budget,
             joined=placed.joined,
             defaulted=placed.defaulted,
+        )
+
+
+def _audit_upload(
+    session: Session,
+    caller: Caller,
+    row: File,
+    group: BudgetGroup,
+    placed: Placement,
+    audit_detail: dict[str, Any],
+) -> None:
+    """The audit entries of a stored upload: ``file.upload``, and ``budget.set`` when it set
+    a new group's budget."""
+    audit.record(
+        session,
+        caller,
+        Act.FILE_UPLOAD,
+        row.id,
+        {
+            "filename": row.filename,
+            "bytes": row.bytes,
+            "n_examples": row.n_examples,
+            "n_users": row.n_users,
+            "budget_group": group.id,
+            "joined": placed.joined,
+            **audit_detail,
+        },
+    )
+    if placed.budget_set:
+        audit.record(
+            session,
+            caller,
+            Act.BUDGET_SET,
+            group.id,
+            {
+                "file_id": row.id,
+                "epsilon": group.epsilon_budget,
+                "delta": group.delta,
+                "default": placed.defaulted,
+            },
         )
 
 

@@ -47,7 +47,7 @@ from service.base.clock import now
 from service.base.errors import Conflict, InvalidInput, NotFound, TooLarge
 from service.base.ids import new_id
 from service.base.settings import Settings
-from service.data import files
+from service.data import files, hash_recordings
 from service.data.budget_groups import BudgetWish
 from service.data.file_storage import clean_filename
 from service.data.files import DataSet
@@ -421,6 +421,7 @@ def complete(
             within=within,
             audit_detail={"upload_id": row.id, "parts": len(part_ids)},
             user_field=row.user_field,
+            upload_id=row.id,
         )
     except BaseException:
         assembled.unlink(missing_ok=True)
@@ -479,7 +480,10 @@ def cancel(store: Store, caller: Caller, upload_id: str) -> UploadState:
 
 def sweep_expired(store: Store, limit: int = SWEEP_LIMIT) -> int:
     """Expire the pending uploads (of every tenant) past their expiry, at most ``limit``, and
-    delete their parts; how many. Cheap when none is due (one indexed read, no lock)."""
+    delete their parts; how many. Cheap when none is due (one indexed read, no lock). Roll back
+    the hash recordings taken for dead first (:func:`service.data.hash_recordings.sweep_stale`:
+    their uploads are pending again)."""
+    hash_recordings.sweep_stale(store)
     t = now()
     with store.sessions() as session:
         if session.scalar(select(Upload.id).where(_due_clause(t)).limit(1)) is None:

@@ -167,6 +167,26 @@ class LegacyExampleHash(Base):
     __table_args__ = (UniqueConstraint("tenant_id", "digest", name="uq_legacy_example_hash"),)
 
 
+class HashRecording(Base):
+    """A big upload's example hashes being recorded in short transactions
+    (:mod:`service.data.hash_recordings`): at most one a tenant. While it exists no other upload
+    of the tenant is placed in a budget group; one whose ``beat_at`` is old is taken for dead
+    and rolled back (the hashes above ``base_id`` of its group deleted, a group it made
+    removed), so that no file is stored with half its hashes."""
+
+    __tablename__ = "hash_recordings"
+
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    token: Mapped[str] = mapped_column(String(40))  # this recording (a holder checks it is its)
+    file_id: Mapped[str] = mapped_column(String(40))  # the file it records (no row until done)
+    upload_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    group_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    new_group: Mapped[bool] = mapped_column(Boolean, default=False)
+    base_id: Mapped[int] = mapped_column(BigInteger)  # the largest example_hashes.id before it
+    started_at: Mapped[int] = mapped_column(BigInteger)
+    beat_at: Mapped[int] = mapped_column(BigInteger)
+
+
 class AuditEntry(Base):
     """One act in a tenant's append-only audit log; ``hash`` chains it to the previous entry
     (service/governance/audit.py)."""

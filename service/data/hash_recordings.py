@@ -1,0 +1,231 @@
+"""A big upload's example hashes recorded in short transactions, so that the other tenants'
+writes never wait for them (issue 45: a 10⁷-example upload held SQLite's write lock for 161 s).
+
+An upload of the Uploads API with at least ``BATCHED_MIN`` distinct examples (and no users:
+per-user data is recorded in one transaction, as before) is stored in four steps
+(:func:`service.data.files.store_data_set`):
+
+1. **the lease** — under the tenant's lock, a ``hash_recordings`` row for the tenant (at most
+   one: the table's key), with the largest ``example_hashes.id`` (``base_id``) and a token;
+   while it exists no other upload of the tenant is placed in a budget group
+   (:func:`check_free` in :func:`service.data.budget_groups.place`; :func:`wait_until_free`
+   before it): the tenant's uploads take turns, as they always did;
+2. **the placement** — the groups the upload shares examples with, looked up outside any write
+   transaction (nothing of the tenant's changes meanwhile: the lease), then under the tenant's
+   lock the same rules as a small upload's (:func:`~service.data.budget_groups.place`): a new
+   group (committed, empty, no file) or the existing one it joins; the lease names it;
+3. **the hashes** — ``BATCH_ROWS`` at a time, each batch its own write transaction (a fraction
+   of a second), which first checks that the lease is still this recording's and beats it;
+4. **the file** — under the tenant's lock: the file's row (in its group), the group's
+   ``n_examples``, the audit entries and the lease's deletion, in one transaction.
+
+So a file is stored whole or not at all: its row exists only once all its hashes do. A
+recording that fails (an error, a refusal) is rolled back at once; one whose process died
+(``kill -9``, a crash) leaves its lease, which stops beating: once ``STALE_SECONDS`` old it is
+taken over and rolled back (:func:`recover`) by the next upload of the tenant, or by the API's
+minute sweep (:func:`sweep_stale`) — the hashes above ``base_id`` in its group deleted in
+batches, a group it made removed (it holds no file), the content moved into place deleted, and
+the upload pending again, so that a retry of its completion runs it afresh. Nothing is charged
+meanwhile: no job can name a file that has no row.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from service.base.clock import now
+from service.base.errors import Conflict
+from service.base.ids import new_id
+from service.store.db import locked_session
+from service.store.store import Store
+from service.store.tables import (
+    BudgetGroup,
+    ExampleHash,
+    File,
+    HashRecording,
+    Tenant,
+    Upload,
+)
+
+log = logging.getLogger(__name__)
+
+BATCHED_MIN = 200_000  # distinct examples from which an upload's hashes are recorded in batches
+BATCH_ROWS = 20_000  # hashes a recording transaction inserts (a fraction of a second)
+STALE_SECONDS = 120  # a lease not beaten for this long is taken for dead
+WAIT_SECONDS = 30 * 60  # how long an upload waits for another of its tenant's to be recorded
+POLL_SECONDS = 0.2
+BUSY = "upload_recording"
+
+
+class RecordingBusy(Conflict):
+    """Another upload of the tenant is being recorded (409 ``upload_recording``)."""
+
+    code = BUSY
+
+
+def _busy(tenant_id: int) -> RecordingBusy:
+    return RecordingBusy(
+        "another upload of this tenant is being recorded (its example hashes): uploads of a "
+        "tenant are placed one after the other; retry in a moment",
+        param="file",
+    )
+
+
+def check_free(session: Session, tenant_id: int, token: str | None = None) -> None:
+    """Refuse (:class:`RecordingBusy`) to place an upload while another recording holds the
+    tenant's lease (``token``: the caller's own, which may)."""
+    row = session.get(HashRecording, tenant_id)
+    if row is not None and row.token != token:
+        raise _busy(tenant_id)
+
+
+def _stale(row: HashRecording, t: int) -> bool:
+    return row.beat_at <= t - STALE_SECONDS
+
+
+def wait_until_free(store: Store, tenant_id: int, timeout: float | None = None) -> None:
+    """Return once the tenant holds no recording's lease (one taken for dead is rolled back
+    first); :class:`RecordingBusy` after ``timeout`` seconds (default ``WAIT_SECONDS``)."""
+    deadline = time.monotonic() + (WAIT_SECONDS if timeout is None else timeout)
+    while True:
+        with store.sessions() as session:
+            row = session.get(HashRecording, tenant_id)
+            if row is not None:
+                session.expunge(row)
+        if row is None:
+            return
+        if _stale(row, now()):
+            recover(store, row)
+            continue
+        if time.monotonic() > deadline:
+            raise _busy(tenant_id)
+        time.sleep(POLL_SECONDS)
+
+
+def acquire(session: Session, tenant_id: int, file_id: str, upload_id: str | None) -> HashRecording:
+    """The tenant's lease for a new recording, added to ``session`` (under the tenant's lock;
+    the caller commits); :class:`RecordingBusy` if another holds it."""
+    check_free(session, tenant_id)
+    base = session.scalar(select(func.max(ExampleHash.id)))
+    t = now()
+    row = HashRecording(
+        tenant_id=tenant_id,
+        token=new_id("rec"),
+        file_id=file_id,
+        upload_id=upload_id,
+        group_id=None,
+        new_group=False,
+        base_id=int(base or 0),
+        started_at=t,
+        beat_at=t,
+    )
+    session.add(row)
+    return row
+
+
+def own(session: Session, tenant_id: int, token: str) -> HashRecording:
+    """The lease, locked and beaten, when it is still ``token``'s; else :class:`Conflict`
+    (it was taken for dead and rolled back: this recording must stop)."""
+    row = session.scalar(
+        select(HashRecording).where(HashRecording.tenant_id == tenant_id).with_for_update()
+    )
+    if row is None or row.token != token:
+        raise Conflict(
+            "this upload's recording was taken for dead and rolled back (it stalled for "
+            f"{STALE_SECONDS} seconds); complete the upload again",
+            param="file",
+            code="upload_recording_lost",
+        )
+    row.beat_at = now()
+    return row
+
+
+def rollback(store: Store, tenant_id: int, token: str, content: Path | None = None) -> None:
+    """Undo a recording that holds the lease ``token``: delete the hashes it inserted
+    (``BATCH_ROWS`` a transaction), a group it made (it holds no file), ``content`` (the data
+    set's file moved into place, when no file row names it), release its upload and delete the
+    lease. Nothing happens if the lease is no longer ``token``'s."""
+    while True:
+        with locked_session(store.sessions) as session:
+            try:
+                lease = own(session, tenant_id, token)
+            except Conflict:
+                return
+            if lease.group_id is None:
+                break
+            ids = list(
+                session.scalars(
+                    select(ExampleHash.id)
+                    .where(
+                        ExampleHash.group_id == lease.group_id,
+                        ExampleHash.tenant_id == tenant_id,
+                        ExampleHash.id > lease.base_id,
+                    )
+                    .limit(BATCH_ROWS)
+                )
+            )
+            if not ids:
+                break
+            session.execute(delete(ExampleHash).where(ExampleHash.id.in_(ids)))
+            session.commit()
+    with locked_session(store.sessions) as session:
+        session.get(Tenant, tenant_id, with_for_update=True)
+        try:
+            lease = own(session, tenant_id, token)
+        except Conflict:
+            return
+        stored = session.scalar(select(File.id).where(File.id == lease.file_id))
+        if lease.new_group and lease.group_id is not None and stored is None:
+            # no job can name it: jobs name files, and none is in it
+            used = session.scalar(select(File.id).where(File.group_id == lease.group_id).limit(1))
+            if used is None:
+                session.execute(delete(BudgetGroup).where(BudgetGroup.id == lease.group_id))
+        if lease.upload_id is not None and stored is None:
+            up = session.scalar(
+                select(Upload).where(Upload.id == lease.upload_id).with_for_update()
+            )
+            if up is not None and up.status == "pending":
+                up.completing_at = None
+        session.delete(lease)
+        session.commit()
+    if content is not None and stored is None:
+        content.unlink(missing_ok=True)
+
+
+def recover(store: Store, row: HashRecording) -> bool:
+    """Take over a lease taken for dead (``row`` as read; nothing if it changed meanwhile) and
+    roll its recording back; whether it did."""
+    with locked_session(store.sessions) as session:
+        lease = session.scalar(
+            select(HashRecording).where(HashRecording.tenant_id == row.tenant_id).with_for_update()
+        )
+        if lease is None or lease.token != row.token or not _stale(lease, now()):
+            return False
+        token = new_id("rec")
+        lease.token, lease.beat_at = token, now()
+        content = store.settings.files_dir / str(lease.tenant_id) / f"{lease.file_id}.jsonl"
+        session.commit()
+    log.warning(
+        "rolling back the hash recording of file %s (tenant %s): it stopped beating",
+        row.file_id,
+        row.tenant_id,
+    )
+    rollback(store, row.tenant_id, token, content)
+    return True
+
+
+def sweep_stale(store: Store) -> int:
+    """Roll back the recordings taken for dead (the API runs it every minute); how many."""
+    t = now()
+    with store.sessions() as session:
+        rows = list(
+            session.scalars(select(HashRecording).where(HashRecording.beat_at <= t - STALE_SECONDS))
+        )
+        for row in rows:
+            session.expunge(row)
+    return sum(recover(store, row) for row in rows)
