@@ -44,14 +44,17 @@ after the creates.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +73,14 @@ from benchmarks.data_scale import (  # noqa: E402
 )
 from benchmarks.data_scale import run_child as data_child  # noqa: E402
 from benchmarks.kit.memory import proc_memory, reset_peak  # noqa: E402
-from benchmarks.kit.server import Server, dprc_server  # noqa: E402
+from benchmarks.kit.server import (  # noqa: E402
+    DPRC,
+    PG_ADMIN,
+    Server,
+    dprc_serve,
+    pg_database,
+    server_pid,
+)
 from benchmarks.kit.timing import repeat_timed  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks" / "big_n.md"
@@ -88,6 +98,146 @@ def make_file(path: Path, n: int) -> None:
                 f.write("".join(block))
                 block = []
         f.write("".join(block))
+
+
+@contextlib.contextmanager
+def big_server(tmp: Path, database: str) -> Iterator[tuple[Server, str]]:
+    """A real ``dprc serve`` (no embedded worker, data sets budgeted ε 8 by default) on SQLite
+    in ``tmp/data``, or on a fresh PostgreSQL database ``dprc_bign_<pid>`` (dropped after);
+    the server and an admin key of a second tenant (``other``)."""
+    data_dir = tmp / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DPRC_")}
+    env.update(
+        DPRC_DATA_DIR=str(data_dir),
+        DPRC_DEFAULT_EPSILON_BUDGET="8.0",
+        DPRC_EMBEDDED_WORKER="false",
+        DPRC_LOG_LEVEL="warning",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
+    name = f"dprc_bign_{os.getpid()}"
+    if database == "postgresql":
+        env["DPRC_DATABASE_URL"] = pg_database(name)
+
+    def key(tenant: str) -> str:
+        return subprocess.run(
+            [*DPRC, "keys", "create", "--tenant", tenant, "--role", "admin"],
+            env=env,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+
+    try:
+        bench, other = key("bench"), key("other")
+        with dprc_serve(DPRC, env, tmp / "server.log", cwd=ROOT) as url:
+            pid = server_pid(int(url.rsplit(":", 1)[1]))
+            yield Server(url, bench, pid, data_dir), other
+    finally:
+        if database == "postgresql":
+            import psycopg
+
+            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                    (name,),
+                )
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+
+
+OTHER_LINES = 20  # lines of each small file the other tenant uploads
+OTHER_PAUSE_S = 0.05  # between two of its requests
+
+
+class OtherTenant:
+    """Another tenant using the same server while the upload runs, as a client would: in a
+    loop, a small upload (``POST /v1/files``, ``OTHER_LINES`` new lines: a write, a budget
+    group of its own) and a listing (``GET /v1/files?limit=5``: a read), each timed; a request
+    that fails (503 ``store_busy`` after the store's busy timeout, a timeout) is counted."""
+
+    def __init__(self, server: Server, key: str):
+        self.server, self.key = server, key
+        self.times: dict[str, list[float]] = {"write": [], "read": []}
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> OtherTenant:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self.key}"}
+        with httpx.Client(base_url=self.server.url, headers=headers, timeout=120) as api:
+            k = 0
+            while not self._stop.is_set():
+                k += 1
+                body = "".join(
+                    json.dumps({"text": f"other {k} {i} {time.time_ns()}", "label": i % 2}) + "\n"
+                    for i in range(OTHER_LINES)
+                )
+                for kind, call in (
+                    (
+                        "write",
+                        lambda b=body: api.post(
+                            "/v1/files",
+                            files={"file": ("small.jsonl", b.encode())},
+                            data={"purpose": "fine-tune"},
+                        ),
+                    ),
+                    ("read", lambda: api.get("/v1/files", params={"limit": 5})),
+                ):
+                    start = time.perf_counter()
+                    try:
+                        r = call()
+                        ok = r.status_code < 300
+                        why = f"{r.status_code} {r.text[:200]}"
+                    except httpx.HTTPError as exc:
+                        ok, why = False, repr(exc)[:200]
+                    self.times[kind].append(time.perf_counter() - start)
+                    if not ok:
+                        self.errors.append(f"{kind}: {why}")
+                    self._stop.wait(OTHER_PAUSE_S)
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"errors": len(self.errors), "first_errors": self.errors[:3]}
+        for kind, times in self.times.items():
+            if times:
+                ordered = sorted(times)
+                out[kind] = {
+                    "count": len(times),
+                    "p50_s": ordered[len(ordered) // 2],
+                    "p99_s": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+                    "max_s": ordered[-1],
+                }
+        return out
+
+
+def measure_upload_with_others(
+    server: Server, other_key: str, path: Path, n: int
+) -> dict[str, Any]:
+    """:func:`measure_upload`, with the other tenant's requests timed before (``BASELINE_S``
+    seconds alone) and throughout; the API's RSS once the upload is done and a few seconds
+    later (what it keeps)."""
+    with OtherTenant(server, other_key) as alone:
+        time.sleep(BASELINE_S)
+    with OtherTenant(server, other_key) as during:
+        up = measure_upload(server, path, n)
+    up["others_alone"], up["others"] = alone.summary(), during.summary()
+    time.sleep(SETTLE_S)
+    up["api_rss_settled_mib"] = proc_memory(server.pid)["VmRSS"]
+    return up
+
+
+BASELINE_S = 10.0  # the other tenant alone, before the upload
+SETTLE_S = 5.0  # after the upload, before the RSS it keeps is read
 
 
 def _timed(call: Callable[[], Any], repeat: int = REPEAT) -> dict[str, float]:
@@ -270,6 +420,25 @@ SAMPLERS = [
 ]
 POISSON_STEP_TARGET_S = 0.005  # a Poisson step at N = 10⁷, B = 1024 (issue 45)
 UPLOAD_TARGET_S = 90.0  # a 10⁷-example upload, end to end
+OTHERS_P99_TARGET_S = 1.0  # the other tenant's requests during the upload: "unblocked"
+UPLOAD_KEYS = {"sqlite": "upload", "postgresql": "upload_postgresql"}
+
+
+def _database_mb(server: Server, db: str) -> float:
+    """The database's size after the upload (MB): SQLite's file and its log, or
+    ``pg_database_size``."""
+    if db == "sqlite":
+        database = server.data_dir / "dprc.sqlite3"
+        return sum(
+            _size(p) for p in (database, database.with_name(database.name + "-wal")) if p.exists()
+        )
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_database_size(%s)", (f"dprc_bign_{os.getpid()}",)).fetchone()
+    return float(row[0]) / 1e6 if row else 0.0
+
+
 RSS_TARGET_MIB = 32.0  # the API's RSS after the upload / the creates, above its start
 
 
@@ -289,16 +458,30 @@ def targets(result: dict[str, Any]) -> list[str]:
                 f"{_verdict(v <= POISSON_STEP_TARGET_S)} | {when.get('sampling', result['date'])} |"
             )
     up = result.get("upload")
-    if up is not None:
-        total = up["upload_s"]
+    for db, key in UPLOAD_KEYS.items():
+        u = result.get(key)
+        if u is None:
+            continue
+        at = when.get(key, when.get("service", result["date"]))
+        total = u["upload_s"]
         rows.append(
-            f"| upload of {result['n']:,} ≤ {UPLOAD_TARGET_S:.0f} s | {total:.1f} s | "
-            f"{_verdict(total <= UPLOAD_TARGET_S)} | {when.get('service', result['date'])} |"
+            f"| upload of {result['n']:,} ≤ {UPLOAD_TARGET_S:.0f} s ({db}) | {total:.1f} s | "
+            f"{_verdict(total <= UPLOAD_TARGET_S)} | {at} |"
         )
-        grown = up["api_rss_after_mib"] - up["api_rss_before_mib"]
+        others = u.get("others")
+        if others is not None:
+            p99 = max(others[k]["p99_s"] for k in ("write", "read") if k in others)
+            ok = p99 <= OTHERS_P99_TARGET_S and others["errors"] == 0
+            rows.append(
+                f"| another tenant's requests during it: p99 ≤ {OTHERS_P99_TARGET_S:.0f} s, none "
+                f"failed ({db}) | p99 {p99:.3f} s, {others['errors']} failed | {_verdict(ok)} "
+                f"| {at} |"
+            )
+        kept = u.get("api_rss_settled_mib", u["api_rss_after_mib"])
+        grown = kept - u["api_rss_before_mib"]
         rows.append(
-            f"| API RSS after the upload ≤ start + {RSS_TARGET_MIB:.0f} MiB | +{grown:.0f} MiB | "
-            f"{_verdict(grown <= RSS_TARGET_MIB)} | {when.get('service', result['date'])} |"
+            f"| API RSS after the upload ≤ start + {RSS_TARGET_MIB:.0f} MiB ({db}) | "
+            f"{grown:+.0f} MiB | {_verdict(grown <= RSS_TARGET_MIB)} | {at} |"
         )
     if result.get("reads") is not None and up is not None:
         grown = result["api_rss_after_reads_mib"] - up["api_rss_before_mib"]
@@ -326,22 +509,58 @@ def render(result: dict[str, Any]) -> str:
     lines += ["## Targets (issue 45)\n", *targets(result), ""]
     missing = "Not measured: the run stopped before this phase.\n"
     lines += ["## Upload (validation of every line, a keyed hash of every example)\n"]
-    up = result.get("upload")
-    if up is None:
+    uploads = [(db, result[key]) for db, key in UPLOAD_KEYS.items() if key in result]
+    if not uploads:
         lines.append(missing)
     else:
         lines += [
             "Through the official client's `client.uploads.upload_file_chunked`, 64 MiB parts, "
             "after a warm-up upload. Phases as in [data.md](data.md): parts sent, assembly, "
-            "validation + hashing (hashes sorted in runs, spilled and merged), recording of the "
-            "hashes in the database.\n",
-            "| upload: total (s), and its phases | API RSS before (MiB) | API peak RSS above it "
-            "(MiB) | API RSS after (MiB) | database after (MB) |",
-            "| --- | --- | --- | --- | --- |",
-            f"| {upload_phases(up)} | {up['api_rss_before_mib']:.0f} | "
-            f"+{up['api_peak_growth_mib']:.1f} | {up['api_rss_after_mib']:.0f} | "
-            f"{result['database_mb']:.0f} |\n",
+            "validation + hashing (by worker processes for a big file, hashes sorted in runs "
+            "and merged), recording of the hashes in the database (in transactions of "
+            "20,000 rows: docs/data.md). The API's RSS after: when the upload answered, and "
+            f"{SETTLE_S:.0f} s later.\n",
+            "| database | upload: total (s), and its phases | API RSS before (MiB) | API peak "
+            "RSS above it (MiB) | API RSS after (MiB) | database after (MB) | when, load |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
         ]
+        for db, u in uploads:
+            settled = u.get("api_rss_settled_mib")
+            after = f"{u['api_rss_after_mib']:.0f}" + (
+                f", {settled:.0f}" if settled is not None else ""
+            )
+            size = u.get("database_mb", result.get("database_mb", 0.0))
+            at = result.get("dates", {}).get(UPLOAD_KEYS[db], result["date"])
+            lines.append(
+                f"| {db} | {upload_phases(u)} | {u['api_rss_before_mib']:.0f} | "
+                f"+{u['api_peak_growth_mib']:.1f} | {after} | {size:.0f} | "
+                f"{at}; {u.get('load', result['load'])} |"
+            )
+        lines.append("")
+        measured = [(db, u) for db, u in uploads if "others" in u]
+        if measured:
+            lines += [
+                "Another tenant (`other`) meanwhile, in a loop with "
+                f"{OTHER_PAUSE_S * 1e3:.0f} ms pauses: a write (`POST /v1/files`, "
+                f"{OTHER_LINES} new lines: a budget group of its own) and a read (`GET "
+                f"/v1/files?limit=5`); first {BASELINE_S:.0f} s alone (the same server, idle), "
+                "then throughout the upload. Unblocked means: p99 ≤ "
+                f"{OTHERS_P99_TARGET_S:.0f} s and no request failed.\n",
+                "| database | when | request | count | p50 (s) | p99 (s) | max (s) | failed |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            ]
+            for db, u in measured:
+                for label, o in (("alone", u.get("others_alone")), ("during", u["others"])):
+                    if o is None:
+                        continue
+                    for kind in ("write", "read"):
+                        if kind in o:
+                            v = o[kind]
+                            lines.append(
+                                f"| {db} | {label} | {kind} | {v['count']} | {v['p50_s']:.3f} | "
+                                f"{v['p99_s']:.3f} | {v['max_s']:.3f} | {o['errors']} |"
+                            )
+            lines.append("")
     lines += ["## Reads, the dashboard's pages and job creates\n"]
     reads = result.get("reads")
     if reads is None:
@@ -467,6 +686,20 @@ def main() -> int:
         action="store_true",
         help="rerun only the samplers; the page keeps its other phases (dated)",
     )
+    ap.add_argument(
+        "--database",
+        choices=sorted(UPLOAD_KEYS),
+        default="sqlite",
+        help="the server's database: SQLite in the run's folder, or a fresh PostgreSQL "
+        "database dprc_bign_<pid> (dropped after; DPRC_TEST_PG_ADMIN names the server)",
+    )
+    ap.add_argument(
+        "--upload-only",
+        action="store_true",
+        help="only the upload (and, on SQLite, the reads and creates unless --no-reads); the "
+        "page keeps its other phases (dated)",
+    )
+    ap.add_argument("--no-reads", action="store_true", help="skip the reads and job creates")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -488,7 +721,17 @@ def main() -> int:
             result["reading"] = text[a : b + len(READING_END)]
     if args.samplers_only:
         return samplers_only(args, result)
-    result["dates"] = {"sampling": result["date"], "service": result["date"]}
+    if args.upload_only:  # the page's other phases are kept, with their dates
+        kept = _kept(args.out)
+        if kept["n"] != args.n:
+            raise SystemExit("--upload-only needs the page's --n")
+        kept.update({k: result[k] for k in ("command", "machine") if k in result})
+        kept["reading"] = result.get("reading", "")
+        result = kept
+    else:
+        result["dates"] = {"sampling": result["date"]}
+    dates = result.setdefault("dates", {})
+    db = args.database
     started = time.monotonic()
     with LoadWatch() as load, tempfile.TemporaryDirectory(prefix="dprc-big-n-") as tmp:
 
@@ -496,40 +739,45 @@ def main() -> int:
             result["wall_s"], result["load"] = time.monotonic() - started, load.summary()
             args.out.write_text(render(result))
 
-        result["sampling"] = run_child("sampling", str(args.n), str(args.batch), str(args.draws))
-        print("sampling", result["sampling"], flush=True)
+        if not args.upload_only:
+            result["sampling"] = run_child(
+                "sampling", str(args.n), str(args.batch), str(args.draws)
+            )
+            print("sampling", result["sampling"], flush=True)
         path = Path(tmp) / "big.jsonl"
         t = time.monotonic()
         make_file(path, args.n)
         result["file_mb"] = path.stat().st_size / 1e6
         print(f"file: {result['file_mb']:.0f} MB in {time.monotonic() - t:.0f} s", flush=True)
-        save()
-        with dprc_server(Path(tmp)) as server:
+        with big_server(Path(tmp), db) as (server, other_key):
             warm_up(server, Path(tmp))
-            result["upload"] = up = measure_upload(server, path, args.n)
+            with LoadWatch(every=5.0) as upload_load:
+                up = measure_upload_with_others(server, other_key, path, args.n)
+            up["load"] = upload_load.summary()
+            up["database_mb"] = _database_mb(server, db)
+            result[UPLOAD_KEYS[db]] = up
+            dates[UPLOAD_KEYS[db]] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
             print("upload", up, flush=True)
-            database = server.data_dir / "dprc.sqlite3"
-            result["database_mb"] = sum(
-                _size(p)
-                for p in (database, database.with_name(database.name + "-wal"))
-                if p.exists()
-            )
             save()
-            before = proc_memory(server.pid)["VmRSS"]
-            reset_peak(server.pid)
-            result["reads"] = reads_and_creates(server, up["file_id"], args.batch)
-            after = proc_memory(server.pid)
-            result["api_rss_before_reads_mib"] = before
-            result["api_peak_growth_reads_mib"] = after["VmHWM"] - before
-            result["api_rss_after_reads_mib"] = after["VmRSS"]
-            print("reads", result["reads"], flush=True)
-            save()
+            if db == "sqlite" and not args.no_reads:
+                before = proc_memory(server.pid)["VmRSS"]
+                reset_peak(server.pid)
+                result["reads"] = reads_and_creates(server, up["file_id"], args.batch)
+                after = proc_memory(server.pid)
+                result["api_rss_before_reads_mib"] = before
+                result["api_peak_growth_reads_mib"] = after["VmHWM"] - before
+                result["api_rss_after_reads_mib"] = after["VmRSS"]
+                dates["service"] = dates[UPLOAD_KEYS[db]]
+                print("reads", result["reads"], flush=True)
+                save()
         if args.store:  # the job's data: the store built, then opened again (a later job)
             store = str(Path(tmp) / "store")
             for name in ("store_build", "store_reuse"):
                 result[name] = data_child("data", str(path), store, tmp)
                 print(name, result[name], flush=True)
             result["store_mb"] = _size(Path(store))
+            dates["store"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+            result["store_load"] = load.summary()
         result["finished"] = True
         save()
     print(args.out.read_text())

@@ -229,16 +229,19 @@ class _DigestSpool:
     ``spill_dir``, runs beyond the first are written to a folder made in it (removed by
     :meth:`close`); without one they stay in memory as 32-byte records."""
 
-    def __init__(self, spill_dir: Path | None, width: int = DIGEST_BYTES):
+    def __init__(
+        self, spill_dir: Path | None, width: int = DIGEST_BYTES, run_records: int | None = None
+    ):
         self._spill_dir = spill_dir
         self._width = width
+        self._run_records = run_records or RUN_RECORDS
         self._folder: Path | None = None
         self._pending: set[bytes] = set()
         self._runs: list[bytes | Path] = []
 
     def add(self, digest: bytes) -> None:
         self._pending.add(digest)
-        if len(self._pending) >= RUN_RECORDS:
+        if len(self._pending) >= self._run_records:
             self._flush()
 
     def _flush(self) -> None:
@@ -443,6 +446,195 @@ def hash_examples(
     return spools.finish(n, fmt, users)
 
 
+# A big file is hashed by worker processes (PARALLEL_MIN_BYTES and more, at most HASH_WORKERS,
+# never more than the CPUs this process may use, each at nice WORKER_NICE so that the API's
+# requests go first): each hashes a range of whole lines into sorted distinct runs, one per
+# bucket of the digests' first byte, then each merges one bucket of every range; the buckets,
+# concatenated in order, are the file's sorted distinct digests. Their memory is the workers'
+# (returned when they exit), not the API's. What one pass decides about the whole file (one
+# format, two classes, at least two examples) is decided from the ranges' answers; a range
+# that meets a bad line, or a line naming a user, gives up, and the file is hashed again in
+# this process (so that an error names its line exactly as it always did).
+PARALLEL_MIN_BYTES = 32 << 20
+HASH_WORKERS = 4
+WORKER_NICE = 5
+WORKER_RUN_RECORDS = 1 << 18  # a worker's run (~30 MB): fewer runs to merge
+
+
+@dataclass(frozen=True)
+class _Range:
+    """What a worker found in its range of lines."""
+
+    n: int
+    format: str | None
+    first_label: str | None
+    classes: int
+    buckets: list[bytes | Path]  # each bucket's sorted distinct digests
+
+
+def _worker_start() -> None:
+    try:
+        os.nice(WORKER_NICE)
+    except OSError:  # pragma: no cover - not permitted: stay at the API's priority
+        pass
+
+
+def _range_lines(path: Path, start: int, stop: int, max_line_bytes: int | None) -> Iterator[bytes]:
+    """The lines that begin in ``[start, stop)`` (``start`` begins one)."""
+    cap = -1 if max_line_bytes is None else max_line_bytes + 1
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        at = start
+        while at < stop and (line := fh.readline(cap)):
+            if (
+                max_line_bytes is not None
+                and len(line) > max_line_bytes
+                and not line.endswith(b"\n")
+            ):
+                raise DataError("a line longer than the limit")  # named again by the serial pass
+            at += len(line)
+            yield line
+
+
+def _hash_range(
+    path: Path,
+    start: int,
+    stop: int,
+    secret: bytes,
+    folder: Path,
+    max_line_bytes: int | None,
+    buckets: int,
+) -> _Range | None:
+    """A worker's range of lines hashed into ``buckets`` spools (in ``folder``); None when it
+    meets a bad line or a line naming its user (the file is then hashed in one pass)."""
+    spools = [_DigestSpool(folder, run_records=WORKER_RUN_RECORDS) for _ in range(buckets)]
+    keyed = hmac.new(secret, digestmod=hashlib.sha256)
+    n, fmt, first_label, classes = 0, None, None, 0
+    try:
+        for ex in read_examples(_range_lines(path, start, stop, max_line_bytes)):
+            if ex.user is not None:
+                return None
+            n, fmt = n + 1, ex.format
+            if ex.label is not None and classes < 2:
+                name = str(ex.label)
+                if first_label is None:
+                    first_label, classes = name, 1
+                elif name != first_label:
+                    classes = 2
+            mac = keyed.copy()
+            mac.update(canonical_text(ex.text).encode("utf-8"))
+            digest = mac.digest()
+            spools[digest[0] * buckets >> 8].add(digest)
+    except DataError:
+        return None
+    out: list[bytes | Path] = []
+    for spool in spools:
+        done = spool.finish()
+        out.append(done._source)
+        spool._folder = None  # its files are the parent's now (it removes ``folder``)
+    return _Range(n, fmt, first_label, classes, out)
+
+
+def _merge_bucket(runs: list[bytes | Path], target: Path) -> int:
+    """The distinct records of a bucket's sorted runs written to ``target``; how many."""
+    count = 0
+    with open(target, "wb") as fh:
+        block = bytearray()
+        for record in _distinct(runs, DIGEST_BYTES):
+            block += record
+            count += 1
+            if len(block) >= READ_RECORDS * DIGEST_BYTES:
+                fh.write(block)
+                block.clear()
+        fh.write(block)
+    for run in runs:
+        if isinstance(run, Path):
+            run.unlink(missing_ok=True)
+    return count
+
+
+def _cuts(path: Path, parts: int) -> list[int]:
+    """Offsets that split the file into ``parts`` ranges of whole lines."""
+    size = path.stat().st_size
+    cuts = [0]
+    with open(path, "rb") as fh:
+        for i in range(1, parts):
+            fh.seek(max(size * i // parts, cuts[-1]))
+            fh.readline()
+            at = fh.tell()
+            if at < size and at > cuts[-1]:
+                cuts.append(at)
+    return [*cuts, size]
+
+
+def hash_workers() -> int:
+    """How many worker processes hash a big file here."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(HASH_WORKERS, cpus))
+
+
+def _hash_parallel(
+    path: Path, secret: bytes, folder: Path, max_line_bytes: int | None, workers: int
+) -> HashedData | None:
+    """:func:`hash_file`'s pass by ``workers`` processes (the digests in ``folder``); None
+    when the file must be hashed in one pass (a range gave up, or formats differ)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    cuts = _cuts(path, workers)
+    buckets = workers
+    context = multiprocessing.get_context("spawn")  # no fork of a threaded server
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start) as pool:
+        ranges = list(
+            pool.map(
+                _hash_range,
+                *zip(
+                    *[
+                        (path, a, b, secret, folder, max_line_bytes, buckets)
+                        for a, b in zip(cuts, cuts[1:], strict=False)
+                    ],
+                    strict=True,
+                ),
+            )
+        )
+        if any(r is None for r in ranges):
+            return None
+        found = [r for r in ranges if r is not None and r.format is not None]
+        formats = {r.format for r in found}
+        if len(formats) > 1:
+            return None
+        targets = [folder / f"bucket-{b}" for b in range(buckets)]
+        counts = list(
+            pool.map(
+                _merge_bucket,
+                [[r.buckets[b] for r in found] for b in range(buckets)],
+                targets,
+            )
+        )
+    n = sum(r.n for r in found)
+    fmt = found[0].format if found else None
+    if fmt is None:
+        raise DataError("the file holds no examples")
+    if n < MIN_EXAMPLES:
+        raise DataError(f"a data set needs at least {MIN_EXAMPLES} examples, this one has {n}")
+    labels = {r.first_label for r in found if r.first_label is not None}
+    classes = 2 if len(labels) > 1 or any(r.classes >= 2 for r in found) else len(labels)
+    if fmt == "classification" and classes < 2:
+        raise DataError(
+            f"a classification data set needs at least 2 classes, this one has {classes}"
+        )
+    final = folder / "digests"
+    with open(final, "wb") as out:
+        for target in targets:
+            with open(target, "rb") as part:
+                shutil.copyfileobj(part, out, 1 << 20)
+            target.unlink()
+    return HashedData(n, fmt, Digests(final, sum(counts)))
+
+
 @contextmanager
 def hash_file(
     path: Path,
@@ -456,6 +648,24 @@ def hash_file(
     most ``max_line_bytes``; None: no limit) and one run of digests, whatever the file's size;
     the digests beyond one run go to a folder made in ``spill_dir`` (32 bytes an example),
     removed when the context ends. A bad line is :class:`InvalidInput` naming it."""
+    workers = hash_workers()
+    if (
+        workers > 1
+        and not legacy
+        and user_field is None
+        and path.stat().st_size >= PARALLEL_MIN_BYTES
+    ):
+        folder = Path(tempfile.mkdtemp(dir=spill_dir, prefix=".digests-"))
+        try:
+            try:
+                hashed = _hash_parallel(path, secret, folder, max_line_bytes, workers)
+            except DataError as exc:
+                raise InvalidInput(str(exc), param="file", code="invalid_jsonl") from exc
+            if hashed is not None:
+                yield hashed
+                return
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
     spools, users = _Spools(spill_dir, legacy), UserCounter(spill_dir)
     try:
         try:
