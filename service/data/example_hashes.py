@@ -447,17 +447,18 @@ def hash_examples(
 
 
 # A big file is hashed by worker processes (PARALLEL_MIN_BYTES and more, at most HASH_WORKERS,
-# never more than the CPUs this process may use, each at nice WORKER_NICE so that the API's
-# requests go first): each hashes a range of whole lines into sorted distinct runs, one per
-# bucket of the digests' first byte, then each merges one bucket of every range; the buckets,
-# concatenated in order, are the file's sorted distinct digests. Their memory is the workers'
-# (returned when they exit), not the API's. What one pass decides about the whole file (one
-# format, two classes, at least two examples) is decided from the ranges' answers; a range
-# that meets a bad line, or a line naming a user, gives up, and the file is hashed again in
-# this process (so that an error names its line exactly as it always did).
+# never more than the CPUs this process may use): each hashes a range of whole lines into
+# sorted distinct runs, one per bucket of the digests' first byte, then each merges one bucket
+# of every range; the buckets, concatenated in order, are the file's sorted distinct digests.
+# Their memory is the workers' (returned when they exit), not the API's. What one pass decides
+# about the whole file (one format, two classes, at least two examples) is decided from the
+# ranges' answers; a range that meets a bad line, or a line naming a user, gives up, and the
+# file is hashed again in this process (so that an error names its line exactly as it always
+# did). The workers run at the API's priority plus WORKER_NICE (0: the same; a higher value
+# lets the API's requests go first, but on a machine shared with other work it starves them).
 PARALLEL_MIN_BYTES = 32 << 20
 HASH_WORKERS = 4
-WORKER_NICE = 5
+WORKER_NICE = 0
 WORKER_RUN_RECORDS = 1 << 18  # a worker's run (~30 MB): fewer runs to merge
 
 
@@ -473,6 +474,8 @@ class _Range:
 
 
 def _worker_start() -> None:
+    if not WORKER_NICE:
+        return
     try:
         os.nice(WORKER_NICE)
     except OSError:  # pragma: no cover - not permitted: stay at the API's priority
