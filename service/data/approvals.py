@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from service.base.clock import now
 from service.base.errors import Conflict, InvalidInput
-from service.data import near_copies
+from service.data import hash_recordings, near_copies
 from service.data.budget_groups import BudgetWish, accounting_size, place, unit_of
 from service.data.example_hashes import DIGEST_BYTES, Digests, HashedData
 from service.data.files import (
@@ -133,6 +133,7 @@ def approve(store: Store, caller: Caller, file_id: str, decision: Decision) -> D
             param="epsilon_budget",
             code="invalid_value",
         )
+    hash_recordings.wait_until_free(store, caller.tenant_id)  # a big upload being recorded
     with locked_session(store.sessions) as session:
         row = _pending_row(session, caller, file_id)
         hashed = _hashed(row)
