@@ -55,7 +55,7 @@ from service.store.tables import (
 log = logging.getLogger(__name__)
 
 BATCHED_MIN = 200_000  # distinct examples from which an upload's hashes are recorded in batches
-BATCH_ROWS = 20_000  # hashes a recording transaction inserts (a fraction of a second)
+BATCH_ROWS = 10_000  # hashes a recording transaction inserts (a fraction of a second)
 STALE_SECONDS = 600  # a lease not beaten for this long is taken for dead (lookups do not beat)
 WAIT_SECONDS = 30 * 60  # how long an upload waits for another of its tenant's to be recorded
 POLL_SECONDS = 0.2
