@@ -65,7 +65,11 @@ def canonical_text(text: str) -> str:
     """The canonical key of an example's text: Unicode NFKC, invisible characters removed,
     case-folded (then NFKC again: folding can leave non-normal sequences), and every run of
     whitespace one space, trimmed. Two texts with the same key differ only in ways that no
-    uncased tokenizer, and few cased ones, can see."""
+    uncased tokenizer, and few cased ones, can see. ASCII text takes a shorter way to the same
+    key: NFKC leaves it as it is, it holds no invisible character, and its case folding is
+    ``lower()``."""
+    if text.isascii():
+        return " ".join(text.lower().split())
     text = unicodedata.normalize("NFKC", text).translate(_invisible())
     text = unicodedata.normalize("NFKC", text.casefold())
     return " ".join(text.split())

@@ -74,3 +74,18 @@ def test_lines_naming_users_are_hashed_in_one_pass(tmp_path, monkeypatch):
     with hash_file(path, SECRET, tmp_path, 1000) as hashed:
         assert hashed.users is not None and hashed.users.n_users == 50
         assert len(hashed.digests) == 2000
+
+
+def test_ascii_text_takes_a_shorter_way_to_the_same_key():
+    import unicodedata
+
+    from service.data.example_hashes import _invisible, canonical_text
+
+    def slow(text: str) -> str:
+        text = unicodedata.normalize("NFKC", text).translate(_invisible())
+        return " ".join(unicodedata.normalize("NFKC", text.casefold()).split())
+
+    texts = [chr(c) for c in range(128)] + ["  Hello\tWORLD \x1c x\x0b\x1f ", "A  b\r\nC", ""]
+    texts += ["".join(chr(c) for c in range(128))]
+    for text in texts:
+        assert text.isascii() and canonical_text(text) == slow(text), repr(text)
