@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -376,10 +377,12 @@ def _record_batched(
     added = 0
     for start in range(0, len(digests), hash_recordings.BATCH_ROWS):  # 3. the hashes
         stop = min(start + hash_recordings.BATCH_ROWS, len(digests))
+        began = time.monotonic()
         with locked_session(store.sessions) as session:
             hash_recordings.own(session, tenant_id, token)
             added += insert_digests(session, tenant_id, group_id, digests, held, start, stop)
             session.commit()
+        hash_recordings.pause_after(time.monotonic() - began)
     with locked_session(store.sessions) as session:  # 4. the file
         session.get(Tenant, tenant_id, with_for_update=True)
         lease = hash_recordings.own(session, tenant_id, token)

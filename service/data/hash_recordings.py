@@ -14,8 +14,9 @@ per-user data is recorded in one transaction, as before) is stored in four steps
    transaction (nothing of the tenant's changes meanwhile: the lease), then under the tenant's
    lock the same rules as a small upload's (:func:`~service.data.budget_groups.place`): a new
    group (committed, empty, no file) or the existing one it joins; the lease names it;
-3. **the hashes** — ``BATCH_ROWS`` at a time, each batch its own write transaction (a fraction
-   of a second), which first checks that the lease is still this recording's and beats it;
+3. **the hashes** — ``BATCH_ROWS`` at a time, each batch its own write transaction (tens of
+   milliseconds), which first checks that the lease is still this recording's and beats it,
+   then a pause of half as long (``PAUSE_SHARE``), in which other writers take the lock;
 4. **the file** — under the tenant's lock: the file's row (in its group), the group's
    ``n_examples``, the audit entries and the lease's deletion, in one transaction.
 
@@ -55,7 +56,12 @@ from service.store.tables import (
 log = logging.getLogger(__name__)
 
 BATCHED_MIN = 200_000  # distinct examples from which an upload's hashes are recorded in batches
-BATCH_ROWS = 10_000  # hashes a recording transaction inserts (a fraction of a second)
+BATCH_ROWS = 5_000  # hashes a recording transaction inserts (tens of milliseconds)
+# after each batch the recording pauses for this share of the time it held the write lock, so
+# that other writers get it: SQLite's busy handler sleeps between its tries (up to 100 ms), and
+# a recording that took the lock again at once would keep winning it
+PAUSE_SHARE = 0.5
+PAUSE_MAX_SECONDS = 0.05
 STALE_SECONDS = 600  # a lease not beaten for this long is taken for dead (lookups do not beat)
 WAIT_SECONDS = 30 * 60  # how long an upload waits for another of its tenant's to be recorded
 POLL_SECONDS = 0.2
@@ -229,3 +235,8 @@ def sweep_stale(store: Store) -> int:
         for row in rows:
             session.expunge(row)
     return sum(recover(store, row) for row in rows)
+
+
+def pause_after(held_s: float) -> None:
+    """The pause after a batch that held the write lock ``held_s`` seconds."""
+    time.sleep(min(PAUSE_MAX_SECONDS, held_s * PAUSE_SHARE))
