@@ -19,6 +19,9 @@ seed, each rank its part, one noise draw per coordinate (docs/design.md §3).
   from the last checkpoint, as after a rank that dies under ``torchrun``.
 * **Storage.** The job's files (model, data, ``output_dir``) are opened by path on every node:
   they must be on storage every node reaches at the same path (NFS, a ReadWriteMany volume).
+* **Environment.** The ranks get the caller's ``DPRC_*``, ``HF_*``, ``TRANSFORMERS_*``,
+  ``OMP_NUM_THREADS`` and ``PYTHONPATH`` (:data:`FORWARDED_ENV`, Ray's job-level
+  ``runtime_env``), and start in the caller's working folder when their node has it.
 * **Lifetime.** The workers are Ray actors owned by this process (the driver): when it exits,
   killed or not, Ray ends them.
 
@@ -37,6 +40,9 @@ from typing import Any
 
 RAY_MISSING = "multi-node jobs run through Ray, which is not installed: pip install 'dprc[ray]'"
 WAIT_POLL_SECONDS = 1.0
+# the environment the ranks get from the caller (Ray's workers start from their node's):
+# the offline switches, the token store's folder, the thread count, the import path
+FORWARDED_ENV = ("DPRC_", "HF_", "TRANSFORMERS_", "OMP_NUM_THREADS", "PYTHONPATH")
 
 
 class NodesUnavailable(RuntimeError):
@@ -98,7 +104,12 @@ def run_on_ray(
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
+    ray.init(
+        address=address,
+        logging_level=logging.WARNING,
+        log_to_driver=True,
+        runtime_env={"env_vars": forwarded_env()},
+    )
     try:
         if use_gpu is None:
             use_gpu = ray.cluster_resources().get("GPU", 0) > 0
@@ -125,6 +136,16 @@ def run_on_ray(
             raise RayRunFailed(f"the run on {shape} ended without finishing: {exc}") from exc
     finally:
         ray.shutdown()
+
+
+def forwarded_env() -> dict[str, str]:
+    """The part of this process's environment the ranks get (:data:`FORWARDED_ENV`), and its
+    working folder (``DPRC_RAY_CWD``, which :func:`join_ray_rank` enters where it exists)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV)}
+    env["DPRC_RAY_CWD"] = os.getcwd()
+    return env
 
 
 def nodes_with(devices: int, use_gpu: bool) -> list[str]:
@@ -156,9 +177,15 @@ def wait_for_nodes(shape: Shape, use_gpu: bool, wait_seconds: float) -> None:
 
 
 def join_ray_rank() -> None:
-    """In a Ray Train worker: put this rank on its device (Ray formed the process group)."""
+    """In a Ray Train worker: enter the caller's working folder (where this node has it) and
+    put this rank on its device (Ray formed the process group)."""
+    import os
+
     import torch
 
+    cwd = os.environ.get("DPRC_RAY_CWD")
+    if cwd and os.path.isdir(cwd):
+        os.chdir(cwd)
     if torch.cuda.is_available() and torch.distributed.get_backend() == "nccl":
         import ray.train.torch
 
