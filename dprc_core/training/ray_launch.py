@@ -104,6 +104,8 @@ def run_on_ray(
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    deadline = time.monotonic() + wait_seconds
+    wait_for_address(address, wait_seconds)  # ray.init waits minutes on an address that is down
     ray.init(
         address=address,
         logging_level=logging.WARNING,
@@ -113,7 +115,7 @@ def run_on_ray(
     try:
         if use_gpu is None:
             use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-        wait_for_nodes(shape, use_gpu, wait_seconds)
+        wait_for_nodes(shape, use_gpu, max(deadline - time.monotonic(), 0.0))
         trainer = TorchTrainer(
             loop,
             train_loop_config=config,
@@ -146,6 +148,26 @@ def forwarded_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV)}
     env["DPRC_RAY_CWD"] = os.getcwd()
     return env
+
+
+def wait_for_address(address: str, wait_seconds: float) -> None:
+    """Wait until the cluster's GCS at ``HOST:PORT`` takes a TCP connection."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"the Ray cluster's address must be HOST:PORT, got {address!r}")
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=5):
+                return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise NodesUnavailable(
+                    f"cannot reach the Ray cluster at {address} (waited {wait_seconds:g} s): {exc}"
+                ) from exc
+        time.sleep(WAIT_POLL_SECONDS)
 
 
 def nodes_with(devices: int, use_gpu: bool) -> list[str]:
