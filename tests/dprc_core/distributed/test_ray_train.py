@@ -3,12 +3,13 @@ gloo, CPU, float64): with the noise set to zero, a data-parallel job on 2 nodes 
 sharded over them train the single process's weights to 1e-9; ``dprc train --nodes 2`` with its
 noise runs the single process's steps with its ε; a worker node killed mid-job ends the run, and
 the rerun resumes from the last checkpoint to the uninterrupted run's weights, each step once in
-the ledger."""
+the ledger; the driver killed mid-run takes its ranks with it."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -97,3 +98,43 @@ def test_a_killed_node_ends_the_run_and_the_rerun_resumes_exactly(job, local_ray
     assert sum(e.steps for e in ledger.events) == single.steps  # each step once
     assert summary["epsilon"] == pytest.approx(single.epsilon, rel=1e-12)  # the plan's ε
     assert_same_weights(final_weights(out), final_weights(tmp_path / "single"))
+
+
+def _train_workers() -> list[int]:
+    """The pids of the Ray Train workers running a training function on this machine."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+        except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+            continue
+        if b"RayTrainWorker" in cmd:
+            found.append(int(proc.name))
+    return found
+
+
+def test_the_ranks_end_with_their_driver(job, local_ray, tmp_path):
+    """The driver (the service's launcher, killed with its worker) SIGKILLed mid-run: Ray ends
+    the ranks it owned, so none writes on beside the next attempt."""
+    spec = write_spec(tmp_path / "ray", job)
+    out = tmp_path / "ray" / "out"
+    proc = dprc_train(spec, local_ray.address)
+    deadline = time.monotonic() + 300
+    while not ckpt_io.list_checkpoints(out):
+        assert proc.poll() is None, proc.communicate()[1][-4000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    ranks = _train_workers()
+    assert len(ranks) == 2, ranks
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 60
+    while any(Path(f"/proc/{pid}").exists() for pid in ranks):
+        status = [Path(f"/proc/{p}/status") for p in ranks]
+        if all(not s.exists() or "zombie" in s.read_text() for s in status):
+            break
+        assert time.monotonic() < deadline, "a rank outlived its driver"
+        time.sleep(0.2)
+    written = len(ckpt_io.list_checkpoints(out))
+    time.sleep(3)
+    assert len(ckpt_io.list_checkpoints(out)) == written  # nothing writes on
