@@ -308,7 +308,9 @@ def render() -> str:
         f"Adam's moments and everything on the wire {BF16} bytes a value (b = {BF16}). dprc has no "
         "mixed precision in a job: the runner does not pass an `mp_policy`, so FSDP gathers and "
         "the engine reduces in the parameters' dtype. A job in the default `dtype: float32` "
-        "sends and holds **twice** every byte figure below."
+        "sends and holds **twice** every byte figure below. (The library takes FSDP2 mixed "
+        "precision, docs/engine.md: float32 parameters gathered in bfloat16; the engine's "
+        "all-reduce is then in float32, 4 bytes a value, twice this page's reduction term.)"
     )
     w(
         f"* **Batch**: an expected logical (Poisson) batch of B = {SEQUENCES:,} sequences × "
@@ -347,12 +349,14 @@ def render() -> str:
     w("")
     w(
         "1. the forward all-gathers each block's parameters (freed after the block) and the "
-        "root's (kept: FSDP2 does not reshard the root between its forward and backward);"
+        "root's (kept: FSDP2 does not reshard the root between its forward and backward — "
+        "torch 2.13's `FSDPState._lazy_init` clears the root's post-forward reshard);"
     )
     w(
         "2. the norm pass's backward (`torch.autograd.grad(losses.sum(), probes)`: gradients to "
         "the hooked layers' outputs only) all-gathers each block's parameters again; it forms no "
-        "parameter `.grad`, so FSDP2's own reduce-scatter has nothing to send;"
+        "parameter `.grad`, so FSDP2's own reduce-scatter has nothing to send "
+        "(`FSDPParamGroup.post_backward` reduces only parameters with a gradient);"
     )
     w(
         "3. the engine forms the micro-batch's **whole** clipped sum by book-keeping "

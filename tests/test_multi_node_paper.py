@@ -86,3 +86,9 @@ def test_page_renders_with_every_model_and_link():
     page = mn.render()
     for text in ("1B", "8B", "70B", "100 Gb/s", "400 Gb/s", "arithmetic, not a"):
         assert text in page
+
+
+def test_the_committed_page_is_the_scripts_output():
+    assert mn.PAGE.read_text(encoding="utf-8") == mn.render(), (
+        "docs/benchmarks/multi_node.md is stale: run python benchmarks/multi_node.py"
+    )
