@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import multi_node as mn
+from benchmarks.kit import multi_node_paper as mn
 
 ONE_B, EIGHT_B, SEVENTY_B = mn.MODELS
 

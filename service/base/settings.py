@@ -133,8 +133,9 @@ class Settings(BaseSettings):
     max_job_nodes: int = Field(
         default=1,
         ge=1,
-        description="the most hosts a job may ask for (nodes); more than 1 needs launcher ray. "
-        "A job asking for more is refused at creation",
+        description="the most hosts a job may ask for (nodes; the API refuses more at creation); "
+        "a worker with launcher ray takes jobs up to this many hosts. More than 1 with the "
+        "embedded worker needs launcher ray",
     )
     ray_wait_seconds: float = Field(
         default=600.0,
@@ -242,10 +243,15 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _launcher_reaches_the_nodes(self) -> Settings:
-        if self.max_job_nodes > 1 and self.launcher != "ray":
+        # an API process that runs its own worker must launch what it accepts (with Celery,
+        # the API accepts up to DPRC_MAX_JOB_NODES and the workers that launch through Ray,
+        # configured so, take those jobs: as DPRC_MAX_JOB_DEVICES and DPRC_WORKER_DEVICES)
+        embedded = self.embedded_worker and not self.broker_url
+        if embedded and self.max_job_nodes > 1 and self.launcher != "ray":
             raise ValueError(
-                f"DPRC_MAX_JOB_NODES={self.max_job_nodes}: jobs on several hosts are launched "
-                "through Ray; set DPRC_LAUNCHER=ray and DPRC_RAY_ADDRESS"
+                f"DPRC_MAX_JOB_NODES={self.max_job_nodes}: this server's embedded worker launches "
+                "jobs on several hosts only through Ray; set DPRC_LAUNCHER=ray and "
+                "DPRC_RAY_ADDRESS"
             )
         if self.launcher == "ray" and not self.ray_address:
             raise ValueError("DPRC_LAUNCHER=ray needs DPRC_RAY_ADDRESS (the cluster's HOST:6379)")

@@ -1,8 +1,8 @@
 """The job page says how many devices (of how many hosts) a job trains on and how its ranks hold
 the model (issues 29, 46), in a real browser against a real ``dprc serve`` whose largest worker
 has 2 devices (the 2-device jobs stay queued: its embedded worker has one) and which launches
-jobs on 2 hosts through a Ray cluster that answers nothing (those fail at once). The words are compared with the API's
-job object (the test's independent view)."""
+jobs on 2 hosts through a Ray cluster that answers nothing (those fail at once). The words are
+compared with the API's job object (the test's independent view)."""
 
 from __future__ import annotations
 
