@@ -1,9 +1,9 @@
 """Multi-node jobs through Ray (issue 46) on a local cluster of two nodes (tests/ray_cluster.py,
 gloo, CPU, float64): with the noise set to zero, a data-parallel job on 2 nodes and an FSDP2 job
 sharded over them train the single process's weights to 1e-9; ``dprc train --nodes 2`` with its
-noise runs the single process's steps with its ε; a worker node killed mid-job ends the run, and
-the rerun resumes from the last checkpoint to the uninterrupted run's weights, each step once in
-the ledger; the driver killed mid-run takes its ranks with it."""
+noise runs the single process's steps with its ε; a worker node killed mid-job ends the run, the
+driver killed mid-run takes its ranks with it, and the rerun resumes from the last checkpoint to
+the uninterrupted run's weights, each step once in the ledger."""
 
 from __future__ import annotations
 
@@ -66,38 +66,12 @@ def test_two_nodes_without_noise_train_the_single_process_job(job, local_ray, tm
         assert_same_weights(final_weights(tmp_path / f"ray-{sharding}" / "out"), want)
 
 
-def test_a_killed_node_ends_the_run_and_the_rerun_resumes_exactly(job, local_ray, tmp_path):
-    """With its noise: the plan's steps and ε, the single process's weights (the same batches
-    and rank 0's one noise draw), a node killed after the first checkpoint."""
-    single = run_job(JobSpec.from_dict({**job, "output_dir": str(tmp_path / "single")}))
-    spec = write_spec(tmp_path / "ray", job)
-    out = tmp_path / "ray" / "out"
-    proc = dprc_train(spec, local_ray.address)
+def _wait_for_checkpoints(proc: subprocess.Popen, out: Path, count: int) -> None:
     deadline = time.monotonic() + 300
-    while not ckpt_io.list_checkpoints(out):  # the first checkpoint (step 4) is written
+    while len(ckpt_io.list_checkpoints(out)) < count:
         assert proc.poll() is None, proc.communicate()[1][-4000:]
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    local_ray.kill_worker_node()
-    _, stderr = proc.communicate(timeout=180)
-    assert proc.returncode == 1, stderr[-4000:]
-    assert "rerun the command to resume" in stderr
-    done_before = len(ckpt_io.list_checkpoints(out))
-    assert done_before * 4 < single.steps  # killed mid-job
-
-    local_ray.add_worker_node()
-    again = dprc_train(spec, local_ray.address)
-    stdout, stderr = again.communicate(timeout=300)
-    assert again.returncode == 0, stderr[-4000:]
-    summary = json.loads(stdout[stdout.index("{") :])
-    assert summary["status"] == "succeeded" and summary["resumed_from"] > 0
-    assert summary["steps"] == single.steps
-    last = ckpt_io.latest_checkpoint(out)
-    assert last is not None
-    ledger = PrivacyLedger.from_json((last / "ledger.json").read_text())
-    assert sum(e.steps for e in ledger.events) == single.steps  # each step once
-    assert summary["epsilon"] == pytest.approx(single.epsilon, rel=1e-12)  # the plan's ε
-    assert_same_weights(final_weights(out), final_weights(tmp_path / "single"))
 
 
 def _train_workers() -> list[int]:
@@ -113,28 +87,56 @@ def _train_workers() -> list[int]:
     return found
 
 
-def test_the_ranks_end_with_their_driver(job, local_ray, tmp_path):
-    """The driver (the service's launcher, killed with its worker) SIGKILLed mid-run: Ray ends
-    the ranks it owned, so none writes on beside the next attempt."""
+def _gone(pids: list[int]) -> bool:
+    status = [Path(f"/proc/{pid}/status") for pid in pids]
+    return all(not s.exists() or "zombie" in s.read_text() for s in status)
+
+
+def test_a_killed_node_or_driver_ends_the_run_and_the_rerun_resumes_exactly(
+    job, local_ray, tmp_path
+):
+    """With its noise, 16 steps, a checkpoint every 4: the worker node killed after the first
+    checkpoint ends the run (exit 1, the reason); the rerun's driver (the service's launcher,
+    which dies with its worker) SIGKILLed after the second takes its ranks with it, so nothing
+    writes on; the last rerun resumes and ends at the single process's weights (the same
+    batches and rank 0's one noise draw), steps and ε, each step once in the ledger."""
+    single = run_job(JobSpec.from_dict({**job, "output_dir": str(tmp_path / "single")}))
     spec = write_spec(tmp_path / "ray", job)
     out = tmp_path / "ray" / "out"
     proc = dprc_train(spec, local_ray.address)
-    deadline = time.monotonic() + 300
-    while not ckpt_io.list_checkpoints(out):
-        assert proc.poll() is None, proc.communicate()[1][-4000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    _wait_for_checkpoints(proc, out, 1)
+    local_ray.kill_worker_node()
+    _, stderr = proc.communicate(timeout=180)
+    assert proc.returncode == 1, stderr[-4000:]
+    assert "rerun the command to resume" in stderr
+    assert len(ckpt_io.list_checkpoints(out)) * 4 < single.steps  # killed mid-job
+
+    local_ray.add_worker_node()
+    proc = dprc_train(spec, local_ray.address)
+    done = len(ckpt_io.list_checkpoints(out))
+    _wait_for_checkpoints(proc, out, done + 1)
     ranks = _train_workers()
     assert len(ranks) == 2, ranks
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
     deadline = time.monotonic() + 60
-    while any(Path(f"/proc/{pid}").exists() for pid in ranks):
-        status = [Path(f"/proc/{p}/status") for p in ranks]
-        if all(not s.exists() or "zombie" in s.read_text() for s in status):
-            break
+    while not _gone(ranks):
         assert time.monotonic() < deadline, "a rank outlived its driver"
         time.sleep(0.2)
     written = len(ckpt_io.list_checkpoints(out))
-    time.sleep(3)
+    assert written * 4 < single.steps
+    time.sleep(2)
     assert len(ckpt_io.list_checkpoints(out)) == written  # nothing writes on
+
+    again = dprc_train(spec, local_ray.address)
+    stdout, stderr = again.communicate(timeout=300)
+    assert again.returncode == 0, stderr[-4000:]
+    summary = json.loads(stdout[stdout.index("{") :])
+    assert summary["status"] == "succeeded" and summary["resumed_from"] > 4
+    assert summary["steps"] == single.steps
+    last = ckpt_io.latest_checkpoint(out)
+    assert last is not None
+    ledger = PrivacyLedger.from_json((last / "ledger.json").read_text())
+    assert sum(e.steps for e in ledger.events) == single.steps  # each step once
+    assert summary["epsilon"] == pytest.approx(single.epsilon, rel=1e-12)  # the plan's ε
+    assert_same_weights(final_weights(out), final_weights(tmp_path / "single"))
