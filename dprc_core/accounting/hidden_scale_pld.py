@@ -297,21 +297,34 @@ def _weighted_sum(w: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 def _phi_bar_mix(t: np.ndarray, law: _Law) -> np.ndarray:
-    """Σ_j w_j Φ̄(t − s_j) (finite atoms only), in blocks of points."""
+    """Σ_j w_j Φ̄(t − s_j) (finite atoms only), in blocks of points (each block's Φ̄ computed
+    in place in one array: the same values as ``ndtr(s − t)`` into a new one, without the
+    second (atoms × 512) array and its page faults — ~40 % of this function's time)."""
     w = np.exp(law.log_w)
     if t.size == 0:
         return np.empty(t.shape)
-    parts = _blocks(lambda b: _weighted_sum(w, special.ndtr(law.s[:, None] - t[None, b])), t.size)
-    return np.concatenate(parts)
+
+    def block(b: slice) -> np.ndarray:
+        x = np.empty((law.s.size, b.stop - b.start))
+        np.subtract(law.s[:, None], t[None, b], out=x)
+        return _weighted_sum(w, special.ndtr(x, out=x))
+
+    return np.concatenate(_blocks(block, t.size))
 
 
 def _phi_mix(t: np.ndarray, law: _Law) -> np.ndarray:
-    """Σ_j w_j Φ(t − s_j) (finite atoms only), in blocks of points."""
+    """Σ_j w_j Φ(t − s_j) (finite atoms only), in blocks of points (in place, as
+    :func:`_phi_bar_mix`)."""
     w = np.exp(law.log_w)
     if t.size == 0:
         return np.empty(t.shape)
-    parts = _blocks(lambda b: _weighted_sum(w, special.ndtr(t[None, b] - law.s[:, None])), t.size)
-    return np.concatenate(parts)
+
+    def block(b: slice) -> np.ndarray:
+        x = np.empty((law.s.size, b.stop - b.start))
+        np.subtract(t[None, b], law.s[:, None], out=x)
+        return _weighted_sum(w, special.ndtr(x, out=x))
+
+    return np.concatenate(_blocks(block, t.size))
 
 
 def _times_exp(log_factor: np.ndarray, x: np.ndarray) -> np.ndarray:

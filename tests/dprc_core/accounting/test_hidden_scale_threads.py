@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import special
 
 from dprc_core.accounting import SubsampledGaussianEvent, epsilon_for_events
 from dprc_core.accounting import hidden_scale_pld as hsp
@@ -73,3 +74,28 @@ def test_empty_input() -> None:
     law = hsp._Law.of(mech)
     assert hsp._phi_bar_mix(np.empty(0), law).shape == (0,)
     assert hsp._phi_mix(np.empty(0), law).shape == (0,)
+
+
+def test_in_place_mixtures_are_the_former_expressions() -> None:
+    """Each block's Φ̄ / Φ computed in place: the values of the former
+    ``einsum(w, ndtr(s − t))`` / ``einsum(w, ndtr(t − s))`` per 512-point block, to the bit."""
+    mech, _ = _one_step(
+        EVENT.__class__(0.9, 0.05, 1, "hutch", 32, None, "per_example"), 1e-9, DEFAULT_SETTINGS
+    )
+    law = hsp._Law.of(mech)
+    w = np.exp(law.log_w)
+    t = np.linspace(-40.0, 40.0, 1777)
+    bar = np.concatenate(
+        [
+            np.einsum("j,jk->k", w, special.ndtr(law.s[:, None] - t[None, i : i + 512]))
+            for i in range(0, t.size, 512)
+        ]
+    )
+    cdf = np.concatenate(
+        [
+            np.einsum("j,jk->k", w, special.ndtr(t[None, i : i + 512] - law.s[:, None]))
+            for i in range(0, t.size, 512)
+        ]
+    )
+    assert hsp._phi_bar_mix(t, law).tobytes() == bar.tobytes()
+    assert hsp._phi_mix(t, law).tobytes() == cdf.tobytes()
