@@ -19,13 +19,13 @@ import gc
 import json
 import time
 
+import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first on the path)
+
+from benchmarks.kit.memory import rss_bytes
+
 
 def rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
+    return rss_bytes() / 2**20
 
 
 def main() -> None:
