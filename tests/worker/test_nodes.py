@@ -7,7 +7,11 @@ and PostgreSQL; a job on more hosts than the deployment launches is refused at c
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -16,6 +20,7 @@ import pytest
 from tests.api.conftest import Server
 from tests.worker.conftest import learnable_lines, serve_embedded, wait_for
 from tests.worker.test_devices import _assert_exact_ledger
+from worker.celery_app import queue_for
 
 pytestmark = pytest.mark.slow
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -98,3 +103,25 @@ def test_a_job_on_more_hosts_than_the_deployment_launches_is_refused(two_nodes, 
         assert isinstance(body, dict)
         assert body["code"] == "nodes_unavailable" and body["param"] == "nodes", body
         assert not client.fine_tuning.jobs.list().data
+
+
+def test_a_worker_that_launches_through_ray_consumes_the_multi_node_queue():
+    """Celery: jobs with nodes > 1 go to gpu-nodes, which only a worker launching through Ray
+    consumes (the queue list a worker is started with, for its settings)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DPRC_")}
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-m", "worker.celery_app", "queues"]
+    for extra, want in (
+        ({}, "gpu"),
+        ({"DPRC_WORKER_DEVICES": "2"}, "gpu,gpu-2"),
+        (
+            {"DPRC_LAUNCHER": "ray", "DPRC_RAY_ADDRESS": "ray-head:6379",
+             "DPRC_MAX_JOB_NODES": "2"},
+            "gpu,gpu-nodes",
+        ),
+    ):  # fmt: skip
+        done = subprocess.run(
+            cmd, env={**env, **extra}, cwd=root, capture_output=True, text=True, check=True
+        )
+        assert done.stdout.strip() == want, (extra, done.stdout, done.stderr)
+    assert queue_for(2, nodes=2) == queue_for(1, nodes=3) == "gpu-nodes"
