@@ -104,6 +104,8 @@ def _server_env(data_dir: Path, url: str | None) -> dict[str, str]:
     )
     if url is not None:
         env["DPRC_DATABASE_URL"] = url
+    if os.environ.get("BENCH_ACCOUNTANT_THREADS"):  # --accountant-threads
+        env["DPRC_ACCOUNTANT_THREADS"] = os.environ["BENCH_ACCOUNTANT_THREADS"]
     return env
 
 
@@ -231,7 +233,14 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "budget.md"))
     ap.add_argument("--method", nargs="+", default=["exact", "hutch"])
     ap.add_argument("--one", nargs=3, metavar=("DB", "OLDER", "METHOD"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--accountant-threads",
+        type=int,
+        help="the server's DPRC_ACCOUNTANT_THREADS (default: its own default)",
+    )
     args = ap.parse_args()
+    if args.accountant_threads is not None:
+        os.environ["BENCH_ACCOUNTANT_THREADS"] = str(args.accountant_threads)
     if args.one:  # one configuration, in a process of its own (no cache carried over)
         print(json.dumps(run(args.one[0], int(args.one[1]), args.one[2])), flush=True)
         return 0

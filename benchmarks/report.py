@@ -48,6 +48,7 @@ SECTIONS = [
     ("user_level", "benchmarks/user_level.py --seeds 5"),
     ("distributed", "benchmarks/distributed.py"),
     ("fsdp", "benchmarks/fsdp.py"),
+    ("multi_node", "benchmarks/multi_node.py"),
     ("client_startup", "benchmarks/client_startup.py"),
     ("inference", "benchmarks/inference.py --tokens 48"),
     ("distributed_cuda", "benchmarks/distributed.py --device cuda"),

@@ -22,7 +22,10 @@
 #    weights; non-private and DP ε = 8 fine-tuning on CUDA, then generation),
 #    1 seed, 600 lines; its table goes to run.log and one summary line per row to summary.txt
 #    (no file of its own); at most 3 min beyond the plan. The dry run: --device cpu --epochs 1.
-# The dry run skips 3, 4, 5 and 6 (CUDA only). Every section runs under its own `timeout`. $OUT gets
+# 8. ray: a job on 2 Ray nodes of this machine, a GPU each (NCCL), against one process (issue 46,
+#    scripts/ray_gpu_check.py: steps and ε equal, max weight difference, wall times); skipped,
+#    and said so, with one GPU or where Ray is not installed; at most 4 min beyond the plan.
+# The dry run skips 3, 4, 5, 6 and 8 (CUDA only). Every section runs under its own `timeout`. $OUT gets
 # few files (at most 8 come back from a lent device): summary.txt, run.log, gpu.md, gpu.json,
 # tests.log, distributed_cuda.md, fsdp_cuda.md, fsdp_cuda.json. It uses $PY (default: the
 # machine's python3, its own CUDA build of torch); the repository goes on PYTHONPATH.
@@ -93,6 +96,15 @@ else
             >>"$OUT/summary.txt"
     fi
     section vllm 300 "$OUT/run.log" "$PY" scripts/vllm_check.py --timeout 200
+    if ((gpus < 2)); then
+        echo "section ray: skipped (2 Ray nodes a GPU each need 2 GPUs; this machine has $gpus)" \
+            >>"$OUT/summary.txt"
+    elif ! "$PY" -c "import ray.train" 2>/dev/null; then
+        echo "section ray: skipped (Ray is not installed: pip install 'dprc[ray]')" \
+            >>"$OUT/summary.txt"
+    else
+        section ray 240 "$OUT/run.log" "$PY" scripts/ray_gpu_check.py --device cuda
+    fi
 fi
 synthetic=("$PY" benchmarks/synthetic.py --quick --device cuda --hidden 768 --layers 12)
 ((dry)) && synthetic=("$PY" benchmarks/synthetic.py --quick --device cpu --epochs 1)

@@ -24,6 +24,8 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 hf_logging.set_verbosity_error()
 
+from tests.ray_cluster import local_ray  # noqa: E402, F401  (the multi-node tests' cluster)
+
 
 def _save_and_load(model, cls, path: Path):
     model.save_pretrained(path, safe_serialization=True)

@@ -11,6 +11,10 @@ Jobs with ``devices: N`` > 1 go to the queue ``gpu-N``; a worker that gives one 
     DPRC_WORKER_DEVICES=4 celery -A worker.celery_app worker -Q gpu,gpu-2,gpu-3,gpu-4 \
         --concurrency 1 --prefetch-multiplier 1
 
+Jobs with ``nodes`` > 1 go to the queue ``gpu-nodes``, consumed by the workers that launch
+through Ray (``DPRC_LAUNCHER=ray``): such a worker drives the job's ranks on the Ray cluster
+(:mod:`worker.ranks`) and keeps its lease and heartbeat, as for a job on its own devices.
+
 ``acks_late`` with ``prefetch_multiplier=1``: a message is acknowledged only after its job has
 finished (or was found held by a live worker), and a worker takes one job at a time. The Redis
 visibility timeout is longer than any job (``DPRC_VISIBILITY_TIMEOUT_SECONDS``, default 7 days),
@@ -64,18 +68,24 @@ def make_celery(settings: Settings) -> Celery:
     return celery
 
 
-def queue_for(devices: int) -> str:
-    """The queue of jobs that train on ``devices`` devices."""
+def queue_for(devices: int, nodes: int = 1) -> str:
+    """The queue of jobs that train on ``devices`` devices (of ``nodes`` hosts)."""
+    if nodes > 1:
+        return f"{QUEUE}-nodes"
     return QUEUE if devices <= 1 else f"{QUEUE}-{devices}"
 
 
 def worker_queues(settings: Settings) -> str:
-    """The ``-Q`` list of a worker that gives one job ``settings.worker_devices`` devices."""
-    return ",".join(queue_for(n) for n in range(1, settings.worker_devices + 1))
+    """The ``-Q`` list of a worker that gives one job ``settings.worker_devices`` devices
+    (and, launching through Ray, takes the jobs on several hosts)."""
+    queues = [queue_for(n) for n in range(1, settings.worker_devices + 1)]
+    if settings.worker_nodes > 1:
+        queues.append(queue_for(1, settings.worker_nodes))
+    return ",".join(queues)
 
 
-def enqueue(celery: Celery, job_id: str, devices: int = 1) -> None:
-    celery.send_task(TASK_NAME, args=[job_id], queue=queue_for(devices))
+def enqueue(celery: Celery, job_id: str, devices: int = 1, nodes: int = 1) -> None:
+    celery.send_task(TASK_NAME, args=[job_id], queue=queue_for(devices, nodes))
 
 
 class CeleryDispatcher:
@@ -85,9 +95,9 @@ class CeleryDispatcher:
     def __init__(self, settings: Settings):
         self.celery = make_celery(settings)
 
-    def submit(self, job_id: str, devices: int = 1) -> None:
+    def submit(self, job_id: str, devices: int = 1, nodes: int = 1) -> None:
         try:
-            enqueue(self.celery, job_id, devices)
+            enqueue(self.celery, job_id, devices, nodes)
         except Exception:  # the broker is down: the workers' sweep starts the job later
             log.exception("could not enqueue job %s; a worker sweep will pick it up", job_id)
 
@@ -128,8 +138,8 @@ def _sweep_forever(stop: threading.Event) -> None:
         try:  # opening the store too: a failure here must not end the sweeps for good
             store = _store()
             older = store.settings.sweep_seconds
-            for job_id, devices in runnable_jobs(store, queued_older_than=older):
-                enqueue(app, job_id, devices)
+            for job_id, devices, nodes in runnable_jobs(store, queued_older_than=older):
+                enqueue(app, job_id, devices, nodes)
             for job_id in synthetic_runs.runnable(store):
                 enqueue(app, job_id)
         except Exception:

@@ -43,8 +43,16 @@ class EmbeddedWorker:
         log.info("embedded worker %s started", self.owner)
         return self
 
-    def submit(self, job_id: str, devices: int = 1) -> None:
-        if devices > self.store.settings.worker_devices:
+    def submit(self, job_id: str, devices: int = 1, nodes: int = 1) -> None:
+        if nodes > self.store.settings.worker_nodes:
+            log.warning(
+                "job %s needs %d hosts, this worker launches on %d: left for another worker",
+                job_id,
+                nodes,
+                self.store.settings.worker_nodes,
+            )
+            return
+        if nodes == 1 and devices > self.store.settings.worker_devices:
             log.warning(
                 "job %s needs %d devices, this worker has %d: left for another worker",
                 job_id,
@@ -67,8 +75,8 @@ class EmbeddedWorker:
     def _sweep(self) -> None:
         while not self._stop.is_set():
             try:
-                for job_id, devices in runnable_jobs(self.store):
-                    self.submit(job_id, devices)
+                for job_id, devices, nodes in runnable_jobs(self.store):
+                    self.submit(job_id, devices, nodes)
                 for job_id in synthetic_runs.runnable(self.store):
                     self.submit(job_id)
             except Exception:

@@ -9,7 +9,8 @@ settles the file's budget reservation to the steps that ran. A job whose worker 
 ``running`` with an expiring lease; the next worker's sweep resumes it from its last
 checkpoint (the runner resumes from the job's run folder).
 
-A job with ``devices`` > 1 runs on that many ranks of this host (:mod:`worker.ranks`); the
+A job with ``devices`` > 1 runs on that many ranks of this host (:mod:`worker.ranks`), one with
+``nodes`` > 1 on ``nodes × devices`` ranks of the Ray cluster (``DPRC_LAUNCHER=ray``); the
 worker keeps the lease and records what rank 0 reports. A rank that is killed ends the attempt:
 the lease is released at once and the next sweep resumes the job from its last checkpoint, up
 to ``rank_attempts`` attempts, after which the job fails (``rank_failed``).
@@ -32,6 +33,7 @@ from dprc_core.mechanism_names import GAUSSIAN
 from dprc_core.noise.mechanisms import noise_from_dict, noise_from_request
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.models import LoraSpec
+from dprc_core.training.ray_launch import Shape
 from dprc_core.training.runner import (
     JobData,
     JobResult,
@@ -59,6 +61,7 @@ from worker.ranks import (
     RankFailure,
     RanksDied,
     RanksResult,
+    RayCluster,
     build_stores,
     builds_in_child,
     run_on_ranks,
@@ -289,7 +292,10 @@ def _execute_job(
     attempt; end the job by how the attempt ended."""
     owner = owner or worker_id()
     lease = store.settings.lease_seconds
-    if not runs.start_job(store, job_id, owner, lease, store.settings.worker_devices):
+    settings = store.settings
+    if not runs.start_job(
+        store, job_id, owner, lease, settings.worker_devices, settings.worker_nodes
+    ):
         return WorkerOutcome.SKIPPED
     beat = Heartbeat(store, job_id, owner, lease)
     try:
@@ -329,9 +335,14 @@ def _run_attempt(
     # a big file's stores are built by a child process, whose memory goes back on exit
     if builds_in_child(spec) and not build_stores(spec, should_stop, on_event):
         return spec, RanksResult(status="stopped", steps=0)  # asked to stop while building
-    if req.devices > 1:
+    if req.devices > 1 or req.nodes > 1:
         on_data(prepare_data_stores(spec, on_event))  # once, before the ranks open it
-        result = run_on_ranks(spec, req.devices, on_progress, should_stop, on_event)
+        ray = None
+        if req.nodes > 1:
+            settings = store.settings
+            ray = RayCluster(str(settings.ray_address), settings.ray_wait_seconds)
+        shape = Shape(req.nodes, req.devices)
+        result = run_on_ranks(spec, shape, on_progress, should_stop, on_event, ray=ray)
     else:
         result = run_job(
             spec,

@@ -4,6 +4,9 @@
 runs torchrun (``--standalone --nproc-per-node N --max-restarts=0``) with the rank program.
 ``python -m worker.rank_main rank CONTROL`` — one rank: joins the process group and runs the
 job spec in ``CONTROL/spec.json``; rank 0 reports progress and the end through ``CONTROL``.
+``python -m worker.rank_main ray CONTROL`` — the launcher of a job on several hosts: a Ray
+driver (``CONTROL/ray.json``: nodes, devices, the cluster's address) whose ranks run
+:func:`ray_rank` (:mod:`dprc_core.training.ray_launch`).
 ``python -m worker.rank_main stores CONTROL`` — builds (or verifies) the tokenized stores of
 the job spec in ``CONTROL/spec.json`` and exits, its memory returned (``worker.ranks``).
 """
@@ -39,6 +42,61 @@ def launch(devices: int, control: Path) -> int:
     return 0
 
 
+def ray_launch(control: Path) -> int:
+    parent = os.getppid()
+    die_with_parent()
+    if os.getppid() != parent:
+        return 1
+    from dprc_core.training.ray_launch import NodesUnavailable, RayRunFailed, Shape, run_on_ray
+    from dprc_core.training.runner import JobSpec
+
+    conf = json.loads((control / "ray.json").read_text())
+    spec = JobSpec.from_dict(json.loads((control / "spec.json").read_text()))
+    cuda = spec.device.startswith("cuda")
+    try:
+        run_on_ray(
+            ray_rank,
+            {"control": str(control.resolve())},
+            Shape(int(conf["nodes"]), int(conf["devices"])),
+            address=str(conf["address"]),
+            storage=(control / "ray").resolve(),
+            use_gpu=False if spec.device == "cpu" else (True if cuda else None),
+            wait_seconds=float(conf["wait_seconds"]),
+            name="dprc-job",
+        )
+    except NodesUnavailable as exc:
+        (control / "error.json").write_text(json.dumps({"code": exc.code, "message": str(exc)}))
+        return 1
+    except RayRunFailed as exc:  # a rank's error.json, if any, says why; else a lost node
+        print(exc, file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def ray_rank(config: dict) -> None:
+    """One rank of a job on several hosts, in a Ray Train worker (the group is Ray's)."""
+    from dprc_core.training.ray_launch import join_ray_rank, placement, placement_line
+
+    join_ray_rank()
+    control = Path(config["control"])
+    nodes = placement()
+    if _is_main():
+        _event(control, f"Ranks placed by Ray: {placement_line(nodes)}")
+    _run_rank(control)
+
+
+def _is_main() -> bool:
+    from dprc_core.distributed import current_ranks
+
+    return current_ranks().is_main
+
+
+def _event(control: Path, message: str) -> None:
+    with (control / "events.jsonl").open("a") as f:
+        f.write(json.dumps({"message": message}) + "\n")
+        f.flush()
+
+
 def rank(control: Path) -> int:
     parent = os.getppid()
     die_with_parent()
@@ -46,12 +104,25 @@ def rank(control: Path) -> int:
         return 1
     import torch
 
-    from dprc_core.distributed import current_ranks, join_torchrun_group
+    from dprc_core.distributed import join_torchrun_group
+    from dprc_core.training.runner import JobSpec
+
+    spec = JobSpec.from_dict(json.loads((control / "spec.json").read_text()))
+    joined = join_torchrun_group(spec.device)
+    try:
+        return _run_rank(control)
+    finally:
+        if joined:
+            torch.distributed.destroy_process_group()
+
+
+def _run_rank(control: Path) -> int:
+    """Run the job of ``control/spec.json`` on this rank of the group; rank 0 reports."""
+    from dprc_core.distributed import current_ranks
     from dprc_core.training.runner import JobSpec, Progress, run_job
     from worker.attempt import failure_of
 
     spec = JobSpec.from_dict(json.loads((control / "spec.json").read_text()))
-    joined = join_torchrun_group(spec.device)
     main = current_ranks().is_main
     progress = control / "progress.jsonl"
     stop = control / "stop"
@@ -65,11 +136,8 @@ def rank(control: Path) -> int:
         # the runner's warnings (a resume keeping its checkpoint's σ, a plan unlikely to learn)
         # become job events, as a one-device job's; the data's progress was told when the
         # worker prepared the stores (prepare_data_stores)
-        if not message.startswith("Warning: "):
-            return
-        with (control / "events.jsonl").open("a") as f:
-            f.write(json.dumps({"message": message}) + "\n")
-            f.flush()
+        if message.startswith("Warning: "):
+            _event(control, message)
 
     try:
         result = run_job(
@@ -95,9 +163,6 @@ def rank(control: Path) -> int:
             code, message = failure_of(exc)
             (control / "error.json").write_text(json.dumps({"code": code, "message": message}))
         raise
-    finally:
-        if joined:
-            torch.distributed.destroy_process_group()
 
 
 def stores(control: Path) -> int:
@@ -146,10 +211,13 @@ def main(argv: list[str]) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    if argv[:1] == ["ray"] and len(argv) == 2:
+        return ray_launch(Path(argv[1]))
     if argv[:1] == ["stores"] and len(argv) == 2:
         return stores(Path(argv[1]))
     print(
-        "usage: python -m worker.rank_main launch N CONTROL | rank CONTROL | stores CONTROL",
+        "usage: python -m worker.rank_main launch N CONTROL | rank CONTROL | ray CONTROL | "
+        "stores CONTROL",
         file=sys.stderr,
     )
     return 2

@@ -1,4 +1,5 @@
-"""A job on several devices of this host: its ranks under ``torchrun``, watched by the worker.
+"""A job on several devices: its ranks under ``torchrun`` on this host, or on several hosts
+through Ray, watched by the worker.
 
 The worker process keeps the job's lease and heartbeat and talks to the store; the ranks only
 train (``worker.rank_main``: :func:`dprc_core.training.runner.run_job` in each rank, rank 0
@@ -25,6 +26,17 @@ the memory a build takes (the tokenizer's batches, the sorted digests) goes back
 system when it exits: a job on an embedded server grows the API process by its model and its
 steps, not by the build. The run then opens the finished store (its checksums verified).
 
+**Several hosts** (``nodes`` > 1, ``DPRC_LAUNCHER=ray``): the launcher is ``python -m
+worker.rank_main ray CONTROL`` (its shape and the cluster's address in ``CONTROL/ray.json``), a
+Ray driver that runs ``nodes × devices`` ranks through Ray Train's ``TorchTrainer``
+(:mod:`dprc_core.training.ray_launch`); each rank runs the same rank program, so the files
+above are the protocol on every shape. ``CONTROL`` is in the job's run folder, which every node
+reaches at the same path (shared storage, docs/deploy.md): rank 0 writes there wherever Ray
+placed it. A node that dies ends the Ray run (Ray restarts nothing) and the launcher exits
+non-zero: :class:`RanksDied`, as below. Rank 0 reports where the ranks ran as a job event. The
+cluster lacking the job's nodes for ``DPRC_RAY_WAIT_SECONDS`` fails the job
+(``nodes_unavailable``). When the launcher exits, killed or not, Ray ends the ranks it owns.
+
 A rank that dies without ``error.json`` (a signal, the OOM killer) makes torchrun stop the others
 (``--max-restarts=0``); :class:`RanksDied` tells the worker, which ends this attempt and lets a
 new one resume from the last checkpoint. Every process of the tree is bound to its parent's
@@ -48,6 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dprc_core.training.ray_launch import Shape
 from dprc_core.training.runner import JobSpec, Progress
 
 POLL_SECONDS = 0.2
@@ -65,6 +78,15 @@ class RanksResult:
     steps: int
     units: int | None = None  # the plan's N (examples, or users)
     sample_rate: float | None = None  # the plan's q
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    """Where a job on several hosts runs: the Ray cluster's address, and how long an attempt
+    waits for the job's nodes."""
+
+    address: str
+    wait_seconds: float = 600.0
 
 
 class RanksDied(RuntimeError):
@@ -143,19 +165,37 @@ def build_stores(
 
 def run_on_ranks(
     spec: JobSpec,
-    devices: int,
+    shape: Shape,
     on_progress: Callable[[Progress], None],
     should_stop: Callable[[], bool],
     on_event: Callable[[str], None] | None = None,
+    ray: RayCluster | None = None,
 ) -> RanksResult:
-    """Run ``spec`` on ``devices`` ranks; returns when they end. Raises :class:`RankFailure`
-    or :class:`RanksDied`. ``on_event``: rank 0's runner events (``events.jsonl``)."""
+    """Run ``spec`` on ``shape.world_size`` ranks (on this host under torchrun; through the
+    Ray cluster ``ray`` when the shape has several nodes); returns when they end. Raises
+    :class:`RankFailure` or :class:`RanksDied`. ``on_event``: rank 0's runner events
+    (``events.jsonl``)."""
     control = control_dir(spec)
     control.mkdir(mode=0o700, parents=True, exist_ok=True)
     for name in FILES:
         (control / name).unlink(missing_ok=True)
     (control / "spec.json").write_text(json.dumps(spec.to_dict()))
-    cmd = [sys.executable, "-m", "worker.rank_main", "launch", str(devices), str(control)]
+    if shape.nodes > 1:
+        if ray is None:
+            raise ValueError(f"a job on {shape} runs through Ray: no cluster was given")
+        (control / "ray.json").write_text(
+            json.dumps(
+                {
+                    "nodes": shape.nodes,
+                    "devices": shape.devices,
+                    "address": ray.address,
+                    "wait_seconds": ray.wait_seconds,
+                }
+            )
+        )
+        cmd = [sys.executable, "-m", "worker.rank_main", "ray", str(control)]
+    else:
+        cmd = [sys.executable, "-m", "worker.rank_main", "launch", str(shape.devices), str(control)]
     with open(control / "ranks.log", "ab") as log:
         proc = subprocess.Popen(
             cmd,
@@ -205,7 +245,7 @@ def _watch(
         data = json.loads(error.read_text())
         raise RankFailure(data["code"], data["message"])
     tail = (control / "ranks.log").read_bytes()[-2000:].decode(errors="replace")
-    raise RanksDied(f"a rank ended without finishing (torchrun exit {proc.returncode}): {tail}")
+    raise RanksDied(f"a rank ended without finishing (launcher exit {proc.returncode}): {tail}")
 
 
 def _forward_progress(path: Path, offset: int, on_progress: Callable[[Progress], None]) -> int:

@@ -35,7 +35,7 @@ def create_job(
     row = jobs.create_job(get_store(request), caller, views.job_request(body), idem)
     job = views.job_object(row, views.organization(caller))
     if job.status == JobStatus.QUEUED:
-        get_dispatcher(request).submit(job.id, job.devices)
+        get_dispatcher(request).submit(job.id, job.devices, job.nodes)
     return job
 
 
@@ -63,7 +63,7 @@ def pause_job(fine_tuning_job_id: str, request: Request, caller: CallerDep) -> J
 @router.post("/{fine_tuning_job_id}/resume", response_model=Job)
 def resume_job(fine_tuning_job_id: str, request: Request, caller: CallerDep) -> Job:
     row = jobs.resume(get_store(request), caller, fine_tuning_job_id)
-    get_dispatcher(request).submit(row.id, row.devices)
+    get_dispatcher(request).submit(row.id, row.devices, row.nodes)
     return views.job_object(row, views.organization(caller))
 
 

@@ -288,8 +288,16 @@ class JobCreate(Strict):
         default=1,
         ge=1,
         le=1024,
-        description="devices of one worker host the job trains on (data-parallel ranks; one "
-        "Poisson batch per step split between them, the noise added once)",
+        description="devices of each host the job trains on (data-parallel ranks; one "
+        "Poisson batch per step split between all ranks, the noise added once)",
+    )
+    nodes: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="hosts the job trains on: nodes × devices ranks, launched through Ray "
+        "(a deployment with DPRC_LAUNCHER=ray; 400 nodes_unavailable beyond "
+        "DPRC_MAX_JOB_NODES). The privacy plan (σ, q, steps, ε) does not depend on the shape",
     )
     sharding: ShardingName = Field(
         default="none",
@@ -370,7 +378,8 @@ class Job(BaseModel):
     checkpoint_every: int | None
     cancel_requested: bool
     pause_requested: bool = False
-    devices: int = 1
+    devices: int = Field(default=1, description="devices (ranks) on each of its nodes")
+    nodes: int = Field(default=1, description="hosts it trains on (nodes × devices ranks)")
     sharding: ShardingName = Field(
         default="none",
         description="'fsdp': the model sharded over the devices (FSDP2); 'none': whole on each",

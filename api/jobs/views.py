@@ -59,6 +59,7 @@ def job_request(body: JobCreate) -> jobs.JobRequest:
         metadata=body.metadata,
         validation_file=body.validation_file,
         devices=body.devices,
+        nodes=body.nodes,
         sharding=body.sharding,
         method=method,
         beta=None if method != "dpo" or beta == "auto" else float(beta),
@@ -89,6 +90,8 @@ def request_hash(body: JobCreate) -> str:
     # sharding left out at its default too (a request sent before sharding keeps its fingerprint)
     if canonical.get("sharding") == "none":
         del canonical["sharding"]
+    if canonical.get("nodes") == 1:  # and nodes (a request sent before nodes existed)
+        del canonical["nodes"]
     dump = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(dump.encode()).hexdigest()
 
@@ -126,6 +129,7 @@ def job_object(row: jobs.JobRow, caller_org: str) -> Job:
         cancel_requested=row.cancel_requested,
         pause_requested=bool(row.pause_requested),
         devices=row.devices,
+        nodes=row.nodes,
         sharding=cast(ShardingName, row.sharding),
         created_by=row.created_by,
     )

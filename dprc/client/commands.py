@@ -236,7 +236,13 @@ def _job_arguments(p: argparse.ArgumentParser) -> None:
     dev.add_argument(
         "--devices",
         type=int,
-        help="devices of one worker host the job trains on (default 1; data-parallel ranks)",
+        help="devices of each host the job trains on (default 1; data-parallel ranks)",
+    )
+    dev.add_argument(
+        "--nodes",
+        type=int,
+        help="hosts the job trains on (default 1): nodes × devices ranks, launched through "
+        "Ray (a service with DPRC_LAUNCHER=ray); the privacy plan is the same",
     )
     dev.add_argument(
         "--sharding",
@@ -463,6 +469,7 @@ def job_body(args: argparse.Namespace) -> dict[str, Any]:
         "seed",
         "suffix",
         "devices",
+        "nodes",
         "sharding",
     ):
         if getattr(args, name) is not None:
@@ -569,14 +576,16 @@ def _show_job(job: dict[str, Any]) -> None:
 
 
 def _devices_words(job: dict[str, Any]) -> str:
-    """How many devices a job trains on and how its ranks hold the model, in words (the
-    dashboard's: api/dashboard/static/job.js, devicesWords)."""
-    n = int(job.get("devices") or 1)
-    if n <= 1:
+    """How many devices (of how many hosts) a job trains on and how its ranks hold the model,
+    in words (the dashboard's: api/dashboard/static/job.js, devicesWords)."""
+    n, m = int(job.get("devices") or 1), int(job.get("nodes") or 1)
+    ranks = n * m
+    if ranks <= 1:
         return "1 device"
+    where = f"{n} devices" if m <= 1 else f"{m} nodes × {n} device(s) ({ranks} ranks)"
     if job.get("sharding") == "fsdp":
-        return f"{n} devices, model sharded (FSDP): 1/{n} of it on each"
-    return f"{n} devices, data-parallel (whole model on each)"
+        return f"{where}, model sharded (FSDP): 1/{ranks} of it on each"
+    return f"{where}, data-parallel (whole model on each)"
 
 
 def _unit_words(unit: dict[str, Any]) -> str:

@@ -40,7 +40,10 @@ revealed-scale PLD) dominates the mechanism in each direction, for every ε.
 from __future__ import annotations
 
 import math
+import os
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,6 +76,51 @@ _TABLE_MAX_NODES = 2048
 _WIDEN = 1.0 + 1e-6  # rounds the former iteration's widest bracket up (see _thresholds)
 
 ProfileFn = Callable[[np.ndarray, Direction], np.ndarray]
+
+# Threads that evaluate the blocks of the mixtures (ndtr and exp release the GIL). The blocks
+# are the same _CHUNK-point blocks as a one-thread loop computes, each by the same operations,
+# so every value is the same to the bit (tests/dprc_core/accounting/test_hidden_scale_threads.py).
+# DPRC_ACCOUNTANT_THREADS=1 computes them in the calling thread.
+_THREADS = max(1, int(os.environ.get("DPRC_ACCOUNTANT_THREADS", min(2, os.cpu_count() or 1))))
+_POOL: ThreadPoolExecutor | None = None
+_POOL_GUARD = threading.Lock()
+
+
+def set_threads(threads: int) -> None:
+    """Evaluate the mixtures' blocks on ``threads`` threads from now on (1: in the caller)."""
+    global _THREADS, _POOL  # noqa: PLW0603 - the module's one pool
+    with _POOL_GUARD:
+        if _POOL is not None:
+            _POOL.shutdown(wait=True)
+            _POOL = None
+        _THREADS = max(1, int(threads))
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL  # noqa: PLW0603 - created on first use
+    with _POOL_GUARD:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(_THREADS, thread_name_prefix="dprc-hidden-scale")
+        return _POOL
+
+
+def _forget_pool_in_child() -> None:
+    """A forked child has none of the parent's threads: it starts a pool of its own."""
+    global _POOL  # noqa: PLW0603
+    _POOL = None
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
+def _blocks(fn: Callable[[slice], np.ndarray], size: int) -> list[np.ndarray]:
+    """``fn`` on the slices [i, i + _CHUNK) of range(size), in order; on the pool's threads
+    when there are several blocks and threads (the same values as in the caller: each block is
+    computed alone)."""
+    slices = [slice(i, min(i + _CHUNK, size)) for i in range(0, size, _CHUNK)]
+    if len(slices) < 2 or _THREADS < 2:
+        return [fn(s) for s in slices]
+    return list(_pool().map(fn, slices))
 
 
 @dataclass(frozen=True)
@@ -107,7 +155,7 @@ def _h_and_slope(z: np.ndarray, law: _Law) -> tuple[np.ndarray, np.ndarray]:
     """h(z) = log Σ_j w_j exp(s_j z − s_j²/2) and h'(z), by a stable log-sum-exp (in place on
     one (atoms, points) array per block of points: the accountant's hot loop)."""
     if z.size > _CHUNK:
-        parts = [_h_and_slope(z[i : i + _CHUNK], law) for i in range(0, z.size, _CHUNK)]
+        parts = _blocks(lambda b: np.stack(_h_and_slope(z[b], law)), z.size)
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
     expo = np.multiply.outer(law.s, z)
     expo += (law.log_w - 0.5 * law.s * law.s)[:, None]
@@ -249,25 +297,34 @@ def _weighted_sum(w: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 def _phi_bar_mix(t: np.ndarray, law: _Law) -> np.ndarray:
-    """Σ_j w_j Φ̄(t − s_j) (finite atoms only), in blocks of points."""
+    """Σ_j w_j Φ̄(t − s_j) (finite atoms only), in blocks of points (each block's Φ̄ computed
+    in place in one array: the same values as ``ndtr(s − t)`` into a new one, without the
+    second (atoms × 512) array and its page faults — ~40 % of this function's time)."""
     w = np.exp(law.log_w)
-    out = np.empty(t.shape)
-    for i in range(0, t.size, _CHUNK):
-        out[i : i + _CHUNK] = _weighted_sum(
-            w, special.ndtr(law.s[:, None] - t[None, i : i + _CHUNK])
-        )
-    return out
+    if t.size == 0:
+        return np.empty(t.shape)
+
+    def block(b: slice) -> np.ndarray:
+        x = np.empty((law.s.size, b.stop - b.start))
+        np.subtract(law.s[:, None], t[None, b], out=x)
+        return _weighted_sum(w, special.ndtr(x, out=x))
+
+    return np.concatenate(_blocks(block, t.size))
 
 
 def _phi_mix(t: np.ndarray, law: _Law) -> np.ndarray:
-    """Σ_j w_j Φ(t − s_j) (finite atoms only), in blocks of points."""
+    """Σ_j w_j Φ(t − s_j) (finite atoms only), in blocks of points (in place, as
+    :func:`_phi_bar_mix`)."""
     w = np.exp(law.log_w)
-    out = np.empty(t.shape)
-    for i in range(0, t.size, _CHUNK):
-        out[i : i + _CHUNK] = _weighted_sum(
-            w, special.ndtr(t[None, i : i + _CHUNK] - law.s[:, None])
-        )
-    return out
+    if t.size == 0:
+        return np.empty(t.shape)
+
+    def block(b: slice) -> np.ndarray:
+        x = np.empty((law.s.size, b.stop - b.start))
+        np.subtract(t[None, b], law.s[:, None], out=x)
+        return _weighted_sum(w, special.ndtr(x, out=x))
+
+    return np.concatenate(_blocks(block, t.size))
 
 
 def _times_exp(log_factor: np.ndarray, x: np.ndarray) -> np.ndarray:

@@ -37,6 +37,8 @@ from dp_accounting.pld import pld_pmf
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from scipy import fft, signal
 
+from dprc_core.accounting.memory import note_transform
+
 _ORDERS_TIMES_N = np.concatenate((np.arange(-20, 0), np.arange(1, 21))).astype(np.float64)
 _ROUND_UP = 1e-12  # relative widening of each log-MGF against summation-order round-off
 _CHUNK_CELLS = 1 << 22  # orders × PMF cells evaluated at once (32 MiB of doubles)
@@ -111,6 +113,7 @@ def self_compose_dense(
     lo, hi = self_convolve_bounds(probs, times, truncation, log_mgfs)
     length = hi - lo + 1
     fast = fft.next_fast_len(max(length, len(probs)))
+    note_transform(fast)
     wrapped = np.real(fft.ifft(fft.fft(probs, fast) ** times))
     out = np.array(np.roll(wrapped, -lo)[:length])
     inf_mass = truncation - math.expm1(times * math.log1p(-pmf._infinity_mass))
@@ -187,6 +190,7 @@ def _compose_pmfs(a: pld_pmf.PLDPmf, b: pld_pmf.PLDPmf, truncation: float) -> pl
         return a.compose(b, truncation)  # stays sparse: dp_accounting's own
     da, db = a.to_dense_pmf(), b.to_dense_pmf()
     da.validate_composable(db)
+    note_transform(len(da._probs) + len(db._probs) - 1)
     probs = signal.fftconvolve(da._probs, db._probs)
     inf_mass = da._infinity_mass + db._infinity_mass - da._infinity_mass * db._infinity_mass
     offset, probs, right_tail = _truncate_tails(probs, truncation, da._pessimistic_estimate)

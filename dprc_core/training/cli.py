@@ -14,6 +14,12 @@ how several hosts train one job (docs/training.md). With ``sharding: fsdp`` (or
 ``--sharding fsdp``) the processes shard the model (FSDP2,
 :mod:`dprc_core.training.sharded_run`). Rank 0 prints and writes; when any rank dies torchrun
 stops the others and the command exits non-zero; rerunning it resumes from the last checkpoint.
+
+``--nodes M --ray-address HOST:6379`` trains on M hosts of a Ray cluster, ``--nproc-per-node``
+ranks on each (:mod:`dprc_core.training.ray_launch`): this process drives Ray Train's
+``TorchTrainer`` and prints the result; the spec's files must be at the same path on every node.
+Nothing about the privacy changes with the shape: the plan, the batches and ε are those of one
+process.
 """
 
 from __future__ import annotations
@@ -41,6 +47,28 @@ def add_subparser(sub: Any) -> None:
         default=1,
         metavar="N",
         help="train on N processes of this host (data-parallel DP-SGD under torchrun)",
+    )
+    train.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        metavar="M",
+        help="train on M hosts of the Ray cluster at --ray-address, --nproc-per-node ranks on "
+        "each (pip install 'dprc[ray]')",
+    )
+    train.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="the Ray cluster's address (default: $RAY_ADDRESS); runs the job through Ray even "
+        "with --nodes 1",
+    )
+    train.add_argument(
+        "--ray-wait",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="how long to wait for the cluster's nodes before giving up (default 300)",
     )
     train.add_argument(
         "--sharding",
@@ -107,11 +135,102 @@ def _launch(args: argparse.Namespace) -> int:
     return subprocess.call(cmd)
 
 
+def _check_fresh(args: argparse.Namespace, spec: Any) -> None:
+    out = Path(spec.output_dir)
+    if args.no_resume and out.is_dir() and any(out.iterdir()):
+        raise ValueError(f"{out} is not empty; --no-resume needs an empty or new output_dir")
+
+
+def _ray_address(args: argparse.Namespace) -> str | None:
+    import os
+
+    return args.ray_address or (os.environ.get("RAY_ADDRESS") if args.nodes > 1 else None)
+
+
+def _launch_ray(args: argparse.Namespace, address: str) -> int:
+    """Drive the job's ranks on the Ray cluster at ``address``; print rank 0's result."""
+    import tempfile
+
+    from dprc_core.training.ray_launch import RayRunFailed, Shape, run_on_ray
+
+    spec = load_spec(args.spec, args.sharding)  # a bad spec fails here, once
+    shape = Shape(args.nodes, args.nproc_per_node)
+    if spec.sharding == "fsdp" and shape.world_size < 2:
+        raise ValueError(
+            "sharding: fsdp shards the model over several processes: nodes × "
+            f"devices must be >= 2, got {shape}"
+        )
+    _check_fresh(args, spec)
+    out = Path(spec.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".ray-", dir=out) as tmp:
+        result = Path(tmp) / "result.json"
+        config = {
+            "spec": str(Path(args.spec).resolve()),
+            "sharding": args.sharding,
+            "no_resume": args.no_resume,
+            "result": str(result),
+        }
+        try:
+            run_on_ray(
+                ray_rank,
+                config,
+                shape,
+                address=address,
+                storage=Path(tmp),
+                use_gpu=_wants_gpu(spec),
+                wait_seconds=args.ray_wait,
+                name="dprc-train",
+            )
+        except RayRunFailed as exc:
+            print(f"dprc train: {exc}", file=sys.stderr)
+            print(
+                "dprc train: rerun the command to resume from the last checkpoint", file=sys.stderr
+            )
+            return 1
+        print(result.read_text())
+    return 0
+
+
+def _wants_gpu(spec: Any) -> bool | None:
+    """Whether the ranks take a GPU each: ``device`` cuda; auto: when the cluster has GPUs."""
+    if spec.device == "cpu":
+        return False
+    return True if str(spec.device).startswith("cuda") else None
+
+
+def ray_rank(config: dict) -> None:
+    """One rank of ``dprc train`` under Ray (:func:`_launch_ray`): rank 0 writes the result."""
+    from dprc_core.training.ray_launch import join_ray_rank
+
+    join_ray_rank()
+    args = argparse.Namespace(
+        spec=config["spec"],
+        sharding=config["sharding"],
+        no_resume=config["no_resume"],
+        quiet=True,
+    )
+    spec = load_spec(args.spec, args.sharding)
+    summary = _run(args, spec)
+    if summary is not None:
+        Path(config["result"]).write_text(json.dumps(summary, indent=2))
+
+
 def _train(args: argparse.Namespace) -> int:
     import os
 
     if args.nproc_per_node < 1:
         raise ValueError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
+    if args.nodes < 1:
+        raise ValueError(f"--nodes must be >= 1, got {args.nodes}")
+    address = _ray_address(args)
+    if args.nodes > 1 and address is None:
+        raise ValueError(
+            f"--nodes {args.nodes}: several hosts train through Ray; give the cluster's "
+            "address (--ray-address HOST:6379 or $RAY_ADDRESS)"
+        )
+    if address is not None and "WORLD_SIZE" not in os.environ:
+        return _launch_ray(args, address)
     if args.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
         load_spec(args.spec, args.sharding)  # a bad spec fails here, once, not on every rank
         return _launch(args)
@@ -126,9 +245,7 @@ def _train(args: argparse.Namespace) -> int:
             "--nproc-per-node N (N >= 2), or under torchrun"
         )
     # checked before joining the process group: every rank checks before any rank writes
-    out = Path(spec.output_dir)
-    if args.no_resume and out.is_dir() and any(out.iterdir()):
-        raise ValueError(f"{out} is not empty; --no-resume needs an empty or new output_dir")
+    _check_fresh(args, spec)
     joined = join_torchrun_group(spec.device)
     try:
         return _train_here(args, spec)
@@ -138,6 +255,14 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _train_here(args: argparse.Namespace, spec: Any) -> int:
+    summary = _run(args, spec)
+    if summary is not None:
+        print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _run(args: argparse.Namespace, spec: Any) -> dict[str, Any] | None:
+    """Run the job on this rank; rank 0 gets the result's summary (other ranks None)."""
     from tqdm import tqdm
 
     from dprc_core.distributed import current_ranks
@@ -169,24 +294,18 @@ def _train_here(args: argparse.Namespace, spec: Any) -> int:
     if bar is not None:
         bar.close()
     if not main:
-        return 0
-    print(
-        json.dumps(
-            {
-                "status": result.status,
-                "steps_done": result.steps_done,
-                "steps": result.steps,
-                "epsilon": result.epsilon,
-                "delta": result.delta,
-                "privacy_unit": result.plan.unit,  # ε and δ are per example, or per user
-                "units": result.plan.dataset_size,
-                "noise_multiplier": result.plan.noise_multiplier,
-                "clipping": result.plan.clipping,
-                "checkpoint": result.checkpoint,
-                "resumed_from": result.resumed_from,
-                "seconds": round(result.seconds, 1),
-            },
-            indent=2,
-        )
-    )
-    return 0
+        return None
+    return {
+        "status": result.status,
+        "steps_done": result.steps_done,
+        "steps": result.steps,
+        "epsilon": result.epsilon,
+        "delta": result.delta,
+        "privacy_unit": result.plan.unit,  # ε and δ are per example, or per user
+        "units": result.plan.dataset_size,
+        "noise_multiplier": result.plan.noise_multiplier,
+        "clipping": result.plan.clipping,
+        "checkpoint": result.checkpoint,
+        "resumed_from": result.resumed_from,
+        "seconds": round(result.seconds, 1),
+    }

@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Task = Literal["causal_lm", "classification"]
@@ -119,6 +119,30 @@ class Settings(BaseSettings):
         description="the most devices a job may ask for (the largest worker's worker_devices); "
         "default: worker_devices. A job asking for more is refused at creation",
     )
+    launcher: Literal["local", "ray"] = Field(
+        default="local",
+        description="how a job on several hosts is launched: local (none: jobs run on one "
+        "host, their ranks under torchrun on the worker's host) or ray (jobs with nodes > 1 "
+        "run through Ray Train on the cluster at DPRC_RAY_ADDRESS; docs/deploy.md)",
+    )
+    ray_address: str | None = Field(
+        default=None,
+        description="the Ray cluster's GCS address HOST:6379 (launcher ray); the worker's host "
+        "must be a node of it (ray start --address=HOST:6379 --num-cpus=0)",
+    )
+    max_job_nodes: int = Field(
+        default=1,
+        ge=1,
+        description="the most hosts a job may ask for (nodes; the API refuses more at creation); "
+        "a worker with launcher ray takes jobs up to this many hosts. More than 1 with the "
+        "embedded worker needs launcher ray",
+    )
+    ray_wait_seconds: float = Field(
+        default=600.0,
+        gt=0,
+        description="how long an attempt waits for the Ray cluster to have the job's nodes "
+        "before the job fails (nodes_unavailable)",
+    )
     secure_rng: bool = Field(
         default=True,
         description="secure mode: Gaussian noise and Poisson batches from a ChaCha20 stream "
@@ -216,6 +240,27 @@ class Settings(BaseSettings):
         description="text, or json: one JSON object a line with time, level, logger, message "
         "and request_id, tenant, key_id, job_id where known (service/base/logging_setup.py)",
     )
+
+    @model_validator(mode="after")
+    def _launcher_reaches_the_nodes(self) -> Settings:
+        # an API process that runs its own worker must launch what it accepts (with Celery,
+        # the API accepts up to DPRC_MAX_JOB_NODES and the workers that launch through Ray,
+        # configured so, take those jobs: as DPRC_MAX_JOB_DEVICES and DPRC_WORKER_DEVICES)
+        embedded = self.embedded_worker and not self.broker_url
+        if embedded and self.max_job_nodes > 1 and self.launcher != "ray":
+            raise ValueError(
+                f"DPRC_MAX_JOB_NODES={self.max_job_nodes}: this server's embedded worker launches "
+                "jobs on several hosts only through Ray; set DPRC_LAUNCHER=ray and "
+                "DPRC_RAY_ADDRESS"
+            )
+        if self.launcher == "ray" and not self.ray_address:
+            raise ValueError("DPRC_LAUNCHER=ray needs DPRC_RAY_ADDRESS (the cluster's HOST:6379)")
+        return self
+
+    @property
+    def worker_nodes(self) -> int:
+        """The most hosts a job this worker runs may span (through Ray; 1 without it)."""
+        return self.max_job_nodes if self.launcher == "ray" else 1
 
     @property
     def sqlalchemy_url(self) -> str:

@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session
 
 from dprc_core.accounting import PrivacyEvent
 from dprc_core.accounting.history import build_leaves, epsilon_for_history
+from dprc_core.accounting.memory import release_if_big
 from dprc_core.training.plan import check_delta_for_size, default_delta
 from service.base.errors import Conflict, InvalidInput
 from service.store.job_status import ACTIVE, JobStatus
@@ -90,6 +91,8 @@ def compose(events: Sequence[PrivacyEvent | None], delta: float) -> float:
         return epsilon_for_history(events, delta)
     except ValueError:
         return math.inf
+    finally:
+        release_if_big()  # a big job's leaf: its FFT plans and freed pages back
 
 
 # The group's ``spent`` as its jobs run: the stored value is refreshed when a job is created,
@@ -319,6 +322,8 @@ def build_leaf(events: GroupEvents, delta: float, privacy_event: PrivacyEvent) -
         build_leaves([*events[1], privacy_event], delta)
     except ValueError:
         pass  # the snapshot says so (compose: +inf)
+    finally:
+        release_if_big()
 
 
 def changed_events(session: Session, group: BudgetGroup, known: Snapshot) -> GroupEvents | None:

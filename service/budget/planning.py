@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from dprc_core.accounting import PrivacyEvent
 from dprc_core.accounting.events import SHARED_SKETCH, default_sketch
+from dprc_core.accounting.memory import release_if_big
 from dprc_core.clipping import DEFAULT_K, Auto, Clipping, norm_from_method
 from dprc_core.noise import Gaussian, NoiseMechanism
 from dprc_core.norm_methods import get_norm_method
@@ -187,22 +188,27 @@ def library_plan(
     sharding: str = "none",
 ) -> PrivacyPlan:
     """The library's plan (σ calibrated for the target); cached, as retried and repeated
-    jobs ask for the same plan."""
+    jobs ask for the same plan. A calibration of a big job (~10⁴ steps: FFTs of millions of
+    points) gives that memory back before the lane is free
+    (:func:`dprc_core.accounting.memory.release_if_big`)."""
     with _CALIBRATION_LANE:
-        return plan_privacy(
-            dataset_size=n,
-            batch_size=batch,
-            epochs=n_epochs,
-            clipping=clipping,
-            k=k,
-            target_epsilon=target_epsilon,
-            delta=delta,
-            mechanism=noise,
-            sketch=sketch,
-            unit=unit,
-            sharding=sharding,
-            max_steps=MAX_STEPS,
-        )
+        try:
+            return plan_privacy(
+                dataset_size=n,
+                batch_size=batch,
+                epochs=n_epochs,
+                clipping=clipping,
+                k=k,
+                target_epsilon=target_epsilon,
+                delta=delta,
+                mechanism=noise,
+                sketch=sketch,
+                unit=unit,
+                sharding=sharding,
+                max_steps=MAX_STEPS,
+            )
+        finally:
+            release_if_big()
 
 
 def _calibrated(

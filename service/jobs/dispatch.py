@@ -11,8 +11,9 @@ from typing import Protocol
 
 
 class Dispatcher(Protocol):
-    def submit(self, job_id: str, devices: int = 1) -> None:
-        """Hand ``job_id`` (which trains on ``devices`` devices) to a worker that fits it."""
+    def submit(self, job_id: str, devices: int = 1, nodes: int = 1) -> None:
+        """Hand ``job_id`` (which trains on ``devices`` devices of ``nodes`` hosts) to a worker
+        that fits it."""
         ...
 
     def stop(self) -> None: ...
@@ -21,7 +22,7 @@ class Dispatcher(Protocol):
 class NoDispatcher:
     """No worker in this process and no broker: jobs wait for a worker's sweep."""
 
-    def submit(self, job_id: str, devices: int = 1) -> None:
+    def submit(self, job_id: str, devices: int = 1, nodes: int = 1) -> None:
         return None
 
     def stop(self) -> None:

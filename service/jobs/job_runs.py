@@ -64,7 +64,8 @@ class JobRequest:
     noise_multiplier: float
     sample_rate: float
     steps_total: int
-    devices: int = 1
+    devices: int = 1  # a node
+    nodes: int = 1  # > 1: nodes × devices ranks through Ray (worker.ranks)
     sharding: str = "none"  # "fsdp": the model sharded over the devices' ranks (FSDP2)
     attempts: int = 0
     validation_file: str | None = None  # the validation file's id, if the job has one
@@ -103,6 +104,7 @@ def job_request(store: Store, job_id: str) -> JobRequest:
             sample_rate=job.sample_rate,
             steps_total=job.steps_total,
             devices=job.devices,
+            nodes=job.nodes,
             sharding=job.sharding,
             attempts=job.attempts,
             validation_file=valid_id,
@@ -111,14 +113,20 @@ def job_request(store: Store, job_id: str) -> JobRequest:
 
 
 def start_job(
-    store: Store, job_id: str, owner: str, lease_seconds: int = 60, devices: int = 1
+    store: Store,
+    job_id: str,
+    owner: str,
+    lease_seconds: int = 60,
+    devices: int = 1,
+    nodes: int = 1,
 ) -> bool:
     """Take the lease on a queued job (or one whose lease expired) and mark it running.
-    Returns False if another live worker holds it, the job needs more than ``devices``, or
+    Returns False if another live worker holds it, the job needs more than ``devices`` (or
+    ``nodes``: the hosts this worker can launch on), or
     the job is not runnable. A started job's ledger file is written
     (:mod:`service.jobs.ledger_files`)
     before its first step."""
-    claimed = lifecycle.claim(store, job_id, owner, lease_seconds, devices)
+    claimed = lifecycle.claim(store, job_id, owner, lease_seconds, devices, nodes)
     if claimed:
         write_job_ledger(store, job_id)
     return claimed

@@ -153,7 +153,8 @@ class JobRequest:
     suffix: str | None = None
     metadata: dict[str, str] | None = None
     validation_file: str | None = None
-    devices: int = 1
+    devices: int = 1  # devices (ranks) a node
+    nodes: int = 1  # hosts: nodes × devices ranks, through Ray when > 1
     sharding: str = "none"  # one of SHARDINGS
     method: str = "supervised"  # one of METHODS: dpo trains preference lines
     beta: float | None = None  # dpo's β (None: DEFAULT_BETA)
@@ -255,6 +256,7 @@ def create_job(
     # an allow-listed model, or one of the tenant's fine-tuned ones (then its root base)
     model = fine_tuned_models.model_for_job(store, caller, req.model)
     _check_devices(store.settings, req.devices)
+    _check_nodes(store.settings, req.nodes)
     _check_sharding(req)
     with store.sessions() as session:
         file = _training_file(session, caller, req.training_file)
@@ -352,6 +354,22 @@ def _check_devices(settings: Settings, devices: int) -> None:
         )
 
 
+def _check_nodes(settings: Settings, nodes: int) -> None:
+    """A job on more hosts than the deployment may launch is refused now."""
+    if nodes > settings.max_job_nodes:
+        how = (
+            "jobs run on one host (DPRC_LAUNCHER=local)"
+            if settings.launcher != "ray"
+            else f"a job may span {settings.max_job_nodes} (DPRC_MAX_JOB_NODES)"
+        )
+        raise InvalidInput(
+            f"nodes={nodes}: this service launches jobs on at most {settings.max_job_nodes} "
+            f"host(s): {how}",
+            param="nodes",
+            code="nodes_unavailable",
+        )
+
+
 def _check_sharding(req: JobRequest) -> None:
     """``sharding: fsdp`` shards the model over the job's ranks: it needs two of them at least
     (whether the noise mechanism allows sharding is the plan's rule, refused by the planner).
@@ -364,10 +382,10 @@ def _check_sharding(req: JobRequest) -> None:
         )
     if req.sharding != "fsdp":
         return
-    if req.devices < 2:
+    if req.devices * req.nodes < 2:
         raise InvalidInput(
-            f"sharding=fsdp shards the model over the job's devices: it needs devices >= 2, "
-            f"the job has devices={req.devices} (on one device, leave sharding at none)",
+            f"sharding=fsdp shards the model over the job's devices: it needs nodes × devices "
+            f">= 2, the job has devices={req.devices} (on one device, leave sharding at none)",
             param="sharding",
             code="sharding_needs_devices",
         )
@@ -844,6 +862,7 @@ def _insert_job(
         cancel_requested=False,
         attempts=0,
         devices=req.devices,
+        nodes=req.nodes,
         sharding=req.sharding,
         created_by=caller.key_id,
     )

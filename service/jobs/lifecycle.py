@@ -283,11 +283,14 @@ def carry_out_abandoned_request(store: Store, job_id: str, moment: datetime) -> 
     return paused is not None
 
 
-def claim(store: Store, job_id: str, owner: str, lease_seconds: int, devices: int = 1) -> bool:
+def claim(
+    store: Store, job_id: str, owner: str, lease_seconds: int, devices: int = 1, nodes: int = 1
+) -> bool:
     """Take the lease on a queued job, or on a running one whose lease expired (its worker
     died), and mark it running. False if another live worker holds it, a cancellation or
     pause is pending (an abandoned one is carried out first:
-    :func:`carry_out_abandoned_request`), the job needs more than the worker's ``devices``,
+    :func:`carry_out_abandoned_request`), the job needs more than the worker's ``devices``
+    (a one-host job: the worker's own) or ``nodes`` (the hosts it can launch on through Ray),
     or the job is not runnable."""
     moment = utc_now()
     if carry_out_abandoned_request(store, job_id, moment):
@@ -296,7 +299,9 @@ def claim(store: Store, job_id: str, owner: str, lease_seconds: int, devices: in
     def claimable(job: JobRow) -> bool:
         if job.status not in (JobStatus.QUEUED, JobStatus.RUNNING) or job.cancel_requested:
             return False
-        if job.devices > devices:  # another worker (one with enough devices) takes it
+        if job.nodes > nodes:  # a worker that launches on enough hosts takes it
+            return False
+        if job.nodes == 1 and job.devices > devices:  # another with enough devices takes it
             return False
         held_elsewhere = job.lease_owner not in (None, owner)
         return not (
@@ -371,26 +376,31 @@ def lease_expired(expires_at: datetime | None, moment: datetime) -> bool:
 def runnable_job_ids(store: Store, queued_older_than: int = 0) -> list[str]:
     """Jobs a worker should (re)start: queued ones (created at least ``queued_older_than``
     seconds ago) and running ones whose lease expired (their worker died)."""
-    return [job_id for job_id, _ in runnable_jobs(store, queued_older_than)]
+    return [job_id for job_id, _, _ in runnable_jobs(store, queued_older_than)]
 
 
-def runnable_jobs(store: Store, queued_older_than: int = 0) -> list[tuple[str, int]]:
-    """(job id, devices) of :func:`runnable_job_ids`' jobs, in submission order."""
+def runnable_jobs(store: Store, queued_older_than: int = 0) -> list[tuple[str, int, int]]:
+    """(job id, devices, nodes) of :func:`runnable_job_ids`' jobs, in submission order."""
     moment = utc_now()
     with store.sessions() as session:
         rows = session.execute(
             select(
-                JobRow.id, JobRow.status, JobRow.lease_expires_at, JobRow.created_at, JobRow.devices
+                JobRow.id,
+                JobRow.status,
+                JobRow.lease_expires_at,
+                JobRow.created_at,
+                JobRow.devices,
+                JobRow.nodes,
             )
             .where(or_(JobRow.status == JobStatus.QUEUED, JobRow.status == JobStatus.RUNNING))
             .order_by(JobRow.seq)
         ).all()
     out = []
-    for job_id, status, expires, created, devices in rows:
+    for job_id, status, expires, created, devices, nodes in rows:
         if status == JobStatus.QUEUED and now() - created >= queued_older_than:
-            out.append((job_id, devices))
+            out.append((job_id, devices, nodes))
         elif status == JobStatus.RUNNING and lease_expired(expires, moment):
-            out.append((job_id, devices))
+            out.append((job_id, devices, nodes))
     return out
 
 

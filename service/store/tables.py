@@ -387,7 +387,9 @@ class Job(Base):
     )
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
-    devices: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    devices: Mapped[int] = mapped_column(Integer, default=1, server_default="1")  # a node
+    # hosts it trains on: nodes × devices ranks, through Ray when > 1 (migration 0015)
+    nodes: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     # how its ranks hold the model: "none" (each the whole model; every job before migration
     # 0009) or "fsdp" (FSDP2-sharded over its devices)
     sharding: Mapped[str] = mapped_column(String(16), default="none", server_default="none")

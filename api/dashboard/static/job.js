@@ -126,10 +126,13 @@
   // dprc/client/commands.py, _devices_words)
   function devicesWords(j) {
     const n = j.devices || 1;
-    if (n <= 1) return "1 device";
+    const m = j.nodes || 1;
+    const ranks = n * m;
+    if (ranks <= 1) return "1 device";
+    const where = m <= 1 ? `${n} devices` : `${m} nodes × ${n} device(s) (${ranks} ranks)`;
     return j.sharding === "fsdp"
-      ? `${n} devices, model sharded (FSDP): 1/${n} of it on each`
-      : `${n} devices, data-parallel (whole model on each)`;
+      ? `${where}, model sharded (FSDP): 1/${ranks} of it on each`
+      : `${where}, data-parallel (whole model on each)`;
   }
 
   // the training method (the CLI's words: dprc/client/commands.py, _method_words)

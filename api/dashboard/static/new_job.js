@@ -26,6 +26,8 @@
     }
     const out = { model: $("model").value, training_file: $("training_file").value, hyperparameters: hp, privacy };
     if (intOrNull("checkpoint_every") !== null) out.checkpoint_every = intOrNull("checkpoint_every");
+    // the job's shape (nodes × devices ranks): the plan does not depend on it
+    for (const key of ["nodes", "devices"]) if (intOrNull(key) !== null) out[key] = intOrNull(key);
     return out;
   }
 

@@ -1,10 +1,14 @@
 """``dprc jobs create --devices N --sharding fsdp`` as a subprocess against a real ``dprc serve``
 subprocess (whose largest worker has 2 devices; its embedded worker has 1, so the jobs stay
 queued): the options become ``devices`` and ``sharding``, ``jobs get`` says them in words, the
-server's refusals reach the user, and an unknown sharding is refused by the command line."""
+server's refusals reach the user, and an unknown sharding is refused by the command line. The
+server launches jobs on 2 hosts through a Ray cluster whose address answers nothing: ``--nodes 2``
+becomes ``nodes``, ``jobs get`` says the shape, and the job fails with the reason."""
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -15,7 +19,21 @@ from tests.dprc.client.conftest import Served, serving, write_lines
 @pytest.fixture(scope="module")
 def served_two(tmp_path_factory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("dprc-serve-sharding")
-    yield from serving(tmp, ("a",), DPRC_MAX_JOB_DEVICES="2")
+    yield from serving(
+        tmp,
+        ("a",),
+        DPRC_MAX_JOB_DEVICES="2",
+        DPRC_LAUNCHER="ray",
+        DPRC_RAY_ADDRESS=f"127.0.0.1:{_closed_port()}",
+        DPRC_MAX_JOB_NODES="2",
+        DPRC_RAY_WAIT_SECONDS="1",
+    )
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:  # bound, never listening: a connection to it is refused
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _create(train_id: str, *extra: str) -> list[str]:
@@ -55,6 +73,26 @@ def test_jobs_create_with_devices_and_sharding_and_jobs_get_says_them(served_two
     # an unknown sharding: refused by the command line, before any request
     bad = served.run(*_create(f["id"], "--devices", "2", "--sharding", "zero3"))
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_jobs_create_with_nodes_and_a_ray_cluster_that_is_down(served_two, tmp_path):
+    served = served_two
+    lines = [{"text": ["ab", "cd", "ef"][i % 3] * (6 + i % 5)} for i in range(32)]
+    f = served.json("files", "upload", str(write_lines(tmp_path / "t.jsonl", lines)))
+    job = served.json(*_create(f["id"], "--nodes", "2"))
+    assert (job["nodes"], job["devices"]) == (2, 1)
+    shown = served.ok("jobs", "get", job["id"]).stdout
+    assert "2 nodes × 1 device(s) (2 ranks), data-parallel (whole model on each)" in shown
+    deadline = time.monotonic() + 120
+    while job["status"] != "failed":
+        assert job["status"] in ("queued", "running"), job
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+        job = served.json("jobs", "get", job["id"])
+    assert job["error"]["code"] == "nodes_unavailable"
+    assert "cannot reach the Ray cluster at 127.0.0.1:" in job["error"]["message"]
+    refused = served.run(*_create(f["id"], "--nodes", "3"))  # DPRC_MAX_JOB_NODES=2
+    assert refused.returncode == 2 and "nodes_unavailable" in refused.stderr
 
 
 def test_jobs_create_with_method_dpo_and_beta(served_two, tmp_path):
