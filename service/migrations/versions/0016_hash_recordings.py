@@ -1,8 +1,8 @@
 """big uploads' example hashes recorded in short transactions: the ``hash_recordings`` table
 (one row a tenant while its hashes are recorded; service/data/hash_recordings.py)
 
-Revision ID: 0015
-Revises: 0014
+Revision ID: 0016
+Revises: 0015
 Create Date: 2026-12-06 20:45:00
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0015"
-down_revision = "0014"
+revision = "0016"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 
