@@ -30,6 +30,7 @@ import hashlib
 import heapq
 import hmac
 import io
+import logging
 import operator
 import os
 import secrets
@@ -38,6 +39,7 @@ import tempfile
 import threading
 import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +48,8 @@ from typing import IO, Any, overload
 from dprc_core.training.data import DEFAULT_USER_FIELD, DataError, read_examples
 from service.base.errors import InvalidInput
 from service.data.user_counts import UserCounter, UserCounts
+
+log = logging.getLogger(__name__)
 
 SECRETS_DIR = "secrets"
 # characters no model input shows: Unicode's format characters (category Cf: zero-width space
@@ -668,6 +672,9 @@ def hash_file(
                 hashed = _hash_parallel(path, secret, folder, max_line_bytes, workers)
             except DataError as exc:
                 raise InvalidInput(str(exc), param="file", code="invalid_jsonl") from exc
+            except (OSError, BrokenProcessPool):  # no worker could start or one died
+                log.warning("hashing %s in worker processes failed; in one pass", path.name)
+                hashed = None
             if hashed is not None:
                 yield hashed
                 return
