@@ -378,8 +378,8 @@ class Job(BaseModel):
     checkpoint_every: int | None
     cancel_requested: bool
     pause_requested: bool = False
-    devices: int = Field(default=1, description="devices (ranks) on each of its nodes")
     nodes: int = Field(default=1, description="hosts it trains on (nodes × devices ranks)")
+    devices: int = Field(default=1, description="devices (ranks) on each of its nodes")
     sharding: ShardingName = Field(
         default="none",
         description="'fsdp': the model sharded over the devices (FSDP2); 'none': whole on each",
