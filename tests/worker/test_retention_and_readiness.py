@@ -5,6 +5,7 @@ migrations and the broker."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import openai
@@ -52,7 +53,15 @@ def test_a_finished_job_keeps_its_last_checkpoints_and_all_its_privacy_record(se
 
     ckpts = client.fine_tuning.jobs.checkpoints.list(job.id).data
     assert sorted(c.step_number for c in ckpts) == [3, 4]  # the last two, the final among them
-    on_disk = sorted(p.name for p in list_checkpoints(run_folder(served.settings.data_dir, job.id)))
+    # the bytes go right after the commit that ends the job (retention.py), so a client that
+    # sees "succeeded" may look before the worker has removed them: a few seconds at most
+    run = run_folder(served.settings.data_dir, job.id)
+    deadline = time.monotonic() + 30
+    while (on_disk := sorted(p.name for p in list_checkpoints(run))) != [
+        "step-000003",
+        "step-000004",
+    ] and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert on_disk == ["step-000003", "step-000004"]
     events = client.fine_tuning.jobs.list_events(job.id, limit=100).data
     saved = [e for e in events if e.message.startswith("Checkpoint at step")]
