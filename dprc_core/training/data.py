@@ -19,6 +19,7 @@ its number; blank lines are skipped.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -372,6 +373,81 @@ def read_examples(
         elif ex.format != first:
             raise DataError(f"line {i}: a {ex.format} line in a {first} file (formats mixed)")
         yield ex
+
+
+# The shapes of most lines of a big data set, ``{"text": "..."}`` and ``{"text": "...", "label":
+# <integer or string>}``, matched on the line's bytes (JSON's whitespace between the tokens): a
+# string without escapes or control characters, an integer of at most 18 digits without leading
+# zeros. Whatever else a line holds (other fields or their order, escapes, a float label, a
+# BOM, a byte that is not UTF-8, a blank text) does not match, and the line is read the full way.
+_JSON_WS = rb"[ \t\n\r]*"
+_FAST_LINE = re.compile(
+    _JSON_WS
+    + rb"\{"
+    + _JSON_WS
+    + rb'"text"'
+    + _JSON_WS
+    + rb":"
+    + _JSON_WS
+    + rb'"([^"\\\x00-\x1f]*)"'
+    + _JSON_WS
+    + rb"(?:,"
+    + _JSON_WS
+    + rb'"label"'
+    + _JSON_WS
+    + rb":"
+    + _JSON_WS
+    + rb'(?:(-?(?:0|[1-9][0-9]{0,17}))|"([^"\\\x00-\x1f]*)")'
+    + _JSON_WS
+    + rb")?\}"
+    + _JSON_WS
+    + rb"\Z"
+)
+
+
+def read_fields(
+    lines: Iterable[str | bytes], user_field: str | None = None
+) -> Iterator[tuple[str, str, str | int | None, str | None]]:
+    """``(format, text, label, user)`` of each example of :func:`read_examples` ``(lines,
+    user_field=user_field)``, the same examples and the same refusals (word for word), without
+    an :class:`Example` for each: the upload's hashing pass. A text or classification line of
+    the common shape (``_FAST_LINE``, bytes, no user field asked for) is read from the regular
+    expression's groups, in about a third of the time; every other line as
+    :func:`read_examples` reads it."""
+    first: str | None = None
+    id_type: tuple[int, str] | None = None  # the first user id's line and type
+    fast = _FAST_LINE.match if user_field is None else None
+    for i, raw in enumerate(lines, start=1):
+        m = fast(raw) if fast is not None and isinstance(raw, bytes) else None
+        if m is not None:
+            body, number, word = m.groups()
+            try:
+                text = body.decode("utf-8")
+                label: str | int | None = (
+                    int(number) if number is not None else None if word is None else word.decode()
+                )
+            except UnicodeDecodeError:
+                m = None  # named by the full reader
+            else:
+                if text.strip():
+                    fmt = "text" if number is None and word is None else "classification"
+                    if first is None:
+                        first = fmt
+                    elif fmt != first:
+                        raise DataError(f"line {i}: a {fmt} line in a {first} file (formats mixed)")
+                    yield fmt, text, label, None
+                    continue
+        if not raw.strip():
+            continue
+        obj = decode_json_line(raw, i)
+        ex = read_example(obj, i, user_field)
+        if ex.user is not None:
+            id_type = _check_id_type(obj[user_field or DEFAULT_USER_FIELD], i, id_type)
+        if first is None:
+            first = ex.format
+        elif ex.format != first:
+            raise DataError(f"line {i}: a {ex.format} line in a {first} file (formats mixed)")
+        yield ex.format, ex.text, ex.label, ex.user
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,8 @@ The rules, applied under the tenant's lock (uploads of a tenant take turns):
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +66,9 @@ LOOKUP_CHUNK = 500  # digests a lookup names
 INSERT_CHUNK = 5000  # rows an insert (executemany, or a COPY on PostgreSQL) sends
 MERGE_MIN = 100_000  # a merge reads at least this many of the tenant's hashes before giving up
 READ_BLOCK = 10_000  # rows a merge fetches at a time
+# what COPY's text format and a JSON string hold as it is (a digest is hex; an id letters,
+# digits, - and _)
+_PLAIN = re.compile(r"[0-9A-Za-z_-]+")
 
 
 @dataclass(frozen=True)
@@ -415,35 +420,74 @@ def insert_digests(
     stop: int,
 ) -> int:
     """Insert ``digests[start:stop]`` for ``group_id``, those marked in ``held`` left out, in
-    their (sorted) order: ``INSERT_CHUNK`` rows an ``executemany`` through the driver (no ORM
-    row objects), or ``COPY`` on PostgreSQL; how many."""
+    their (sorted) order, ``INSERT_CHUNK`` rows a statement, with no ORM row objects: ``COPY``
+    on PostgreSQL (one text block), on SQLite one ``INSERT ... SELECT`` from ``json_each`` of
+    the chunk's digests as a JSON array (SQLite reads the rows itself: ~2.5 µs a row against
+    ~6.5 µs through ``executemany``, so the write lock is held less than half as long), else
+    an ``executemany`` through the driver; how many."""
     conn = session.connection()
     raw: Any = conn.connection.dbapi_connection  # psycopg's on PostgreSQL (COPY)
-    copy = conn.dialect.name == "postgresql" and hasattr(raw, "cursor")
+    dialect = conn.dialect.name
+    copy = dialect == "postgresql" and hasattr(raw, "cursor")
+    plain_group = bool(_PLAIN.fullmatch(group_id))  # new_id's letters, digits and dashes
+    json_each = dialect == "sqlite" and _json_each()
     added = 0
     for i in range(start, stop, INSERT_CHUNK):
         end = min(i + INSERT_CHUNK, stop)
-        rows = [
-            (tenant_id, d, group_id)
+        chosen = [
+            d
             for j, d in enumerate(digests[i:end], start=i)
             if held is None or not held[j >> 3] & (1 << (j & 7))
         ]
-        if not rows:
+        if not chosen:
             continue
-        added += len(rows)
-        if copy:
+        added += len(chosen)
+        plain = plain_group and bool(_PLAIN.fullmatch("".join(chosen)))  # nothing to escape
+        if copy and plain:  # COPY's text format, one block
             assert raw is not None
+            head, tail = f"{int(tenant_id)}\t", f"\t{group_id}\n"
+            with (
+                raw.cursor() as cur,
+                cur.copy("COPY example_hashes (tenant_id, digest, group_id) FROM STDIN") as out,
+            ):
+                out.write("".join([head + d + tail for d in chosen]))
+            continue
+        if json_each and plain:
+            conn.exec_driver_sql(
+                "INSERT INTO example_hashes (tenant_id, digest, group_id) "
+                "SELECT ?, value, ? FROM json_each(?)",
+                (tenant_id, group_id, '["' + '","'.join(chosen) + '"]'),
+            )
+            continue
+        rows = [(tenant_id, d, group_id) for d in chosen]
+        if copy:
             with (
                 raw.cursor() as cur,
                 cur.copy("COPY example_hashes (tenant_id, digest, group_id) FROM STDIN") as out,
             ):
                 for row in rows:
                     out.write_row(row)
-        else:
-            mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
-            conn.exec_driver_sql(
-                "INSERT INTO example_hashes (tenant_id, digest, group_id) "
-                f"VALUES ({mark}, {mark}, {mark})",
-                rows,
-            )
+            continue
+        mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+        conn.exec_driver_sql(
+            "INSERT INTO example_hashes (tenant_id, digest, group_id) "
+            f"VALUES ({mark}, {mark}, {mark})",
+            rows,
+        )
     return added
+
+
+@functools.cache
+def _json_each() -> bool:
+    """Whether this process's SQLite has ``json_each`` (built in since 3.38, and in most builds
+    before): asked once."""
+    import sqlite3
+
+    probe = sqlite3.connect(":memory:")
+    try:
+        probe.execute("""SELECT value FROM json_each('["a"]')""").fetchall()
+    except sqlite3.OperationalError:  # pragma: no cover - a build without JSON1
+        return False
+    finally:
+        probe.close()
+    return True

@@ -45,7 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, overload
 
-from dprc_core.training.data import DEFAULT_USER_FIELD, DataError, read_examples
+import numpy as np
+
+from dprc_core.training.data import DEFAULT_USER_FIELD, DataError, read_fields
 from service.base.errors import InvalidInput
 from service.data.user_counts import UserCounter, UserCounts
 
@@ -232,29 +234,70 @@ def _distinct(runs: list[bytes | Path], width: int) -> Iterator[bytes]:
             last = record
 
 
+def sorted_distinct(records: bytes | bytearray, width: int) -> bytes:
+    """The distinct ``width``-byte records of ``records`` in byte order (what
+    ``b"".join(sorted(set(...)))`` of them gives), sorted by numpy as opaque records: memcmp
+    order, about 0.25 µs a record against Python's 1.1 µs."""
+    if not records:
+        return b""
+    view = np.frombuffer(records, dtype=np.dtype((np.void, width)))
+    return bytes(np.unique(view).tobytes())
+
+
+def _run_bytes(runs: list[bytes | Path]) -> int:
+    return sum(len(r) if isinstance(r, bytes) else r.stat().st_size for r in runs)
+
+
+def _merge_in_memory(runs: list[bytes | Path], target: Path, width: int) -> int:
+    """The distinct records of ``runs`` written to ``target`` in order, all read at once and
+    sorted by numpy (:func:`sorted_distinct`; several times faster than a k-way merge in
+    Python); the runs' files are deleted; how many records."""
+    data = bytearray()
+    for run in runs:
+        data += run if isinstance(run, bytes) else run.read_bytes()
+    out = sorted_distinct(data, width)
+    del data
+    target.write_bytes(out)
+    for run in runs:
+        if isinstance(run, Path):
+            run.unlink(missing_ok=True)
+    return len(out) // width
+
+
 class _DigestSpool:
     """Collects raw digests; :meth:`finish` gives them distinct and sorted. With a
     ``spill_dir``, runs beyond the first are written to a folder made in it (removed by
     :meth:`close`); without one they stay in memory as 32-byte records."""
 
     def __init__(
-        self, spill_dir: Path | None, width: int = DIGEST_BYTES, run_records: int | None = None
+        self,
+        spill_dir: Path | None,
+        width: int = DIGEST_BYTES,
+        run_records: int | None = None,
+        merge_bytes: int = 0,
     ):
         self._spill_dir = spill_dir
+        self._merge_bytes = merge_bytes  # runs of at most this many bytes: merged in memory
         self._width = width
         self._run_records = run_records or RUN_RECORDS
         self._folder: Path | None = None
-        self._pending: set[bytes] = set()
+        self._pending = bytearray()  # the current run's records, as added
+        self._limit = self._run_records * width
         self._runs: list[bytes | Path] = []
 
     def add(self, digest: bytes) -> None:
-        self._pending.add(digest)
-        if len(self._pending) >= self._run_records:
+        self._pending += digest
+        if len(self._pending) >= self._limit:
             self._flush()
 
+    def _sorted(self) -> bytes:
+        """The current run's distinct records in (byte) order; the run emptied."""
+        run = sorted_distinct(self._pending, self._width)
+        self._pending = bytearray()
+        return run
+
     def _flush(self) -> None:
-        run = b"".join(sorted(self._pending))
-        self._pending = set()
+        run = self._sorted()
         if self._spill_dir is None:
             self._runs.append(run)
             return
@@ -271,7 +314,8 @@ class _DigestSpool:
     def finish(self) -> Digests:
         w = self._width
         if not self._runs:  # one run: in memory
-            return Digests(b"".join(sorted(self._pending)), len(self._pending), w)
+            run = self._sorted()
+            return Digests(run, len(run) // w, w)
         if self._pending:
             self._flush()
         if self._spill_dir is None:
@@ -279,6 +323,11 @@ class _DigestSpool:
             self._runs = []
             return Digests(out, len(out) // w, w)
         runs = self._runs
+        if _run_bytes(runs) <= self._merge_bytes:
+            path = self._file("digests")
+            _merge_in_memory(runs, path, w)
+            self._runs = []
+            return Digests(path, path.stat().st_size // w, w)
         passes = 0
         while len(runs) > MAX_FAN_IN:  # merge groups first: memory is MAX_FAN_IN blocks
             passes += 1
@@ -368,6 +417,14 @@ def user_digest(keyed: Any, field: str, user: str) -> bytes:
     return bytes(mac.digest())
 
 
+def _keyed(keyed: Any) -> Any:
+    """The object to copy for each example's HMAC: OpenSSL's own HMAC state inside ``keyed``
+    where :mod:`hmac` holds one (its ``copy`` is one C call, not a Python object's), else
+    ``keyed``; the same digests either way."""
+    inner = getattr(keyed, "_hmac", None)
+    return inner if inner is not None and hasattr(inner, "copy") else keyed
+
+
 def _hash_lines(
     lines: Iterable[bytes],
     secret: bytes,
@@ -386,11 +443,13 @@ def _hash_lines(
     named: int | None = None  # the first line's number, and whether it named a user
     with_users = False
     keyed = hmac.new(secret, digestmod=hashlib.sha256)
-    for ex in read_examples(lines, user_field=user_field):
-        n, fmt = n + 1, ex.format
+    base = _keyed(keyed)
+    add, legacy = spools.digests.add, spools.legacy
+    for kind, text, label, user in read_fields(lines, user_field):
+        n, fmt = n + 1, kind
         if named is None:
-            named, with_users = n, ex.user is not None
-        elif (ex.user is not None) != with_users:
+            named, with_users = n, user is not None
+        elif (user is not None) != with_users:
             field_name = user_field or DEFAULT_USER_FIELD
             raise DataError(
                 f"example {n}: "
@@ -400,24 +459,24 @@ def _hash_lines(
                 + f": either every line names its user in {field_name!r} (user-level DP, "
                 "docs/privacy_unit.md) or none does"
             )
-        if ex.user is not None:
-            users.add(ex.user)
-        if ex.label is not None and classes < 2:
-            name = str(ex.label)  # label_names compares labels as strings: 1 and "1" are one
+        if user is not None:
+            users.add(user)
+        if label is not None and classes < 2:
+            name = str(label)  # label_names compares labels as strings: 1 and "1" are one
             if first_label is None:
                 first_label, classes = name, 1
             elif name != first_label:
                 classes = 2
-        mac = keyed.copy()
-        mac.update(canonical_text(ex.text).encode("utf-8"))
+        mac = base.copy()
+        mac.update(canonical_text(text).encode("utf-8"))
         digest = mac.digest()
-        spools.digests.add(digest)
-        if spools.legacy is not None:
-            raw = keyed.copy()
-            raw.update(ex.text.encode("utf-8"))
-            spools.legacy.add(raw.digest())
-        if ex.user is not None:
-            who = user_digest(keyed, user_field or DEFAULT_USER_FIELD, ex.user)
+        add(digest)
+        if legacy is not None:
+            raw = base.copy()
+            raw.update(text.encode("utf-8"))
+            legacy.add(raw.digest())
+        if user is not None:
+            who = user_digest(keyed, user_field or DEFAULT_USER_FIELD, user)
             spools.users.add(who)
             spools.pairs.add(digest + who)
     if fmt is None:
@@ -467,7 +526,9 @@ def hash_examples(
 PARALLEL_MIN_BYTES = 32 << 20
 HASH_WORKERS = 4
 WORKER_NICE = 0
-WORKER_RUN_RECORDS = 1 << 18  # a worker's run (~30 MB): fewer runs to merge
+WORKER_RUN_RECORDS = 1 << 18  # a worker's runs, all buckets together (~8 MB)
+BUCKETS_PER_WORKER = 8  # buckets of the digests' first byte: small enough to merge in memory
+WORKER_MERGE_BYTES = 64 << 20  # a bucket's runs up to this size are merged in memory (numpy)
 
 
 @dataclass(frozen=True)
@@ -518,24 +579,30 @@ def _hash_range(
 ) -> _Range | None:
     """A worker's range of lines hashed into ``buckets`` spools (in ``folder``); None when it
     meets a bad line or a line naming its user (the file is then hashed in one pass)."""
-    spools = [_DigestSpool(folder, run_records=WORKER_RUN_RECORDS) for _ in range(buckets)]
-    keyed = hmac.new(secret, digestmod=hashlib.sha256)
+    run_records = max(1024, WORKER_RUN_RECORDS // buckets)
+    spools = [
+        _DigestSpool(folder, run_records=run_records, merge_bytes=WORKER_MERGE_BYTES)
+        for _ in range(buckets)
+    ]
+    adds = [spool.add for spool in spools]
+    base = _keyed(hmac.new(secret, digestmod=hashlib.sha256))
     n, fmt, first_label, classes = 0, None, None, 0
     try:
-        for ex in read_examples(_range_lines(path, start, stop, max_line_bytes)):
-            if ex.user is not None:
+        lines = _range_lines(path, start, stop, max_line_bytes)
+        for kind, text, label, user in read_fields(lines):
+            if user is not None:
                 return None
-            n, fmt = n + 1, ex.format
-            if ex.label is not None and classes < 2:
-                name = str(ex.label)
+            n, fmt = n + 1, kind
+            if label is not None and classes < 2:
+                name = str(label)
                 if first_label is None:
                     first_label, classes = name, 1
                 elif name != first_label:
                     classes = 2
-            mac = keyed.copy()
-            mac.update(canonical_text(ex.text).encode("utf-8"))
+            mac = base.copy()
+            mac.update(canonical_text(text).encode("utf-8"))
             digest = mac.digest()
-            spools[digest[0] * buckets >> 8].add(digest)
+            adds[digest[0] * buckets >> 8](digest)
     except DataError:
         return None
     out: list[bytes | Path] = []
@@ -548,6 +615,8 @@ def _hash_range(
 
 def _merge_bucket(runs: list[bytes | Path], target: Path) -> int:
     """The distinct records of a bucket's sorted runs written to ``target``; how many."""
+    if _run_bytes(runs) <= WORKER_MERGE_BYTES:
+        return _merge_in_memory(runs, target, DIGEST_BYTES)
     count = 0
     with open(target, "wb") as fh:
         block = bytearray()
@@ -596,7 +665,7 @@ def _hash_parallel(
     from concurrent.futures import ProcessPoolExecutor
 
     cuts = _cuts(path, workers)
-    buckets = workers
+    buckets = workers * BUCKETS_PER_WORKER
     context = multiprocessing.get_context("spawn")  # no fork of a threaded server
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start) as pool:
         ranges = list(

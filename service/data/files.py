@@ -44,7 +44,7 @@ from service.governance import audit
 from service.governance.audit import Act
 from service.governance.keys import Caller
 from service.governance.roles import Action, allowed, authorize
-from service.store.db import locked_session
+from service.store.db import is_sqlite, locked_session
 from service.store.job_status import ACTIVE
 from service.store.store import Store
 from service.store.tables import (
@@ -375,6 +375,9 @@ def _record_batched(
         with store.sessions() as session:
             held = held_bitmap(session, tenant_id, digests)
     added = 0
+    # only SQLite's writers wait for a recording's transactions (its one write lock); on
+    # PostgreSQL the other tenants' writes take other rows' locks, so no pause is needed
+    pause = is_sqlite(store.engine)
     for start in range(0, len(digests), hash_recordings.BATCH_ROWS):  # 3. the hashes
         stop = min(start + hash_recordings.BATCH_ROWS, len(digests))
         began = time.monotonic()
@@ -382,7 +385,8 @@ def _record_batched(
             hash_recordings.own(session, tenant_id, token)
             added += insert_digests(session, tenant_id, group_id, digests, held, start, stop)
             session.commit()
-        hash_recordings.pause_after(time.monotonic() - began)
+        if pause:
+            hash_recordings.pause_after(time.monotonic() - began)
     with locked_session(store.sessions) as session:  # 4. the file
         session.get(Tenant, tenant_id, with_for_update=True)
         lease = hash_recordings.own(session, tenant_id, token)
