@@ -16,7 +16,8 @@ per-user data is recorded in one transaction, as before) is stored in four steps
    group (committed, empty, no file) or the existing one it joins; the lease names it;
 3. **the hashes** — ``BATCH_ROWS`` at a time, each batch its own write transaction (tens of
    milliseconds), which first checks that the lease is still this recording's and beats it,
-   then a pause of half as long (``PAUSE_SHARE``), in which other writers take the lock;
+   then, on SQLite, a pause of half as long (``PAUSE_SHARE``), in which other writers take
+   its one write lock (on PostgreSQL other tenants' writes take other rows' locks: no pause);
 4. **the file** — under the tenant's lock: the file's row (in its group), the group's
    ``n_examples``, the audit entries and the lease's deletion, in one transaction.
 
@@ -57,7 +58,7 @@ log = logging.getLogger(__name__)
 
 BATCHED_MIN = 200_000  # distinct examples from which an upload's hashes are recorded in batches
 BATCH_ROWS = 10_000  # hashes a recording transaction inserts (tens of milliseconds)
-# after each batch the recording pauses for this share of the time it held the write lock, so
+# after each batch on SQLite the recording pauses for this share of the time it held the write lock, so
 # that other writers get it: SQLite's busy handler sleeps between its tries (up to 100 ms), and
 # a recording that took the lock again at once would keep winning it
 PAUSE_SHARE = 0.5
