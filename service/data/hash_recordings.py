@@ -58,9 +58,9 @@ log = logging.getLogger(__name__)
 
 BATCHED_MIN = 200_000  # distinct examples from which an upload's hashes are recorded in batches
 BATCH_ROWS = 10_000  # hashes a recording transaction inserts (tens of milliseconds)
-# after each batch on SQLite the recording pauses for this share of the time it held the write lock, so
-# that other writers get it: SQLite's busy handler sleeps between its tries (up to 100 ms), and
-# a recording that took the lock again at once would keep winning it
+# after each batch on SQLite the recording pauses for this share of the time it held the write
+# lock, so that other writers get it: SQLite's busy handler sleeps between its tries (up to
+# 100 ms), and a recording that took the lock again at once would keep winning it
 PAUSE_SHARE = 0.5
 PAUSE_MAX_SECONDS = 0.05
 STALE_SECONDS = 600  # a lease not beaten for this long is taken for dead (lookups do not beat)
