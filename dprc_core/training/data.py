@@ -339,6 +339,14 @@ def read_example(obj: Any, line: int, user_field: str | None = None) -> Example:
     return Example("classification", text, label, user, line=line)
 
 
+def _one_format(first: str | None, fmt: str, line: int) -> str:
+    """The file's format after line ``line`` of format ``fmt`` (``first``: the format so far,
+    None before the first example); a line of another format is :class:`DataError`."""
+    if first is not None and fmt != first:
+        raise DataError(f"line {line}: a {fmt} line in a {first} file (formats mixed)")
+    return fmt
+
+
 def read_examples(
     lines: Iterable[str | bytes], task: str | None = None, user_field: str | None = None
 ) -> Iterator[Example]:
@@ -368,10 +376,7 @@ def read_examples(
                 f"line {i}: unknown fields ['label']; a causal LM reads 'text', 'messages' or "
                 "'prompt' and 'completion'"
             )
-        if first is None:
-            first = ex.format
-        elif ex.format != first:
-            raise DataError(f"line {i}: a {ex.format} line in a {first} file (formats mixed)")
+        first = _one_format(first, ex.format, i)
         yield ex
 
 
@@ -431,10 +436,7 @@ def read_fields(
             else:
                 if text.strip():
                     fmt = "text" if number is None and word is None else "classification"
-                    if first is None:
-                        first = fmt
-                    elif fmt != first:
-                        raise DataError(f"line {i}: a {fmt} line in a {first} file (formats mixed)")
+                    first = _one_format(first, fmt, i)
                     yield fmt, text, label, None
                     continue
         if not raw.strip():
@@ -443,10 +445,7 @@ def read_fields(
         ex = read_example(obj, i, user_field)
         if ex.user is not None:
             id_type = _check_id_type(obj[user_field or DEFAULT_USER_FIELD], i, id_type)
-        if first is None:
-            first = ex.format
-        elif ex.format != first:
-            raise DataError(f"line {i}: a {ex.format} line in a {first} file (formats mixed)")
+        first = _one_format(first, ex.format, i)
         yield ex.format, ex.text, ex.label, ex.user
 
 
