@@ -46,8 +46,12 @@ services:
 browser:
 	./scripts/browser.sh
 
+# Two processes (pytest-xdist): most of the suite's time is waits on servers, workers and
+# subprocesses, which overlap; a module (or an xdist_group) stays on one process, so its
+# module fixtures are built once (tests/conftest.py, pytest_xdist_make_scheduler).
+TEST_PROCESSES ?= 2
 test: lint services browser
-	$(PY) -m pytest -q --durations=40 tests
+	$(PY) -m pytest -q --durations=40 -n $(TEST_PROCESSES) --dist loadgroup tests
 
 # The suite without the tests marked slow and the browser tests (CI runs `make test`).
 test-fast: lint services

@@ -277,3 +277,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.browser)
         if _needs_services(fixtures, names, strings):
             item.add_marker(pytest.mark.services)
+
+
+# ------------------------------------------------------------ two processes (`make test`)
+#
+# `make test` runs the suite under pytest-xdist with ``--dist loadgroup``. A unit of work is a
+# test module (so its module and class fixtures are built once, on one process), or every
+# module of an ``xdist_group`` together (the multi-node tests share one local Ray cluster).
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleOrGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            _, at, group = nodeid.rpartition("@")  # loadgroup's suffix: "@" and the group
+            if at and "::" not in group and "]" not in group:
+                return group
+            return nodeid.split("::", 1)[0]
+
+    return ModuleOrGroup(config, log)

@@ -22,7 +22,8 @@ from tests.worker.conftest import learnable_lines, serve_embedded, wait_for
 from tests.worker.test_devices import _assert_exact_ledger
 from worker.celery_app import queue_for
 
-pytestmark = pytest.mark.slow
+# slow; one process runs both modules of the "ray" group, which share one local cluster
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 

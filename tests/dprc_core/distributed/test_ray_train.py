@@ -28,7 +28,8 @@ from tests.dprc_core.distributed.train_jobs import (
     write_spec,
 )
 
-pytestmark = pytest.mark.slow
+# slow; one process runs both modules of the "ray" group, which share one local cluster
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 ROOT = Path(__file__).resolve().parents[3]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
