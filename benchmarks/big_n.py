@@ -532,7 +532,7 @@ def render(result: dict[str, Any]) -> str:
             "after a warm-up upload. Phases as in [data.md](data.md): parts sent, assembly, "
             "validation + hashing (by worker processes for a big file, hashes sorted in runs "
             "and merged), recording of the hashes in the database (in transactions of "
-            "10,000 rows, on SQLite each followed by a pause half as long, none on "
+            "10,000 rows, on SQLite each followed by a pause a quarter as long, none on "
             "PostgreSQL: docs/data.md). CPU: the seconds the API and its hashing workers "
             "used during the upload, the other tenant's requests included (on an idle "
             "machine the wall time of the hashing is about "

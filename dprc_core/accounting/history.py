@@ -148,7 +148,9 @@ def _nbytes(pld: PrivacyLossDistribution | None) -> int:
     # pylint: disable=protected-access
     for pmf in (pld._pmf_remove, pld._pmf_add):
         if isinstance(pmf, pld_pmf.DensePLDPmf):
-            total += int(np.asarray(pmf._probs).nbytes)
+            probs = np.asarray(pmf._probs)
+            # a view keeps its whole base array alive
+            total += int(probs.base.nbytes if isinstance(probs.base, np.ndarray) else probs.nbytes)
         else:
             total += 64 * max(1, pmf.size)  # a property of the PMF
     return total + 256

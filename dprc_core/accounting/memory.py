@@ -36,6 +36,7 @@ _EVICT_LENGTHS = tuple(range(51, 51 + 2 * _PLAN_CACHE_SIZE))
 # at most 16 × 32,768 points × 16 bytes ≈ 8 MiB a kind, left alone)
 BIG_TRANSFORM = 1 << 15
 _big_since_release = False
+_big_temporaries = False
 
 _LIBC: ctypes.CDLL | None = None
 _LIBC_GUARD = threading.Lock()
@@ -49,14 +50,38 @@ def note_transform(length: int) -> None:
         _big_since_release = True
 
 
+def note_temporaries(length: int) -> None:
+    """Record temporary arrays of ``length`` points and no transform (ε of a composed PMF,
+    e.g. a cached composition read again): from :data:`BIG_TRANSFORM` points on, the next
+    :func:`trim_if_big` trims the heap (their freed pages stay with the allocator
+    otherwise: its mmap threshold has grown past them)."""
+    global _big_temporaries  # noqa: PLW0603 - a flag
+    if length >= BIG_TRANSFORM:
+        _big_temporaries = True
+
+
 def release_if_big() -> bool:
     """:func:`release_memory` when a big transform ran since the last release (a calibration or
     a budget check of a big job); otherwise nothing (the small creates pay nothing)."""
-    global _big_since_release  # noqa: PLW0603 - a flag
+    global _big_since_release, _big_temporaries  # noqa: PLW0603 - flags
     if not _big_since_release:
         return False
-    _big_since_release = False
+    _big_since_release = _big_temporaries = False
     release_memory()
+    return True
+
+
+def trim_if_big() -> bool:
+    """:func:`release_if_big`, or :func:`trim_heap` alone when only big temporaries were freed
+    since (:func:`note_temporaries`). Once after several compositions: each trim hands the
+    pages back and the next composition faults them in again."""
+    global _big_temporaries  # noqa: PLW0603 - a flag
+    if release_if_big():
+        return True
+    if not _big_temporaries:
+        return False
+    _big_temporaries = False
+    trim_heap()
     return True
 
 
@@ -108,8 +133,10 @@ def release_memory() -> None:
 __all__ = [
     "BIG_TRANSFORM",
     "clear_fft_plans",
+    "note_temporaries",
     "note_transform",
     "release_if_big",
     "release_memory",
     "trim_heap",
+    "trim_if_big",
 ]

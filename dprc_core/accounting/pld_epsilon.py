@@ -17,10 +17,15 @@ from dp_accounting.pld import pld_pmf
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from scipy import signal
 
+from dprc_core.accounting.memory import note_temporaries
+
 
 def _epsilon_dense(pmf: pld_pmf.DensePLDPmf, delta: float) -> float:
     # pylint: disable=protected-access
     probs = np.maximum(np.asarray(pmf._probs, dtype=np.float64), 0.0)
+    # a dozen temporaries of the PMF's size below (a cached composition read again runs no
+    # transform): freed pages that the caller's trim gives back
+    note_temporaries(probs.size)
     inf_mass = float(pmf._infinity_mass)
     lower = int(pmf._lower_loss)
     h = float(pmf._discretization)

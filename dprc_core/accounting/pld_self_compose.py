@@ -172,7 +172,9 @@ def _truncate_tails(
     right = max(right, left + 1)
     left_mass = np.sum(probs[:left])
     right_mass = np.sum(probs[right:])
-    kept = probs[left:right]
+    # a copy, not a view: a cached PLD would otherwise keep the whole convolution alive (the
+    # truncated tails included: often most of it), unseen by the cache's byte count
+    kept = probs[left:right].copy()
     if pessimistic:
         kept[0] += left_mass
         return left, kept, float(right_mass)

@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session
 
 from dprc_core.accounting import PrivacyEvent
 from dprc_core.accounting.history import build_leaves, epsilon_for_history
-from dprc_core.accounting.memory import release_if_big
+from dprc_core.accounting.memory import release_if_big, trim_if_big
 from dprc_core.training.plan import check_delta_for_size, default_delta
 from service.base.errors import Conflict, InvalidInput
 from service.store.job_status import ACTIVE, JobStatus
@@ -87,6 +87,16 @@ def compose(events: Sequence[PrivacyEvent | None], delta: float) -> float:
     """ε of the composition of ``events`` (slots in the file's job order, ``None`` for a job
     without an event); +inf (fits no budget) when the accountant cannot bound it. Incremental
     across calls (:func:`epsilon_for_history`): keep a job in its slot from call to call."""
+    try:
+        return _compose(events, delta)
+    finally:
+        trim_if_big()  # the ε of a big cached composition: its temporaries' pages back
+
+
+def _compose(events: Sequence[PrivacyEvent | None], delta: float) -> float:
+    """:func:`compose` for callers that compose several times and trim once after
+    (:func:`trim_if_big`: each trim hands the pages back, the next composition faults them
+    in again); a composition that ran big transforms releases at once as before."""
     try:
         return epsilon_for_history(events, delta)
     except ValueError:
@@ -274,10 +284,19 @@ def totals(
     in the slot after the group's jobs (where a job being created will be). Pure, and incremental
     through :func:`compose`: a state composed before costs a cache lookup, one more job
     O(log n) block compositions."""
+    try:
+        return _totals(events, delta, extra)
+    finally:
+        trim_if_big()
+
+
+def _totals(
+    events: GroupEvents, delta: float, extra: PrivacyEvent | None = None
+) -> tuple[float, float]:
     spent, committed = events
     return (
-        compose(list(spent), delta),
-        compose([*committed, extra] if extra is not None else list(committed), delta),
+        _compose(list(spent), delta),
+        _compose([*committed, extra] if extra is not None else list(committed), delta),
     )
 
 
@@ -309,8 +328,11 @@ def settle(
 def snapshot(events: GroupEvents, delta: float, privacy_event: PrivacyEvent) -> Snapshot:
     """``events`` with their totals with ``privacy_event``, composed under no lock (the totals
     without it too: they warm the cache for a refusal's message)."""
-    totals(events, delta)
-    return events, totals(events, delta, privacy_event)
+    try:
+        _totals(events, delta)
+        return events, _totals(events, delta, privacy_event)
+    finally:
+        trim_if_big()
 
 
 def build_leaf(events: GroupEvents, delta: float, privacy_event: PrivacyEvent) -> None:
@@ -407,8 +429,11 @@ def plan_fit(
 ) -> PlanFit:
     """Whether a job with ``privacy_event`` would fit the budget now (what :func:`reserve`
     checks), with the numbers around it."""
-    committed = totals(events, delta)[1]
-    with_job = totals(events, delta, privacy_event)[1]
+    try:
+        committed = _totals(events, delta)[1]
+        with_job = _totals(events, delta, privacy_event)[1]
+    finally:
+        trim_if_big()
     return PlanFit(
         epsilon=epsilon_budget,
         delta=delta,
@@ -524,6 +549,13 @@ def history(session: Session, group: BudgetGroup) -> History:
     """The group's composed ε after each of its jobs, in creation order: at job i, the
     composition (:func:`compose`, never a sum) of the spent and committed events of jobs
     1..i."""
+    try:
+        return _history(session, group)
+    finally:
+        trim_if_big()
+
+
+def _history(session: Session, group: BudgetGroup) -> History:
     delta = group_delta(session, group)
     spent: list[PrivacyEvent | None] = []
     committed: list[PrivacyEvent | None] = []
@@ -535,9 +567,9 @@ def history(session: Session, group: BudgetGroup) -> History:
         points.append(
             HistoryPoint(
                 job=job,
-                job_epsilon_spent=_finite(compose([own], delta)),
-                spent=_finite(compose(spent, delta)),
-                committed=_finite(compose(committed, delta)),
+                job_epsilon_spent=_finite(_compose([own], delta)),
+                spent=_finite(_compose(spent, delta)),
+                committed=_finite(_compose(committed, delta)),
             )
         )
     for release in group_releases(session, group.id):
@@ -547,9 +579,9 @@ def history(session: Session, group: BudgetGroup) -> History:
         points.append(
             HistoryPoint(
                 job=release,
-                job_epsilon_spent=_finite(compose([own], delta)),
-                spent=_finite(compose(spent, delta)),
-                committed=_finite(compose(committed, delta)),
+                job_epsilon_spent=_finite(_compose([own], delta)),
+                spent=_finite(_compose(spent, delta)),
+                committed=_finite(_compose(committed, delta)),
             )
         )
     return History(

@@ -382,6 +382,8 @@ def _record_batched(
         stop = min(start + hash_recordings.BATCH_ROWS, len(digests))
         began = time.monotonic()
         with locked_session(store.sessions) as session:
+            if not pause:
+                hash_recordings.lazy_commit(session)
             hash_recordings.own(session, tenant_id, token)
             added += insert_digests(session, tenant_id, group_id, digests, held, start, stop)
             session.commit()

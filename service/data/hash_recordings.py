@@ -16,7 +16,7 @@ per-user data is recorded in one transaction, as before) is stored in four steps
    group (committed, empty, no file) or the existing one it joins; the lease names it;
 3. **the hashes** — ``BATCH_ROWS`` at a time, each batch its own write transaction (tens of
    milliseconds), which first checks that the lease is still this recording's and beats it,
-   then, on SQLite, a pause of half as long (``PAUSE_SHARE``), in which other writers take
+   then, on SQLite, a pause a quarter as long (``PAUSE_SHARE``), in which other writers take
    its one write lock (on PostgreSQL other tenants' writes take other rows' locks: no pause);
 4. **the file** — under the tenant's lock: the file's row (in its group), the group's
    ``n_examples``, the audit entries and the lease's deletion, in one transaction.
@@ -37,7 +37,7 @@ import logging
 import time
 from pathlib import Path
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
 from service.base.clock import now
@@ -61,7 +61,7 @@ BATCH_ROWS = 10_000  # hashes a recording transaction inserts (tens of milliseco
 # after each batch on SQLite the recording pauses for this share of the time it held the write
 # lock, so that other writers get it: SQLite's busy handler sleeps between its tries (up to
 # 100 ms), and a recording that took the lock again at once would keep winning it
-PAUSE_SHARE = 0.5
+PAUSE_SHARE = 0.25
 PAUSE_MAX_SECONDS = 0.05
 STALE_SECONDS = 600  # a lease not beaten for this long is taken for dead (lookups do not beat)
 WAIT_SECONDS = 30 * 60  # how long an upload waits for another of its tenant's to be recorded
@@ -236,6 +236,17 @@ def sweep_stale(store: Store) -> int:
         for row in rows:
             session.expunge(row)
     return sum(recover(store, row) for row in rows)
+
+
+def lazy_commit(session: Session) -> None:
+    """PostgreSQL: this transaction (a batch of hashes) commits without waiting for its WAL to
+    reach the disk (``synchronous_commit = off``, this transaction only). Nothing of a crash's
+    is lost that a recording needs: the WAL is written in order, so the file's row — committed
+    at the end with the server's setting — is on disk only once every batch before it is; a
+    crash of the server loses at most the last batches with the lease's beats, and the lease
+    (committed with the server's setting) is taken for dead and rolled back as after a
+    ``kill -9``."""
+    session.execute(text("SET LOCAL synchronous_commit = off"))
 
 
 def pause_after(held_s: float) -> None:
