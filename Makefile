@@ -46,8 +46,8 @@ services:
 browser:
 	./scripts/browser.sh
 
-# Two processes (pytest-xdist): most of the suite's time is waits on servers, workers and
-# subprocesses, which overlap; a module (or an xdist_group) stays on one process, so its
+# Two processes (pytest-xdist): one test's waits on servers, workers and subprocesses overlap
+# another's work (47 min on 2 cores, 56 on one process); a module (or an xdist_group) stays on one process, so its
 # module fixtures are built once (tests/conftest.py, pytest_xdist_make_scheduler).
 TEST_PROCESSES ?= 2
 test: lint services browser
