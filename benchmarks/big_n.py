@@ -49,7 +49,6 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -77,6 +76,7 @@ from benchmarks.kit.server import (  # noqa: E402
     DPRC,
     PG_ADMIN,
     Server,
+    admin_key,
     dprc_serve,
     pg_database,
     server_pid,
@@ -119,18 +119,8 @@ def big_server(tmp: Path, database: str) -> Iterator[tuple[Server, str]]:
     if database == "postgresql":
         env["DPRC_DATABASE_URL"] = pg_database(name)
 
-    def key(tenant: str) -> str:
-        return subprocess.run(
-            [*DPRC, "keys", "create", "--tenant", tenant, "--role", "admin"],
-            env=env,
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-
     try:
-        bench, other = key("bench"), key("other")
+        bench, other = admin_key(env, "bench"), admin_key(env, "other")
         with dprc_serve(DPRC, env, tmp / "server.log", cwd=ROOT) as url:
             pid = server_pid(int(url.rsplit(":", 1)[1]))
             yield Server(url, bench, pid, data_dir), other

@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from benchmarks.kit.server import (  # noqa: E402
     DPRC,
+    admin_key,
     dprc_serve,
     exact_job_body,
     exact_job_event,
@@ -116,14 +117,7 @@ def run(db: str, older: int, method: str = "exact") -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="dprc-bench-"))
     url = pg_database(f"dprc_bench_{older}") if db == "postgresql" else None
     env = _server_env(tmp / "data", url)
-    key = subprocess.run(
-        [*DPRC, "keys", "create", "--tenant", "bench", "--role", "admin"],
-        env=env,
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    key = admin_key(env, "bench")
     headers = {"Authorization": f"Bearer {key}"}
     with dprc_serve(DPRC, env, tmp / "server.log", cwd=ROOT) as base:
         pid = server_pid(int(base.rsplit(":", 1)[1]))

@@ -26,7 +26,6 @@ import argparse
 import gc
 import json
 import os
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -37,8 +36,7 @@ import _bootstrap  # noqa: F401  (benchmarks/_bootstrap.py: the checkout first o
 from benchmarks.big_n import big_server, make_file, reads_and_creates
 from benchmarks.data_scale import measure_upload, warm_up
 from benchmarks.kit.memory import reset_peak, status_kib
-from benchmarks.kit.pages import ROOT
-from benchmarks.kit.server import DPRC, Server, exact_job_body, serve_in_thread
+from benchmarks.kit.server import Server, admin_key, exact_job_body, serve_in_thread
 
 
 def smaps(pid: int | str) -> dict[str, float]:
@@ -116,14 +114,7 @@ def in_process(tmp: Path, path: Path, n: int, batch: int) -> dict[str, Any]:
     data_dir = tmp / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DPRC_")}
     env.update(DPRC_DATA_DIR=str(data_dir), DPRC_DEFAULT_EPSILON_BUDGET="8.0")
-    key = subprocess.run(
-        [*DPRC, "keys", "create", "--tenant", "bench", "--role", "admin"],
-        env=env,
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    key = admin_key(env, "bench")
     settings = Settings(
         data_dir=data_dir,
         default_epsilon_budget=8.0,

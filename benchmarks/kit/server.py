@@ -26,6 +26,20 @@ if TYPE_CHECKING:
     from service.base.settings import Settings
 
 DPRC = [sys.executable, "-m", "dprc.cli"]  # how the benchmarks call ``dprc``
+
+
+def admin_key(env: dict[str, str], tenant: str) -> str:
+    """A new admin key of ``tenant``, made by ``dprc keys create`` with the server's ``env``."""
+    return subprocess.run(
+        [*DPRC, "keys", "create", "--tenant", tenant, "--role", "admin"],
+        env=env,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
 PG_ADMIN = os.environ.get("DPRC_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
@@ -116,14 +130,7 @@ def dprc_server(
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
     )
-    key = subprocess.run(
-        [*DPRC, "keys", "create", "--tenant", "bench", "--role", "admin"],
-        env=env,
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    key = admin_key(env, "bench")
     with dprc_serve(DPRC, env, tmp / "server.log", cwd=ROOT) as url:
         yield Server(url, key, server_pid(int(url.rsplit(":", 1)[1])), data_dir)
 
