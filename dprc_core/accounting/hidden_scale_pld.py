@@ -74,6 +74,11 @@ _TABLE_MIN_POINTS = 512  # fewer thresholds than this are solved without a start
 _TABLE_SPACING = 0.25  # table nodes ≤ this / (s_max − s_min) apart (start points to ~1e-6)
 _TABLE_MAX_NODES = 2048
 _WIDEN = 1.0 + 1e-6  # rounds the former iteration's widest bracket up (see _thresholds)
+# Halvings of a loss range's end (hidden_loss_range) after the probe: one call of the
+# bisection (255 points). The probes are 1.24× apart, so the end is found to about 0.1 % of
+# itself, on the safe side (δ(hi) ≤ tail, P(L < lo) ≤ tail): the range is at most that much
+# wider, a few support points more. The ends only size the PMF; any range is sound.
+_RANGE_HALVINGS = 8
 
 ProfileFn = Callable[[np.ndarray, Direction], np.ndarray]
 
@@ -443,7 +448,8 @@ def hidden_loss_range(
         def small(x: np.ndarray) -> np.ndarray:
             return hidden_delta(x, mech, direction, False) <= tail
 
-        hi = bisect(small, float(probe[max(idx - 1, 0)]), float(probe[idx]))[1]
+        end = float(probe[max(idx - 1, 0)]), float(probe[idx])
+        hi = bisect(small, *end, iters=_RANGE_HALVINGS, rel_tol=None)[1]
     lt = hidden_lower_tail(probe, mech, direction)
     above = np.nonzero(lt > tail)[0]
     first = int(above[0]) if above.size else probe.size - 1
@@ -451,11 +457,11 @@ def hidden_loss_range(
     def heavy(x: np.ndarray) -> np.ndarray:
         return hidden_lower_tail(x, mech, direction) > tail
 
-    # the largest x with P(L < x) ≤ tail lies in [probe[first − 1], probe[first]]
+    # the largest x with P(L < x) ≤ tail lies in [probe[first − 1], probe[first]]; the
+    # bisection's lower end has P(L < a) ≤ tail
     a = probe[max(first - 1, 0)]
     if first > 0:
-        b = bisect(heavy, float(a), float(probe[first]))[1]
-        a = b - 1e-12 * max(1.0, abs(b))
+        a = bisect(heavy, float(a), float(probe[first]), _RANGE_HALVINGS, rel_tol=None)[0]
     lo = max(a, hard_lo) if math.isfinite(hard_lo) else a
     return float(min(lo, hi)), float(hi)
 

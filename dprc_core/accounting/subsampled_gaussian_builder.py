@@ -128,8 +128,9 @@ def _one_step(
     the number of steps, so the events of one job — planned, then settled after each number of
     steps — and its repeated compositions share them (the same values, computed once)."""
     inf_budget = tail / (4.0 * step.sample_rate)
-    fine = scale_distribution(step, inf_budget, settings.scale_width)
-    coarse = scale_distribution(step, inf_budget, max(_COARSE_WIDTH, settings.scale_width))
+    width = settings.width_for(hidden_scale(step))
+    fine = scale_distribution(step, inf_budget, width)
+    coarse = scale_distribution(step, inf_budget, max(_COARSE_WIDTH, width))
     geometry_of = hidden_step_geometry if hidden_scale(step) else step_geometry
     sigma, q = step.noise_multiplier, step.sample_rate
     geometry = geometry_of(StepMechanism(sigma, q, coarse), tail)

@@ -172,10 +172,10 @@ def test_single_scale_is_the_subsampled_gaussian(sigma, q, direction):
 def _mixture_reference(sigma, q, steps, delta, k, h=5e-4):
     """ε of dp_accounting's own PLD of the same 1-D pair (the accountant's discrete law,
     the infinite atom moved to the largest finite scale), composed by dp_accounting."""
-    settings = AccountingSettings(scale_width=0.01)  # ~100 atoms keep dp_accounting quick
+    settings = AccountingSettings(hidden_scale_width=0.01)  # ~100 atoms keep dp_accounting quick
     event = PrivacyEvent(sigma, q, steps, "hutch", k, sketch=PER_EXAMPLE)
     tail = settings.tail_fraction * delta / steps
-    law = scale_distribution(event, tail / (4 * q), settings.scale_width)
+    law = scale_distribution(event, tail / (4 * q), settings.hidden_scale_width)
     w = law.weights.copy()
     w[-1] += law.inf_weight
     pld = dpl.from_mixture_gaussian_mechanism(
