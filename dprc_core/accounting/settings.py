@@ -8,7 +8,7 @@ from dprc_core.accounting.scale_distribution import DEFAULT_RELATIVE_WIDTH
 
 # Relative width of the scale bins of the hidden-scale model (per-example sketches,
 # docs/accounting.md §10). Its per-step PLD mixes over every atom at every support point, so
-# the atoms are its cost: 1 % (~110 atoms at k = 32) instead of 0.1 % (~1,100) makes a step
+# the atoms are its cost: 1 % (~80 atoms at k = 32) instead of 0.1 % (~800) makes a step
 # PLD several times cheaper for about +0.5–1 % of ε. Any width is sound: each bin's mass sits
 # at its upper edge, so the law dominates the envelope whatever the width (§3 item 1, §10).
 HIDDEN_SCALE_WIDTH = 0.01
