@@ -15,6 +15,7 @@ PLAN_FIELDS = (
     "clipping",
     "k",
     "sketch",
+    "scale_width",
     "noise",
     "nu",
     "bands",

@@ -21,6 +21,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import replace
 
 from dprc_core.accounting.accountant import DEFAULT_SETTINGS, AccountingSettings, account
 from dprc_core.accounting.events import (
@@ -309,6 +310,7 @@ def noise_multiplier(
     rank: int | None = None,
     *,
     sketch: str = SHARED_SKETCH,
+    scale_width: float | None = None,
     rel_tol: float = 0.005,
     sigma_max: float = SIGMA_MAX,
     settings: AccountingSettings = DEFAULT_SETTINGS,
@@ -322,13 +324,21 @@ def noise_multiplier(
     Raises ``ValueError`` if even ``sigma_max`` does not reach the target. ``envelope``:
     ``exact`` | ``hutch`` | ``hutchpp`` (with ``k`` and, for hutch, ``rank``); ``sketch``:
     ``"shared"`` (the revealed-scale model) or ``"per_example"`` (the hidden-scale model of
-    independent per-example sketches, randomized envelopes only; docs/accounting.md §10).
-    ``clipping``: the deprecated name of ``envelope``.
+    independent per-example sketches, randomized envelopes only; docs/accounting.md §10);
+    ``scale_width``: the hidden-scale law's bin width (per-example sketches only; None: the
+    current law, :data:`~dprc_core.accounting.events.HIDDEN_SCALE_WIDTH`). ``clipping``: the
+    deprecated name of ``envelope``.
     """
 
-    def make_event(sigma: float) -> PrivacyEvent:
-        return SubsampledGaussianEvent(sigma, sample_rate, steps, envelope, k, rank, sketch)
+    def make_event(sigma: float) -> SubsampledGaussianEvent:
+        return SubsampledGaussianEvent(
+            sigma, sample_rate, steps, envelope, k, rank, sketch, scale_width
+        )
 
+    try:
+        family: Hashable | None = _gaussian_family(make_event(1.0))
+    except ValueError:
+        family = None  # calibrate refuses it, after its own checks
     return calibrate(
         make_event,
         target_epsilon,
@@ -336,14 +346,14 @@ def noise_multiplier(
         rel_tol=rel_tol,
         sigma_max=sigma_max,
         settings=settings,
-        family=_gaussian_family(sample_rate, steps, envelope, k, rank, sketch),
+        family=family,
     )
 
 
-def _gaussian_family(
-    sample_rate: float, steps: int, envelope: str, k: int | None, rank: int | None, sketch: str
-) -> Hashable:
-    return (SubsampledGaussianEvent, sample_rate, steps, envelope, k, rank, sketch)
+def _gaussian_family(event: SubsampledGaussianEvent) -> Hashable:
+    """Everything ``event``'s ε depends on besides σ: the event with σ = 1 (its scale law
+    included)."""
+    return (SubsampledGaussianEvent, replace(event, noise_multiplier=1.0))
 
 
 def gaussian_epsilon(
@@ -354,9 +364,7 @@ def gaussian_epsilon(
     """ε of one Poisson-subsampled Gaussian event at ``delta`` (as :func:`account`), read
     from its family's curve when a calibration already composed it (the planned ε of a
     calibrated plan costs no second composition)."""
-    family = _gaussian_family(
-        event.sample_rate, event.steps, event.envelope, event.k, event.rank, event.sketch
-    )
+    family = _gaussian_family(event)
     curve = epsilon_curve((family, check_delta(delta), settings))
     known = curve.get(event.noise_multiplier)
     if known is not None:

@@ -29,6 +29,9 @@ __all__ = [
     "PER_EXAMPLE_SKETCH",
     "SHARED_SKETCH",
     "SKETCHES",
+    "HIDDEN_SCALE_WIDTH",
+    "LEGACY_HIDDEN_SCALE_WIDTH",
+    "MAX_SCALE_WIDTH",
     "check_clipping",
     "check_delta",
     "check_envelope",
@@ -36,9 +39,21 @@ __all__ = [
     "check_mechanism",
     "check_noise_multiplier",
     "check_sample_rate",
+    "check_scale_width",
     "check_sketch",
     "check_steps",
 ]
+
+# The hidden-scale model's scale law (per-example sketches, docs/accounting.md §10, "The scale
+# law's width"): the relative width of its scale bins. Each hidden-scale event carries its own
+# (SubsampledGaussianEvent.scale_width), so a job keeps the law it was planned and charged on:
+# HIDDEN_SCALE_WIDTH (1 %) for events built now, LEGACY_HIDDEN_SCALE_WIDTH (0.1 %, the law of
+# every hidden-scale event before the width was recorded) for one read without it. Any width
+# is sound (each bin's mass sits at its upper edge); above MAX_SCALE_WIDTH (the grid's own
+# coarse law) a width is refused.
+HIDDEN_SCALE_WIDTH = 0.01
+LEGACY_HIDDEN_SCALE_WIDTH = 0.001
+MAX_SCALE_WIDTH = 0.05
 
 
 def is_int(value: Any) -> bool:
@@ -114,6 +129,16 @@ def check_mechanism(mechanism: Any) -> str:
 
 
 @renamed_keyword("clipping", "envelope")
+def check_scale_width(width: Any) -> float:
+    """A hidden-scale law's relative bin width: a finite number in (0, MAX_SCALE_WIDTH]."""
+    if not is_real(width) or not math.isfinite(width) or not 0 < width <= MAX_SCALE_WIDTH:
+        raise ValueError(
+            f"scale_width must be a finite number with 0 < scale_width <= {MAX_SCALE_WIDTH} "
+            f"(the relative width of the hidden-scale law's bins), got {width!r}"
+        )
+    return float(width)
+
+
 def check_sketch(sketch: Any, envelope: str, *, clipping: str | None = None) -> str:
     """Validate how the sketch was drawn; ``per_example`` needs a randomized envelope."""
     if sketch not in SKETCHES:

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from dprc_core.accounting import dpftrl
 from dprc_core.accounting.event_checks import (
+    HIDDEN_SCALE_WIDTH,
+    LEGACY_HIDDEN_SCALE_WIDTH,
     PER_EXAMPLE_SKETCH,
     SHARED_SKETCH,
     SKETCHES,
@@ -35,6 +37,7 @@ from dprc_core.accounting.event_checks import (
     check_mechanism,
     check_noise_multiplier,
     check_sample_rate,
+    check_scale_width,
     check_sketch,
     check_steps,
     is_real,
@@ -53,6 +56,8 @@ __all__ = [
     "DPFTRL_FIELDS",
     "DP_SGD",
     "ENVELOPES",
+    "HIDDEN_SCALE_WIDTH",
+    "LEGACY_HIDDEN_SCALE_WIDTH",
     "NU_DPFTRL",
     "PER_EXAMPLE_SKETCH",
     "SHARED_SKETCH",
@@ -260,7 +265,15 @@ class SubsampledGaussianEvent(PrivacyEvent):
     optional total rank D for the Hutch rank-dependent envelope. ``sketch`` says how a
     randomized method drew its projections: ``"shared"`` (one per layer per step for the
     batch; the revealed-scale model) or ``"per_example"`` (independent per example; the
-    hidden-scale model, docs/accounting.md §10)."""
+    hidden-scale model, docs/accounting.md §10).
+
+    ``scale_width``: the relative bin width of the hidden-scale model's scale law, a property
+    of the event so that a job is accounted on the law it was planned and charged on. For a
+    per-example event ``None`` is the current law (:data:`HIDDEN_SCALE_WIDTH`, 1 %); its JSON
+    always writes it, and a per-example event read without it was written before the width was
+    recorded, on the legacy law (:data:`LEGACY_HIDDEN_SCALE_WIDTH`, 0.1 %). Every other event
+    has none (``None``; a value is refused). Events that differ only in their width are two
+    events (never merged)."""
 
     mechanism: ClassVar[str] = GAUSSIAN
     json_fields: ClassVar[tuple[str, ...]] = (
@@ -271,6 +284,7 @@ class SubsampledGaussianEvent(PrivacyEvent):
         "k",
         "rank",
         "sketch",
+        "scale_width",
     )
     required_json_fields: ClassVar[tuple[str, ...]] = ("noise_multiplier", "sample_rate", "steps")
     noise_multiplier: float
@@ -280,6 +294,7 @@ class SubsampledGaussianEvent(PrivacyEvent):
     k: int | None = None
     rank: int | None = None
     sketch: str = SHARED_SKETCH
+    scale_width: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "noise_multiplier", check_noise_multiplier(self.noise_multiplier))
@@ -290,13 +305,23 @@ class SubsampledGaussianEvent(PrivacyEvent):
         object.__setattr__(self, "k", k)
         object.__setattr__(self, "rank", rank)
         object.__setattr__(self, "sketch", check_sketch(self.sketch, envelope))
+        if self.sketch == PER_EXAMPLE_SKETCH:
+            width = HIDDEN_SCALE_WIDTH if self.scale_width is None else self.scale_width
+            object.__setattr__(self, "scale_width", check_scale_width(width))
+        elif self.scale_width is not None:
+            raise ValueError(
+                "scale_width applies to per-example sketches (the hidden-scale model) only: "
+                "only hidden-scale events have their own scale law, got "
+                f"scale_width={self.scale_width!r} with sketch={self.sketch!r}"
+            )
 
     def first_steps(self, steps: int) -> SubsampledGaussianEvent:
         """``steps`` of the same independent steps."""
         return replace(self, steps=steps)
 
     def to_dict(self) -> dict[str, Any]:
-        """``sketch`` is written only when it is not the default ``"shared"``."""
+        """``sketch`` is written only when it is not the default ``"shared"``; a per-example
+        event writes its ``scale_width``."""
         data: dict[str, Any] = {
             "noise_multiplier": self.noise_multiplier,
             "sample_rate": self.sample_rate,
@@ -308,10 +333,18 @@ class SubsampledGaussianEvent(PrivacyEvent):
         }
         if self.sketch != SHARED_SKETCH:
             data["sketch"] = self.sketch
+        if self.scale_width is not None:
+            data["scale_width"] = self.scale_width
         return data
 
     @classmethod
     def from_json_fields(cls, fields: dict[str, Any]) -> SubsampledGaussianEvent:
+        """A per-example event without ``scale_width`` was written before the width was
+        recorded: it was planned, charged and run on the legacy law (0.1 %), and keeps it."""
+        sketch = fields.get("sketch", SHARED_SKETCH)
+        width = fields.get("scale_width")
+        if width is None and sketch == PER_EXAMPLE_SKETCH:
+            width = LEGACY_HIDDEN_SCALE_WIDTH
         return cls(
             fields["noise_multiplier"],
             fields["sample_rate"],
@@ -319,7 +352,8 @@ class SubsampledGaussianEvent(PrivacyEvent):
             fields.get("clipping", "exact"),
             fields.get("k"),
             fields.get("rank"),
-            fields.get("sketch", SHARED_SKETCH),
+            sketch,
+            width,
         )
 
 
@@ -533,7 +567,10 @@ def flat_event(
     if "clipping" in kwargs and len(args) > 3:  # the envelope given by position too
         raise TypeError(f"{_where}() got both 'envelope' and its deprecated name 'clipping'")
     take_renamed(kwargs, "clipping", "envelope", _where, stacklevel=_stacklevel)
-    return PrivacyEvent.from_dict(_fields(*args, **kwargs))
+    data = _fields(*args, **kwargs)
+    if data.get("sketch") == PER_EXAMPLE_SKETCH:  # an event built now: the current law
+        data["scale_width"] = HIDDEN_SCALE_WIDTH
+    return PrivacyEvent.from_dict(data)
 
 
 # -- the event classes by name ---------------------------------------------------------------

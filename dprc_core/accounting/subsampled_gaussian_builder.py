@@ -128,7 +128,9 @@ def _one_step(
     the number of steps, so the events of one job — planned, then settled after each number of
     steps — and its repeated compositions share them (the same values, computed once)."""
     inf_budget = tail / (4.0 * step.sample_rate)
-    width = settings.width_for(hidden_scale(step))
+    # the hidden-scale law is the event's own (the one it was planned and charged on), made
+    # finer by settings asking for a finer one (AccountingSettings.finer); never coarser
+    width = settings.width_for(hidden_scale(step), step.scale_width)
     fine = scale_distribution(step, inf_budget, width)
     coarse = scale_distribution(step, inf_budget, max(_COARSE_WIDTH, width))
     geometry_of = hidden_step_geometry if hidden_scale(step) else step_geometry
