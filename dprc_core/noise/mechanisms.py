@@ -76,6 +76,9 @@ class PlanFields(Protocol):
     def sketch(self) -> str: ...
 
     @property
+    def scale_width(self) -> float | None: ...
+
+    @property
     def unit(self) -> str: ...
 
     @property
@@ -114,6 +117,8 @@ class Schedule:
     k: int | None = None
     sketch: str = SHARED
     min_separation: int | None = None
+    # the hidden-scale law of per-example sketches (None: the current one)
+    scale_width: float | None = None
     dataset_size: int = 0
     batch_size: float = 0.0
     epochs: float = 0.0
@@ -288,6 +293,7 @@ class Gaussian(NoiseMechanism):
             plan.clipping,
             plan.k,
             sketch=plan.sketch,
+            scale_width=plan.scale_width,
         )
 
     def epsilon(self, delta: float, plan: PlanFields) -> float:
@@ -303,6 +309,7 @@ class Gaussian(NoiseMechanism):
             plan.clipping,
             plan.k,
             sketch=plan.sketch,
+            scale_width=plan.scale_width,
         )
 
     @classmethod
@@ -327,6 +334,8 @@ class Gaussian(NoiseMechanism):
             "rank": None,
             "sketch": plan.sketch,
             "sketch_model": sketch_words(plan.clipping, plan.sketch),
+            # the hidden-scale law the job is planned, charged and run on (per-example only)
+            **({"scale_width": plan.scale_width} if plan.scale_width is not None else {}),
             "steps_rule": "ceil(n_epochs * N / batch_size)"
             + (" (N: users; batch_size: expected users a step)" if per_user else ""),
             "settings": dataclasses.asdict(DEFAULT_SETTINGS),

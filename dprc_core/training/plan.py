@@ -8,7 +8,8 @@
 * σ is the smallest noise multiplier (relative tolerance 0.5 %) whose ε at δ is at most the
   target, from :func:`dprc_core.accounting.noise_multiplier` with the default (dimension-free)
   envelope for randomized clipping, in the model of the sketch that runs (``sketch``:
-  ``"shared"`` — revealed scale — or ``"per_example"`` — hidden scale, docs/accounting.md §10).
+  ``"shared"`` — revealed scale — or ``"per_example"`` — hidden scale, docs/accounting.md §10),
+  the hidden scale on the plan's own scale law (``scale_width``, 1 % for a plan made now).
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dprc_core.accounting import PrivacyEvent
+from dprc_core.accounting.event_checks import check_scale_width
 from dprc_core.accounting.events import (
+    HIDDEN_SCALE_WIDTH,
+    PER_EXAMPLE_SKETCH,
     SHARED_SKETCH,
     check_delta,
     check_epsilon,
@@ -93,6 +97,10 @@ class PrivacyPlan:
     # the privacy unit: "example" (a line), or "user" (all of a person's lines: dataset_size
     # is then the number of users, batch_size the expected users a step; docs/privacy_unit.md)
     unit: str = "example"
+    # per-example sketches: the hidden-scale law's bin width σ was calibrated and is accounted
+    # on (docs/accounting.md §10; None for every other plan). A plan keeps its law: a resumed
+    # checkpoint's, a service job's stored one.
+    scale_width: float | None = None
 
     @property
     def noise(self) -> NoiseMechanism:
@@ -127,6 +135,7 @@ def plan_privacy(
     sharding: str = "none",
     secure: bool = False,
     max_steps: int | None = None,
+    scale_width: float | None = None,
 ) -> PrivacyPlan:
     """Plan a job; exactly one of ``target_epsilon`` / ``noise_multiplier_value`` is given.
     The one home of the plan's rules: a refusal is a :class:`PlanError` naming the field.
@@ -150,7 +159,10 @@ def plan_privacy(
     randomized clipping and shared for exact (:func:`dprc_core.accounting.events.default_sketch`).
 
     ``max_steps``: the most steps a caller runs (a plan beyond it is refused naming
-    ``epochs``)."""
+    ``epochs``). ``scale_width``: per-example sketches only, the hidden-scale law σ is
+    calibrated and accounted on (None: the current law,
+    :data:`~dprc_core.accounting.events.HIDDEN_SCALE_WIDTH`; a resumed job or a stored service
+    job passes the law it was planned on)."""
     noise = _noise(mechanism, nu, bands)
     if noise.noise_multiplier is not None:
         if noise_multiplier_value is not None:
@@ -176,6 +188,7 @@ def plan_privacy(
         raise PlanError("epochs", f"this job would run {steps} steps (at most {max_steps})")
     k_acc = _check_k(k) if randomized else None
     sketch = _check_sketch(sketch, clipping)
+    scale_width = _check_scale_width(scale_width, sketch)
     draft = PrivacyPlan(
         n,
         float(batch_size),
@@ -191,6 +204,7 @@ def plan_privacy(
         noise.name,
         sketch=sketch,
         unit=unit,
+        scale_width=scale_width,
         **noise.plan_fields(n, batch_size, epochs),
     )
     if noise_multiplier_value is None:
@@ -230,6 +244,22 @@ def _check_sketch(sketch: str | None, envelope: str) -> str:
         return check_sketch(sketch, envelope)
     except ValueError as exc:
         raise PlanError("sketch", str(exc)) from None
+
+
+def _check_scale_width(width: float | None, sketch: str) -> float | None:
+    """The plan's hidden-scale law: per-example sketches only (None: the current law)."""
+    if sketch != PER_EXAMPLE_SKETCH:
+        if width is not None:
+            raise PlanError(
+                "scale_width",
+                "scale_width applies to per-example sketches (the hidden-scale model) only, "
+                f"the plan's sketch is {sketch!r}",
+            )
+        return None
+    try:
+        return check_scale_width(HIDDEN_SCALE_WIDTH if width is None else width)
+    except ValueError as exc:
+        raise PlanError("scale_width", str(exc)) from None
 
 
 def _check_sigma(value: Any) -> float:

@@ -39,6 +39,7 @@ from typing import Any, cast
 import torch
 
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger
+from dprc_core.accounting.event_checks import LEGACY_HIDDEN_SCALE_WIDTH, check_scale_width
 from dprc_core.accounting.step_epsilons import StepEpsilons
 from dprc_core.clipping import Auto, Clipping, norm_from_method
 from dprc_core.distributed import (
@@ -59,7 +60,7 @@ from dprc_core.norm_methods import get_norm_method, method_names
 from dprc_core.preference import DEFAULT_BETA, dpo_loss
 from dprc_core.seeding import derive_seed, fresh_seed
 from dprc_core.sharding import SHARDINGS
-from dprc_core.sketches import SHARED_SKETCH, check_sketch_mode
+from dprc_core.sketches import PER_EXAMPLE_SKETCH, SHARED_SKETCH, check_sketch_mode
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training import sharded_run, token_store
 from dprc_core.training.chat_template import DEFAULT_CHAT_TEMPLATE, own_chat_template
@@ -143,6 +144,11 @@ class JobSpec:
     # accounting; dprc_core/sketches.py) or "shared" by the batch (revealed-scale accounting);
     # None: per_example for a randomized norm method, or what a resumed checkpoint drew
     sketch: str | None = None
+    # per-example sketches: the hidden-scale law's bin width the plan is calibrated and
+    # accounted on (docs/accounting.md §10); None: the current law (1 %), or on a resume the
+    # checkpoint's (0.1 % for a checkpoint written before the law was recorded). A service's
+    # worker passes the law the job was charged on.
+    scale_width: float | None = None
     checkpoint_every: int | None = None
     seed: int | None = None
     max_physical_batch_size: int = 16
@@ -214,6 +220,12 @@ class JobSpec:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.sketch is not None:
             check_sketch_mode(self.sketch, get_norm_method(self.norm_method).randomized)
+        if self.scale_width is not None:
+            check_scale_width(self.scale_width)
+            if self.sketch == SHARED_SKETCH:
+                raise ValueError(
+                    "scale_width applies to per-example sketches (the hidden-scale model) only"
+                )
         for flag in ("secure_rng", "report_train_loss"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
@@ -454,6 +466,8 @@ class Progress:
     # sketch model; a service compares them with what it charged (service.jobs.job_runs)
     envelope: str | None = None
     sketch: str | None = None
+    # per-example sketches: the hidden-scale law it is accounted on (None: no hidden scale)
+    scale_width: float | None = None
     # the plan's N (examples, or users) and sampling rate q: a service compares them with the
     # plan it charged (worker/execution.py)
     units: int | None = None
@@ -719,11 +733,30 @@ def _with_reference(
     return dataclasses.replace(data, train=train, validation=valid)
 
 
+def _written_plan(resumed: ckpt_io.ResumeState) -> dict[str, Any]:
+    """The plan a checkpoint was written for, with what older checkpoints did not record: a
+    plan written before sketches (or units) were recorded had shared ones (per example), and a
+    per-example plan written before its scale law was recorded was calibrated and accounted on
+    the legacy law (0.1 %, LEGACY_HIDDEN_SCALE_WIDTH)."""
+    written = {"sketch": SHARED_SKETCH, "unit": "example", **resumed.plan}
+    if "scale_width" not in written:
+        hidden = written["sketch"] == PER_EXAMPLE_SKETCH
+        written["scale_width"] = LEGACY_HIDDEN_SCALE_WIDTH if hidden else None
+    return written
+
+
 def _spec_as_checkpointed(spec: JobSpec, resumed: ckpt_io.ResumeState | None) -> JobSpec:
     """A spec that leaves ``sketch`` unset resumes as the run began: with the sketch its plan
-    recorded (none recorded: shared)."""
-    if spec.sketch is None and resumed is not None:
-        return dataclasses.replace(spec, sketch=resumed.plan.get("sketch", SHARED_SKETCH))
+    recorded (none recorded: shared); one that leaves ``scale_width`` unset keeps the
+    checkpoint's hidden-scale law (none recorded: the legacy 0.1 %), so a run is accounted on
+    one law from its first step to its last."""
+    if resumed is None:
+        return spec
+    written = _written_plan(resumed)
+    if spec.sketch is None:
+        spec = dataclasses.replace(spec, sketch=written["sketch"])
+    if spec.scale_width is None and spec.sketch == written["sketch"] == PER_EXAMPLE_SKETCH:
+        spec = dataclasses.replace(spec, scale_width=written["scale_width"])
     return spec
 
 
@@ -750,8 +783,8 @@ def _resumable_plan(
     train` prints it, even with --quiet)."""
     if resumed is None:
         return plan
-    # a plan written before sketches (or units) were recorded had shared ones (per example)
-    written = {"sketch": SHARED_SKETCH, "unit": "example", **resumed.plan}
+    # with what older checkpoints did not record (their sketch, unit and scale law)
+    written = _written_plan(resumed)
     now = plan.to_dict()
     if written == now:
         return plan
@@ -937,6 +970,8 @@ def _plan(spec: JobSpec, model: torch.nn.Module, n: int) -> tuple[PrivacyPlan, s
     # nothing sketched (an auto plan of exact layers): nothing is drawn per example either
     # (None: plan_privacy's default, per-example for randomized clipping)
     sketch = spec.sketch if clipping != "exact" else SHARED_SKETCH
+    # the hidden-scale law asked for (None: the current one); none without a hidden scale
+    scale_width = spec.scale_width if clipping != "exact" else None
     plan = plan_privacy(
         dataset_size=n,
         batch_size=spec.batch_size,
@@ -951,6 +986,7 @@ def _plan(spec: JobSpec, model: torch.nn.Module, n: int) -> tuple[PrivacyPlan, s
         unit=spec.privacy_unit,
         sharding=spec.sharding,
         secure=spec.secure_rng,
+        scale_width=scale_width,
     )
     return plan, clipping
 
@@ -1261,6 +1297,7 @@ class TrainingRun:
             valid_reward_accuracy=valid.get("valid_reward_accuracy"),
             envelope=self.clipping,
             sketch=self.plan.sketch,
+            scale_width=self.plan.scale_width,
             units=self.plan.dataset_size,
             sample_rate=self.plan.sample_rate,
         )

@@ -21,6 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from dprc_core.accounting.events import LEGACY_HIDDEN_SCALE_WIDTH
 from dprc_core.training import checkpoint as ckpt_io
 from dprc_core.training.runner import JobSpec, run_job, start_run
 from tests.dprc_core.training.test_runner import spec, tiny_dir, train_file  # noqa: F401 (fixtures)
@@ -142,9 +143,18 @@ def test_a_checkpoint_written_by_the_previous_layout_resumes_bit_for_bit(
         assert again.epsilon == resumed.epsilon
     else:  # the same weights as that commit's own resume of the same checkpoint
         assert_same_weights(resumed.checkpoint, twin_end)
+    # that commit planned per-example sketches on the hidden-scale law of its time (0.1 %,
+    # not recorded in its plan): the resume keeps that law, and its ε meets the target on it
+    hidden = resumed.plan.sketch == "per_example"
+    assert resumed.plan.scale_width == (LEGACY_HIDDEN_SCALE_WIDTH if hidden else None)
+    assert resumed.epsilon <= 4.0
     if mode == "secure":  # keys from the OS: no uninterrupted twin to compare with
         return
-    full = run_job(spec(tiny_dir, train_file, part.parent / "full", **MODES[mode]))
+    # the uninterrupted run of the same plan: on the same law (a fresh run asks for it; left
+    # unset, it would plan on today's 1 % law, a slightly different ε)
+    law = {"scale_width": resumed.plan.scale_width} if hidden else {}
+    full = run_job(spec(tiny_dir, train_file, part.parent / "full", **MODES[mode], **law))
+    assert full.plan.scale_width == resumed.plan.scale_width
     assert resumed.epsilon == full.epsilon
     if mode not in SAMPLING_CHANGED:  # (its first step drew that commit's batch)
         assert_same_weights(resumed.checkpoint, full.checkpoint)
