@@ -45,6 +45,7 @@ from dprc_core.training.runner import (
 from dprc_core.training.token_store import TokenStore
 from service.base.errors import NotFound
 from service.base.logging_setup import log_context
+from service.budget import budget
 from service.data import token_hashes
 from service.data.private_data import engine_seed, token_store_dir
 from service.jobs import job_runs as runs
@@ -217,7 +218,25 @@ def _privacy_fields(store: Store, req: runs.JobRequest) -> dict[str, Any]:
         "target_epsilon": None,
         "target_delta": float(pr["target_delta"]),
         "report_train_loss": bool(pr.get("report_train_loss", True)),
+        "scale_width": charged_scale_width(pr),
     }
+
+
+def charged_scale_width(privacy: dict[str, Any]) -> float | None:
+    """The hidden-scale law the job was planned and charged on, which the runner plans and
+    accounts it on (one law per job: its budget, ledger and live ε): the scale width of its
+    stored planned event (``privacy.event``; a per-example event stored before the law was
+    recorded is on the legacy 0.1 % law, :meth:`SubsampledGaussianEvent.from_json_fields`).
+    None for a job without a hidden scale (shared sketches, exact norms, ν-DP-FTRL)."""
+    stored = privacy.get("event")
+    if stored is None:  # pragma: no cover - migration 0012 wrote it for every job
+        return None
+    try:
+        event = budget.event_from_dict(stored)
+    except ValueError as exc:
+        raise JobFailure("plan_mismatch", f"the job's stored event is invalid: {exc}") from exc
+    width = getattr(event, "scale_width", None)
+    return None if width is None else float(width)
 
 
 def unit_fields(privacy: dict[str, Any]) -> dict[str, Any]:
@@ -253,6 +272,7 @@ def _legacy_privacy_fields(store: Store, req: runs.JobRequest) -> dict[str, Any]
         # the request's sketch (a job stored before sketches were offered: shared); the runner
         # accounts shared for a plan that resolves to exact norms only
         "sketch": str(clip.get("sketch", "shared")),
+        "scale_width": charged_scale_width(pr),
         "report_train_loss": bool(pr.get("report_train_loss", True)),
         "noise": noise,
         "secure_rng": noise.secure,
@@ -459,7 +479,7 @@ def _progress_recorder(store: Store, req: runs.JobRequest) -> Callable[[Progress
         if not accounted and p.envelope is not None and p.sketch is not None:
             # before the step is recorded: the job is charged what the runner accounts
             try:
-                runs.record_accounting(store, job_id, p.envelope, p.sketch)
+                runs.record_accounting(store, job_id, p.envelope, p.sketch, p.scale_width)
             except runs.AccountingMismatch as exc:
                 raise JobFailure("plan_mismatch", str(exc)) from exc
             accounted = True

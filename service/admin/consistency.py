@@ -27,6 +27,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from dprc_core.accounting import PrivacyEvent
 from service.budget import budget
 from service.budget.freezes import GroupState, frozen_groups
 from service.jobs.ledger_files import checkpoint_ledgers, ledger_files, read, steps_of
@@ -178,7 +179,7 @@ def _ledger_problems(
     else:
         if steps > job.steps_total:
             out.append(f"{where}: {steps} steps, more than the {job.steps_total} planned")
-        if record.get("planned") != budget.planned_event(job).to_dict():
+        if not _same_events([record.get("planned")], [budget.planned_event(job)]):
             out.append(f"{where}: its planned event is not the one the database charges")
     return out
 
@@ -191,13 +192,24 @@ def _ended_problems(
     if steps != job.steps_done:
         out.append(f"{where}: {steps} steps, the database charges {job.steps_done}")
     spent = budget.spent_event(job)
-    charged = [spent.to_dict()] if spent is not None else []
-    if events != charged:
+    if not _same_events(events, [spent] if spent is not None else []):
         out.append(f"{where}: its privacy events are not those the database charges")
     eps = record.get("epsilon_spent")
     if not isinstance(eps, int | float) or not _close(float(eps), job.epsilon_spent):
         out.append(f"{where}: epsilon_spent={eps!r}, the database {job.epsilon_spent!r}")
     return out
+
+
+def _same_events(stored: Any, events: list[PrivacyEvent]) -> bool:
+    """Whether a ledger file's event objects are ``events``, read as the database's are (a
+    file written before the hidden-scale law was recorded omits it: the legacy law, as the
+    database's event of that time reads)."""
+    if not isinstance(stored, list) or len(stored) != len(events):
+        return False
+    try:
+        return [PrivacyEvent.from_dict(d) for d in stored] == events
+    except ValueError:
+        return False
 
 
 def _group_problems(session: Any, group: BudgetGroup) -> list[str]:

@@ -156,6 +156,7 @@ API_FIELDS = {
     "clipping": "privacy.clipping.method",
     "k": "privacy.clipping.k",
     "sketch": "privacy.clipping.sketch",
+    "scale_width": "privacy.clipping.sketch",  # the hidden-scale law (never asked by the API)
     "noise": "privacy.noise.mechanism",
     "nu": "privacy.noise.nu",
     "bands": "privacy.noise.bands",

@@ -182,6 +182,8 @@ def _result(event: PrivacyEvent, delta: float) -> AccountantAnswer:
             "scale_bins": list(res.scale_bins),
             "tail_budget_per_step": res.tail_budget_per_step,
             "settings": asdict(res.settings),
+            # the hidden-scale law (per-example sketches): the one a job created now is on
+            **({"scale_width": width} if (width := getattr(event, "scale_width", None)) else {}),
         },
     )
 

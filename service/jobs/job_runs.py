@@ -164,7 +164,9 @@ class AccountingMismatch(Exception):
 EXACT_ENVELOPE = "exact"
 
 
-def record_accounting(store: Store, job_id: str, envelope: str, sketch: str) -> bool:
+def record_accounting(
+    store: Store, job_id: str, envelope: str, sketch: str, scale_width: float | None = None
+) -> bool:
     """The accountant's envelope and sketch the runner accounts the job with, once it has
     resolved its norm methods on the model (before its first step is recorded).
 
@@ -173,7 +175,9 @@ def record_accounting(store: Store, job_id: str, envelope: str, sketch: str) -> 
     q and steps: the job is then accounted, charged and reported as exact — one ε on every
     surface (the job, its events, checkpoints, results, ledgers and the data set's budget) — and
     one event says so. True when the row changed. Anything else that differs from the plan
-    would charge less than what runs: :class:`AccountingMismatch` (the worker fails the job)."""
+    would charge less than what runs: :class:`AccountingMismatch` (the worker fails the job),
+    a hidden-scale law (``scale_width``, per-example sketches; None: not reported) other than
+    the one the job was charged on included: a job is charged and accounted on one law."""
     with locked_session(store.sessions) as session:
         file_id = session.scalar(select(JobRow.training_file_id).where(JobRow.id == job_id))
         group_id = session.scalar(select(File.group_id).where(File.id == file_id))
@@ -181,6 +185,12 @@ def record_accounting(store: Store, job_id: str, envelope: str, sketch: str) -> 
         job = session.scalar(select(JobRow).where(JobRow.id == job_id).with_for_update())
         assert job is not None
         if (envelope, sketch) == (job.accounting_envelope, job.accounting_sketch):
+            charged_width = getattr(budget.planned_event(job), "scale_width", None)
+            if scale_width is not None and scale_width != charged_width:
+                raise AccountingMismatch(
+                    f"the runner accounts the hidden-scale law scale_width={scale_width}, the "
+                    f"job was charged on scale_width={charged_width}"
+                )
             return False
         if envelope != EXACT_ENVELOPE or job.accounting_envelope == EXACT_ENVELOPE:
             raise AccountingMismatch(
@@ -196,7 +206,11 @@ def record_accounting(store: Store, job_id: str, envelope: str, sketch: str) -> 
         )
         charged = budget.planned_event(job)
         exact = dataclasses.replace(
-            cast(Any, charged), envelope=EXACT_ENVELOPE, k=None, sketch=SHARED_SKETCH
+            cast(Any, charged),
+            envelope=EXACT_ENVELOPE,
+            k=None,
+            sketch=SHARED_SKETCH,
+            scale_width=None,  # exact norms: no hidden scale, no scale law
         )
         privacy["event"] = exact.to_dict()
         job.privacy = dict(privacy)  # the planned event below is the re-accounted one
@@ -209,6 +223,7 @@ def record_accounting(store: Store, job_id: str, envelope: str, sketch: str) -> 
             sketch=SHARED_SKETCH,
             sketch_model=sketch_words(EXACT_ENVELOPE, SHARED_SKETCH),
         )
+        accountant.pop("scale_width", None)  # no hidden scale any more
         privacy.update(planned_epsilon=planned, accountant=accountant)
         job.privacy = privacy
         if group is not None:

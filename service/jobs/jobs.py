@@ -175,12 +175,21 @@ class Idempotency:
 # -- the job row's privacy, as a read shows it --------------------------------------------------
 
 
+def _scale_width(event: Any) -> float | None:
+    """The hidden-scale law of a stored planned event (per-example sketches; one stored before
+    the law was recorded is on the legacy 0.1 %), else None."""
+    if not isinstance(event, dict):
+        return None
+    return getattr(budget.event_from_dict(event), "scale_width", None)
+
+
 def privacy_of(row: JobRow) -> dict[str, Any]:
     """The job's ``privacy`` object: what creation stored, with ``epsilon_spent``, the norm
     method under both its names (``norm_method``, and ``method``, its deprecated name, as
     stored), the sketch of a job stored before sketches were offered (shared, migration
-    0004) and ``warnings`` (computed on read: ``delta_large`` when δ > 1/(10·N),
-    :func:`service.budget.planning.delta_warnings`)."""
+    0004), the hidden-scale law of a per-example job stored before it was recorded
+    (``accountant.scale_width``: 0.1 %) and ``warnings`` (computed on read: ``delta_large``
+    when δ > 1/(10·N), :func:`service.budget.planning.delta_warnings`)."""
     privacy = dict(row.privacy)
     privacy["epsilon_spent"] = row.epsilon_spent
     clipping = privacy["clipping"] = dict(privacy.get("clipping") or {})
@@ -189,6 +198,9 @@ def privacy_of(row: JobRow) -> dict[str, Any]:
     clipping.setdefault("sketch", SHARED_SKETCH)
     accountant = privacy["accountant"] = dict(privacy.get("accountant") or {})
     accountant.setdefault("sketch", row.accounting_sketch)
+    width = _scale_width(privacy.get("event"))
+    if width is not None:  # the hidden-scale law it is charged on (before 1 %: 0.1 %)
+        accountant.setdefault("scale_width", width)
     unit = str((privacy.get("unit") or {}).get("type", "example"))
     size, delta = privacy.get("dataset_size"), privacy.get("target_delta")
     if "noise" not in privacy and "mechanisms" in privacy and size is not None:

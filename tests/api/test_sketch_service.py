@@ -59,6 +59,8 @@ def test_a_per_example_job_is_planned_charged_and_shown_with_its_sketch(server):
     assert d["noise_multiplier"] == p["noise_multiplier"]
     assert p["accountant"]["sketch"] == "per_example" and s["accountant"]["sketch"] == "shared"
     assert "hidden-scale" in p["accountant"]["sketch_model"]
+    # the hidden-scale law the job is planned, charged and run on (shared: none)
+    assert p["accountant"]["scale_width"] == 0.01 and "scale_width" not in s["accountant"]
     assert (p["steps"], p["sample_rate"]) == (s["steps"], s["sample_rate"]) == (STEPS, 16 / N)
     assert p["target_delta"] == s["target_delta"]
     # the same ε needs less noise with per-example sketches
@@ -97,6 +99,7 @@ def test_a_per_example_job_is_planned_charged_and_shown_with_its_sketch(server):
     # the job's ledger names the sketch of its planned event
     ledger = client.get(f"/fine_tuning/jobs/{per.id}/ledger", cast_to=object)
     assert ledger["planned"]["sketch"] == "per_example"
+    assert ledger["planned"]["scale_width"] == 0.01
     assert (
         "sketch"
         not in client.get(f"/fine_tuning/jobs/{shared.id}/ledger", cast_to=object)["planned"]
