@@ -21,7 +21,6 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import replace
 
 from dprc_core.accounting.accountant import DEFAULT_SETTINGS, AccountingSettings, account
 from dprc_core.accounting.events import (
@@ -351,9 +350,18 @@ def noise_multiplier(
 
 
 def _gaussian_family(event: SubsampledGaussianEvent) -> Hashable:
-    """Everything ``event``'s ε depends on besides σ: the event with σ = 1 (its scale law
-    included)."""
-    return (SubsampledGaussianEvent, replace(event, noise_multiplier=1.0))
+    """Everything ``event``'s ε depends on besides σ (its hidden-scale law included)."""
+    e = event
+    return (
+        SubsampledGaussianEvent,
+        e.sample_rate,
+        e.steps,
+        e.envelope,
+        e.k,
+        e.rank,
+        e.sketch,
+        e.scale_width,
+    )
 
 
 def gaussian_epsilon(

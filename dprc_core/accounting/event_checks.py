@@ -128,7 +128,6 @@ def check_mechanism(mechanism: Any) -> str:
     return canonical_mechanism(mechanism)
 
 
-@renamed_keyword("clipping", "envelope")
 def check_scale_width(width: Any) -> float:
     """A hidden-scale law's relative bin width: a finite number in (0, MAX_SCALE_WIDTH]."""
     if not is_real(width) or not math.isfinite(width) or not 0 < width <= MAX_SCALE_WIDTH:
@@ -139,6 +138,7 @@ def check_scale_width(width: Any) -> float:
     return float(width)
 
 
+@renamed_keyword("clipping", "envelope")
 def check_sketch(sketch: Any, envelope: str, *, clipping: str | None = None) -> str:
     """Validate how the sketch was drawn; ``per_example`` needs a randomized envelope."""
     if sketch not in SKETCHES:

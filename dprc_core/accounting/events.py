@@ -568,7 +568,9 @@ def flat_event(
         raise TypeError(f"{_where}() got both 'envelope' and its deprecated name 'clipping'")
     take_renamed(kwargs, "clipping", "envelope", _where, stacklevel=_stacklevel)
     data = _fields(*args, **kwargs)
-    if data.get("sketch") == PER_EXAMPLE_SKETCH:  # an event built now: the current law
+    named = data.get("mechanism")
+    gaussian = isinstance(named, str) and LEGACY_NAMES.get(named, named) == GAUSSIAN
+    if gaussian and data.get("sketch") == PER_EXAMPLE_SKETCH:  # built now: the current law
         data["scale_width"] = HIDDEN_SCALE_WIDTH
     return PrivacyEvent.from_dict(data)
 

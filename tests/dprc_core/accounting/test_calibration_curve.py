@@ -13,6 +13,7 @@ from dprc_core.accounting import SubsampledGaussianEvent, calibration, noise_mul
 from dprc_core.accounting.accountant import account
 from dprc_core.accounting.calibration import (
     EpsilonCurve,
+    _gaussian_family,
     epsilon_curve,
     gaussian_epsilon,
 )
@@ -41,7 +42,10 @@ def test_shared_curve_keeps_the_contract_and_saves_compositions(envelope, k):
         before = len(curve) if curve is not None else 0
         sigma = noise_multiplier(target, DELTA, q, steps, envelope, k, sketch=sketch)
         if curve is None:
-            family = (SubsampledGaussianEvent, q, steps, envelope, k, None, sketch)
+            # the family of the events calibrated (their hidden-scale law included)
+            family = _gaussian_family(
+                SubsampledGaussianEvent(1.0, q, steps, envelope, k, None, sketch)
+            )
             curve = epsilon_curve((family, DELTA, AccountingSettings()))
         added.append(len(curve) - before)
         assert _fresh_epsilon(sigma, q, steps, envelope, k) <= target

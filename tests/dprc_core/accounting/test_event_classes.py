@@ -109,7 +109,8 @@ def test_a_stored_sensitivity_is_kept_only_when_larger():
 
 # ------------------------------------------------------------------ the JSON format
 # The documented format (docs/accounting.md §6): noise_multiplier, sample_rate, steps,
-# clipping, k, rank, mechanism; "sketch" only when per_example; a nu_dpftrl event adds nu,
+# clipping, k, rank, mechanism; "sketch" and its hidden-scale law "scale_width" only when
+# per_example (the law of an event built now: 0.01); a nu_dpftrl event adds nu,
 # bands, participations, min_separation, sensitivity (and never writes a sketch).
 EXPECTED = [
     (
@@ -147,6 +148,7 @@ EXPECTED = [
             "rank": None,
             "mechanism": "gaussian",
             "sketch": "per_example",
+            "scale_width": 0.01,
         },
     ),
     (
@@ -203,6 +205,11 @@ def test_earlier_json_stays_readable():
     assert PrivacyEvent.from_dict(run) == NuDPFTRLEvent(2.0, 40, 1.0, 4, 10)
     with pytest.raises(ValueError, match="unknown event fields"):
         PrivacyEvent.from_dict(run | {"envelope": "exact"})
+    # a per-example event written before its law was recorded: the legacy 0.1 % law
+    hidden = old | {"clipping": "hutch", "k": 8, "sketch": "per_example"}
+    assert PrivacyEvent.from_dict(hidden) == SubsampledGaussianEvent(
+        1.0, 0.1, 3, "hutch", 8, sketch="per_example", scale_width=0.001
+    )
 
 
 def test_a_ledger_of_both_classes_is_written_as_documented():
