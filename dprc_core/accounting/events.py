@@ -567,12 +567,11 @@ def flat_event(
     if "clipping" in kwargs and len(args) > 3:  # the envelope given by position too
         raise TypeError(f"{_where}() got both 'envelope' and its deprecated name 'clipping'")
     take_renamed(kwargs, "clipping", "envelope", _where, stacklevel=_stacklevel)
-    data = _fields(*args, **kwargs)
-    named = data.get("mechanism")
-    gaussian = isinstance(named, str) and LEGACY_NAMES.get(named, named) == GAUSSIAN
-    if gaussian and data.get("sketch") == PER_EXAMPLE_SKETCH:  # built now: the current law
-        data["scale_width"] = HIDDEN_SCALE_WIDTH
-    return PrivacyEvent.from_dict(data)
+    event = PrivacyEvent.from_dict(_fields(*args, **kwargs))
+    if isinstance(event, SubsampledGaussianEvent) and event.scale_width is not None:
+        # an event built now, not read from JSON written before the law was recorded
+        return replace(event, scale_width=HIDDEN_SCALE_WIDTH)
+    return event
 
 
 # -- the event classes by name ---------------------------------------------------------------
