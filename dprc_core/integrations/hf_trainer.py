@@ -55,7 +55,11 @@ from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging as hf_logging
 
 from dprc_core.accounting import PrivacyLedger
-from dprc_core.accounting.events import default_sketch
+from dprc_core.accounting.events import (
+    LEGACY_HIDDEN_SCALE_WIDTH,
+    PER_EXAMPLE_SKETCH,
+    default_sketch,
+)
 from dprc_core.batching import batch_size, select_samples
 from dprc_core.engine import (
     PrivacyEngine,
@@ -702,6 +706,8 @@ class DPTrainer(Trainer):
             # nothing sketched (an auto plan of exact layers): nothing drawn per example
             sketch=p.sketch if clipping != "exact" else default_sketch(randomized=False),
             unit=p.unit,
+            # the hidden-scale law (None: the current one); none without a hidden scale
+            scale_width=p.scale_width if clipping != "exact" else None,
         )
         if args.max_steps > 0 and plan.steps != args.max_steps:
             raise DPTrainerError(
@@ -1005,6 +1011,9 @@ class DPTrainer(Trainer):
             )
         state = json.loads((private / _STATE_FILE).read_text())
         saved, now = state["plan"], json.loads(json.dumps(self.plan.to_dict()))
+        if "scale_width" not in saved:  # planned before the law was recorded: on 0.1 %
+            hidden = saved.get("sketch") == PER_EXAMPLE_SKETCH
+            saved = {**saved, "scale_width": LEGACY_HIDDEN_SCALE_WIDTH if hidden else None}
         if saved != now:
             missing = "(absent)"
             differ = [
@@ -1017,7 +1026,8 @@ class DPTrainer(Trainer):
                 f"the checkpoint {checkpoint} was written for another privacy plan; the plan "
                 "fields that differ:\n" + "\n".join(differ) + "\nresume with the settings the "
                 "checkpoint was planned with (the same data set, batch size · gradient "
-                "accumulation steps, epochs or max_steps and PrivacyArguments)"
+                "accumulation steps, epochs or max_steps and PrivacyArguments; a checkpoint "
+                "planned on the hidden-scale law 0.001: PrivacyArguments(scale_width=0.001))"
             )
         if int(state["steps"]) != self.state.global_step:
             raise DPTrainerError(

@@ -13,6 +13,7 @@ import math
 import warnings
 from dataclasses import dataclass, field
 
+from dprc_core.accounting.event_checks import check_scale_width
 from dprc_core.clipping import CLIPPED_SUMS, Clipping, norm_from_method
 from dprc_core.mechanism_names import canonical_mechanism
 from dprc_core.noise.mechanisms import NoiseMechanism, as_noise_mechanism, mechanism_class
@@ -56,6 +57,14 @@ class PrivacyArguments:
             "help": "hutch / hutchpp projections: per_example (independent per example; "
             "hidden-scale accounting, a smaller σ) | shared (one per layer per step); "
             "default: per_example for a randomized norm method"
+        },
+    )
+    scale_width: float | None = field(
+        default=None,
+        metadata={
+            "help": "per_example sketches: the hidden-scale law's bin width σ is calibrated "
+            "and accounted on (docs/accounting.md §10); default: the current law (0.01). A "
+            "checkpoint planned before the law was recorded resumes with 0.001"
         },
     )
     noise_mechanism: str = field(
@@ -140,6 +149,8 @@ class PrivacyArguments:
             )
         if self.sketch is not None:
             check_sketch_mode(self.sketch, get_norm_method(self.norm_method).randomized)
+        if self.scale_width is not None:
+            self.scale_width = check_scale_width(self.scale_width)
         self.noise_mechanism = canonical_mechanism(self.noise_mechanism)  # raises if unknown
         for name in ("k", "max_seq_len", "bands"):
             v = getattr(self, name)

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import warnings
@@ -30,7 +31,7 @@ from transformers import (
     default_data_collator,
 )
 
-from dprc_core.accounting import PrivacyLedger
+from dprc_core.accounting import PrivacyLedger, epsilon_for_events
 from dprc_core.engine import PrivacyWarning
 from dprc_core.integrations import DPTrainer, DPTrainerError, PrivacyArguments
 from dprc_core.losses import causal_lm_per_sample_loss, sequence_classification_per_sample_loss
@@ -296,6 +297,47 @@ def test_a_resumed_run_ends_with_the_same_weights_and_epsilon(tiny_llama_path, t
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=0)
     assert resumed_out.metrics["epsilon"] == full_out.metrics["epsilon"] == full.epsilon_at(4)
+
+
+def test_a_checkpoint_planned_before_the_scale_law_resumes_on_the_legacy_law(
+    tiny_llama_path, tmp_path
+):
+    """A per-example checkpoint whose plan has no ``scale_width`` (written before the law was
+    recorded) was planned on the 0.1 % law: resuming on today's 1 % law is another plan,
+    refused naming the law; with ``scale_width=0.001`` it resumes, and its ε is that law's."""
+
+    def trainer(out, **privacy):
+        return DPTrainer(
+            model=llama(tiny_llama_path),
+            args=targs(out, max_steps=4, save_strategy="steps", save_steps=2),
+            train_dataset=lm_examples(),
+            data_collator=default_data_collator,
+            privacy_args=PrivacyArguments(noise_multiplier=0.7, norm_method="hutch", **privacy),
+        )
+
+    first = trainer(tmp_path / "a")
+    assert first.plan.sketch == "per_example" and first.plan.scale_width == 0.01
+    first.train()
+    ckpt = tmp_path / "a" / "out" / "checkpoint-2"
+    state_file = ckpt / "dprc_private" / "state.json"
+    state = json.loads(state_file.read_text())
+    assert state["plan"]["scale_width"] == 0.01
+    del state["plan"]["scale_width"]
+    # and its planned ε as that code computed it: on the legacy law
+    legacy_event = dataclasses.replace(first.plan.event(), scale_width=0.001)
+    state["plan"]["planned_epsilon"] = epsilon_for_events([legacy_event], first.plan.delta)
+    state_file.write_text(json.dumps(state))
+    with pytest.raises(DPTrainerError, match=r"scale_width: 0\.001 in the checkpoint, 0\.01 now"):
+        trainer(tmp_path / "b").train(resume_from_checkpoint=str(ckpt))
+    legacy = trainer(tmp_path / "c", scale_width=0.001)
+    out = legacy.train(resume_from_checkpoint=str(ckpt))
+    assert legacy.plan.scale_width == 0.001 and legacy.state.global_step == 4
+    event = legacy.plan.event(4)
+    assert event.scale_width == 0.001
+    assert out.metrics["epsilon"] == pytest.approx(
+        PrivacyLedger([event]).epsilon(legacy.plan.delta)
+    )
+    assert out.metrics["epsilon"] < first.epsilon_at(4)  # the finer law's ε is below 1 %'s
 
 
 def test_lora_parameters_replaced_after_the_optimizer_raise(tiny_llama_path, tmp_path):
