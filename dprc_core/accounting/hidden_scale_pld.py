@@ -77,7 +77,9 @@ _WIDEN = 1.0 + 1e-6  # rounds the former iteration's widest bracket up (see _thr
 # Halvings of a loss range's end (hidden_loss_range) after the probe: one call of the
 # bisection (255 points). The probes are 1.24× apart, so the end is found to about 0.1 % of
 # itself, on the safe side (δ(hi) ≤ tail, P(L < lo) ≤ tail): the range is at most that much
-# wider, a few support points more. The ends only size the PMF; any range is sound.
+# wider, a few support points more. The ends only size the PMF; any range is sound. Events on
+# the legacy 0.1 % law keep the legacy ends (bisected to 1e-12, ``precise=True``), so that their
+# ε is the one they were planned and charged with, to the last digit.
 _RANGE_HALVINGS = 8
 
 ProfileFn = Callable[[np.ndarray, Direction], np.ndarray]
@@ -430,11 +432,12 @@ def hidden_lower_tail(t: np.ndarray, mech: StepMechanism, direction: Direction) 
 
 
 def hidden_loss_range(
-    mech: StepMechanism, direction: Direction, tail: float
+    mech: StepMechanism, direction: Direction, tail: float, precise: bool = False
 ) -> tuple[float, float]:
     """[lo, hi] with δ(hi) ≤ tail (the mass above hi goes to +∞) and P(L < lo) ≤ tail (the
     mass below lo is rounded up to lo). Only accuracy depends on them: any range gives a
-    pessimistic PLD."""
+    pessimistic PLD. The ends are bisected for one call (:data:`_RANGE_HALVINGS`), or to 1e-12
+    with ``precise`` (the legacy law's ends)."""
     hard_lo, hard_hi = loss_bounds(mech.q, direction)
     probe = np.concatenate([-np.logspace(4, -9, 140), [0.0], np.logspace(-9, 4, 140)])
     if math.isfinite(hard_hi):
@@ -449,7 +452,10 @@ def hidden_loss_range(
             return hidden_delta(x, mech, direction, False) <= tail
 
         end = float(probe[max(idx - 1, 0)]), float(probe[idx])
-        hi = bisect(small, *end, iters=_RANGE_HALVINGS, rel_tol=None)[1]
+        if precise:
+            hi = bisect(small, *end)[1]
+        else:
+            hi = bisect(small, *end, iters=_RANGE_HALVINGS, rel_tol=None)[1]
     lt = hidden_lower_tail(probe, mech, direction)
     above = np.nonzero(lt > tail)[0]
     first = int(above[0]) if above.size else probe.size - 1
@@ -460,16 +466,26 @@ def hidden_loss_range(
     # the largest x with P(L < x) ≤ tail lies in [probe[first − 1], probe[first]]; the
     # bisection's lower end has P(L < a) ≤ tail
     a = probe[max(first - 1, 0)]
-    if first > 0:
+    if first > 0 and precise:
+        b = bisect(heavy, float(a), float(probe[first]))[1]
+        a = b - 1e-12 * max(1.0, abs(b))
+    elif first > 0:
         a = bisect(heavy, float(a), float(probe[first]), _RANGE_HALVINGS, rel_tol=None)[0]
     lo = max(a, hard_lo) if math.isfinite(hard_lo) else a
     return float(min(lo, hi)), float(hi)
 
 
-def hidden_step_geometry(mech: StepMechanism, tail: float) -> StepGeometry:
+def hidden_step_geometry(
+    mech: StepMechanism, tail: float, precise_range: bool = False
+) -> StepGeometry:
     """Loss ranges, bulk, mean and std of the hidden-scale step in both directions. ``mech``
-    may use a coarser (still dominating) scale than the PLD: only accuracy depends on it."""
-    return step_geometry(mech, tail, profile=hidden_delta, loss_range_of=hidden_loss_range)
+    may use a coarser (still dominating) scale than the PLD: only accuracy depends on it.
+    ``precise_range``: the loss range's ends as the legacy law had them (hidden_loss_range)."""
+
+    def loss_range_of(m: StepMechanism, direction: Direction, t: float) -> tuple[float, float]:
+        return hidden_loss_range(m, direction, t, precise_range)
+
+    return step_geometry(mech, tail, profile=hidden_delta, loss_range_of=loss_range_of)
 
 
 def hidden_step_pmf(

@@ -17,7 +17,11 @@ from functools import lru_cache
 
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
-from dprc_core.accounting.events import PER_EXAMPLE_SKETCH, SubsampledGaussianEvent
+from dprc_core.accounting.events import (
+    LEGACY_HIDDEN_SCALE_WIDTH,
+    PER_EXAMPLE_SKETCH,
+    SubsampledGaussianEvent,
+)
 from dprc_core.accounting.hidden_scale_pld import hidden_step_geometry, hidden_step_pld
 from dprc_core.accounting.pld_builders import GridNeeds, PLDBuilder, pld_builder
 from dprc_core.accounting.random_scale_pld import (
@@ -133,7 +137,11 @@ def _one_step(
     width = settings.width_for(hidden_scale(step), step.scale_width)
     fine = scale_distribution(step, inf_budget, width)
     coarse = scale_distribution(step, inf_budget, max(_COARSE_WIDTH, width))
-    geometry_of = hidden_step_geometry if hidden_scale(step) else step_geometry
     sigma, q = step.noise_multiplier, step.sample_rate
-    geometry = geometry_of(StepMechanism(sigma, q, coarse), tail)
+    if hidden_scale(step):
+        # an event on the legacy law keeps the legacy loss range too: its ε to the last digit
+        legacy = step.scale_width == LEGACY_HIDDEN_SCALE_WIDTH
+        geometry = hidden_step_geometry(StepMechanism(sigma, q, coarse), tail, legacy)
+    else:
+        geometry = step_geometry(StepMechanism(sigma, q, coarse), tail)
     return StepMechanism(sigma, q, fine), geometry
