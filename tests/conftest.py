@@ -12,7 +12,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import torch
+
+# One torch (OpenMP) thread in each test process and in every process a test starts (servers,
+# workers, ranks, docs blocks inherit it): the suite runs two test processes beside those on
+# few cores, and threads that spin for a core another process holds make small tensor work
+# many times slower (a tiny GPT-2's norm pass: 3 ms on one thread, 97 ms on two beside another
+# busy process). Set OMP_NUM_THREADS to change it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+if os.environ["OMP_NUM_THREADS"].isdigit():
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
