@@ -39,6 +39,7 @@ from service.data import uploads
 from service.data.rekey import open_current_store
 from service.inference.relay import Relay
 from service.jobs.dispatch import Dispatcher, NoDispatcher
+from service.jobs.jobs import warm_model_checks
 from service.store.store import Store, ping, readiness
 
 DispatcherFactory = Callable[[Store], Dispatcher]
@@ -75,6 +76,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.store = open_current_store(settings)
+        if settings.warm_model_checks:  # before the first request: no create pays the imports
+            await asyncio.to_thread(warm_model_checks, settings)
         app.state.dispatcher = dispatcher(app.state.store)
         app.state.relay = Relay(settings)  # generation: its engine starts on first use
         sweeper = asyncio.create_task(_sweep_uploads(app.state.store))

@@ -84,6 +84,11 @@ class Settings(BaseSettings):
         description='extra allow-listed models, JSON: {"name": {"path": "/dir", "task": "..."}}',
     )
     builtin_models: bool = True
+    warm_model_checks: bool = Field(
+        default=True,
+        description="run each allow-listed model's create check once at start-up (its imports "
+        "then cost no create)",
+    )
     default_k: int = 32
     # -- workers (worker/) --
     embedded_worker: bool = Field(

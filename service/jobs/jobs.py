@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import secrets
 import threading
@@ -62,6 +63,8 @@ from service.store.job_status import ACTIVE, INITIAL, JobStatus
 from service.store.store import Store
 from service.store.tables import BudgetGroup, Checkpoint, File, IdempotencyKey, JobEvent, Tenant
 from service.store.tables import Job as JobRow
+
+log = logging.getLogger("dprc.jobs")
 
 FORMATS_FOR_TASK = {
     "causal_lm": ("text", "chat", "prompt_completion"),
@@ -472,6 +475,28 @@ def _check_trainable_cached(
     except ModelSettingError as exc:
         return exc.field, str(exc)
     return None
+
+
+def warm_model_checks(settings: Settings) -> list[str]:
+    """The model check of a create (:func:`check_model_settings`, a job's default settings) run
+    once, at start-up, for each allow-listed model whose weights are on disk: it imports what a
+    meta-device build needs (transformers' modeling module of the architecture, torch's
+    compiler stack; about 110 MiB and 2 s of CPU for MiniLM, once per process), so no create
+    waits for those imports and the API's memory at start already holds them
+    (docs/benchmarks/budget.md). The names of the models checked; a model whose check fails
+    is logged and left to the creates that name it, which answer its error."""
+    warmed = []
+    for model in models.registry(settings).values():
+        if not model.ready:  # a built-in model built on first use: its first create builds it
+            continue
+        try:
+            stamp = (model.path / "config.json").stat().st_mtime_ns
+            _check_trainable_cached(str(model.path), stamp, model.task, None, None)
+        except Exception:  # noqa: BLE001 - a create naming it reports the error
+            log.warning("the model check of %r failed at start-up", model.name, exc_info=True)
+            continue
+        warmed.append(model.name)
+    return warmed
 
 
 _TURNS: dict[str, threading.Lock] = {}
