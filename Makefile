@@ -47,8 +47,9 @@ browser:
 	./scripts/browser.sh
 
 # Two processes (pytest-xdist): one test's waits on servers, workers and subprocesses overlap
-# another's work (47 min on 2 cores, 56 on one process); a module (or an xdist_group) stays on one process, so its
-# module fixtures are built once (tests/conftest.py, pytest_xdist_make_scheduler).
+# another's work; a module (or an xdist_group) stays on one process, so its module fixtures
+# are built once (tests/conftest.py, pytest_xdist_make_scheduler, which also sets torch to one
+# thread: pytest 22 min on 2 cores, 46 min with two threads a process).
 TEST_PROCESSES ?= 2
 test: lint services browser
 	$(PY) -m pytest -q --durations=40 -n $(TEST_PROCESSES) --dist loadgroup tests
