@@ -49,7 +49,7 @@ browser:
 # Two processes (pytest-xdist): one test's waits on servers, workers and subprocesses overlap
 # another's work; a module (or an xdist_group) stays on one process, so its module fixtures
 # are built once (tests/conftest.py, pytest_xdist_make_scheduler, which also sets torch to one
-# thread: pytest 22 min on 2 cores, 46 min with two threads a process).
+# thread: 23.5 min for .ci/run on a clean clone on 2 cores, 47 with two threads a process).
 TEST_PROCESSES ?= 2
 test: lint services browser
 	$(PY) -m pytest -q --durations=40 -n $(TEST_PROCESSES) --dist loadgroup tests
