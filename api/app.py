@@ -39,7 +39,7 @@ from service.data import uploads
 from service.data.rekey import open_current_store
 from service.inference.relay import Relay
 from service.jobs.dispatch import Dispatcher, NoDispatcher
-from service.jobs.jobs import warm_model_checks
+from service.jobs.model_checks import warm_model_checks
 from service.store.store import Store, ping, readiness
 
 DispatcherFactory = Callable[[Store], Dispatcher]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks.kit.pages import ROOT
+from scripts.shell_keys import shell_key  # the scripts' key helper (scripts/shell_keys.py)
 
 if TYPE_CHECKING:
     from dprc_core.accounting import PrivacyEvent
@@ -29,15 +30,9 @@ DPRC = [sys.executable, "-m", "dprc.cli"]  # how the benchmarks call ``dprc``
 
 
 def admin_key(env: dict[str, str], tenant: str) -> str:
-    """A new admin key of ``tenant``, made by ``dprc keys create`` with the server's ``env``."""
-    return subprocess.run(
-        [*DPRC, "keys", "create", "--tenant", tenant, "--role", "admin"],
-        env=env,
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    """A new admin key of ``tenant``, made by ``dprc keys create`` with the server's ``env``
+    (``scripts/shell_keys.py``, the scripts' own helper)."""
+    return shell_key(list(DPRC), env, ROOT, tenant, "admin")
 
 
 PG_ADMIN = os.environ.get("DPRC_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")

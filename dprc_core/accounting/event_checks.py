@@ -33,6 +33,7 @@ __all__ = [
     "LEGACY_HIDDEN_SCALE_WIDTH",
     "MAX_SCALE_WIDTH",
     "check_clipping",
+    "recorded_scale_width",
     "check_delta",
     "check_envelope",
     "check_epsilon",
@@ -54,6 +55,16 @@ __all__ = [
 HIDDEN_SCALE_WIDTH = 0.01
 LEGACY_HIDDEN_SCALE_WIDTH = 0.001
 MAX_SCALE_WIDTH = 0.05
+
+
+def recorded_scale_width(fields: dict[str, Any]) -> float | None:
+    """The scale law of a recorded event or plan (its JSON ``fields``): its ``scale_width``
+    where recorded; else a per-example one was written before the law was recorded, so it was
+    planned, charged and run on the legacy law (0.1 %) and keeps it; None for the others."""
+    width = fields.get("scale_width")
+    if width is None and fields.get("sketch", SHARED_SKETCH) == PER_EXAMPLE_SKETCH:
+        return LEGACY_HIDDEN_SCALE_WIDTH
+    return None if width is None else float(width)
 
 
 def is_int(value: Any) -> bool:

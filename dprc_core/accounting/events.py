@@ -41,6 +41,7 @@ from dprc_core.accounting.event_checks import (
     check_sketch,
     check_steps,
     is_real,
+    recorded_scale_width,
 )
 from dprc_core.accounting.renamed_keywords import take_renamed
 from dprc_core.mechanism_names import (
@@ -342,9 +343,7 @@ class SubsampledGaussianEvent(PrivacyEvent):
         """A per-example event without ``scale_width`` was written before the width was
         recorded: it was planned, charged and run on the legacy law (0.1 %), and keeps it."""
         sketch = fields.get("sketch", SHARED_SKETCH)
-        width = fields.get("scale_width")
-        if width is None and sketch == PER_EXAMPLE_SKETCH:
-            width = LEGACY_HIDDEN_SCALE_WIDTH
+        width = recorded_scale_width(fields)
         return cls(
             fields["noise_multiplier"],
             fields["sample_rate"],

@@ -55,11 +55,8 @@ from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging as hf_logging
 
 from dprc_core.accounting import PrivacyLedger
-from dprc_core.accounting.events import (
-    LEGACY_HIDDEN_SCALE_WIDTH,
-    PER_EXAMPLE_SKETCH,
-    default_sketch,
-)
+from dprc_core.accounting.event_checks import recorded_scale_width
+from dprc_core.accounting.events import default_sketch
 from dprc_core.batching import batch_size, select_samples
 from dprc_core.engine import (
     PrivacyEngine,
@@ -1012,8 +1009,7 @@ class DPTrainer(Trainer):
         state = json.loads((private / _STATE_FILE).read_text())
         saved, now = state["plan"], json.loads(json.dumps(self.plan.to_dict()))
         if "scale_width" not in saved:  # planned before the law was recorded: on 0.1 %
-            hidden = saved.get("sketch") == PER_EXAMPLE_SKETCH
-            saved = {**saved, "scale_width": LEGACY_HIDDEN_SCALE_WIDTH if hidden else None}
+            saved = {**saved, "scale_width": recorded_scale_width(saved)}
         if saved != now:
             missing = "(absent)"
             differ = [

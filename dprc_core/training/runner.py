@@ -39,7 +39,7 @@ from typing import Any, cast
 import torch
 
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger
-from dprc_core.accounting.event_checks import LEGACY_HIDDEN_SCALE_WIDTH, check_scale_width
+from dprc_core.accounting.event_checks import check_scale_width, recorded_scale_width
 from dprc_core.accounting.step_epsilons import StepEpsilons
 from dprc_core.clipping import Auto, Clipping, norm_from_method
 from dprc_core.distributed import (
@@ -739,9 +739,7 @@ def _written_plan(resumed: ckpt_io.ResumeState) -> dict[str, Any]:
     per-example plan written before its scale law was recorded was calibrated and accounted on
     the legacy law (0.1 %, LEGACY_HIDDEN_SCALE_WIDTH)."""
     written = {"sketch": SHARED_SKETCH, "unit": "example", **resumed.plan}
-    if "scale_width" not in written:
-        hidden = written["sketch"] == PER_EXAMPLE_SKETCH
-        written["scale_width"] = LEGACY_HIDDEN_SCALE_WIDTH if hidden else None
+    written["scale_width"] = recorded_scale_width(written)
     return written
 
 

@@ -20,7 +20,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from sqlalchemy import func, select
@@ -35,12 +34,6 @@ from dprc_core.plan_errors import PlanError
 from dprc_core.preference import DEFAULT_BETA
 from dprc_core.sharding import SHARDINGS
 from dprc_core.training.data import PREFERENCE_FORMAT, DataError, label_names, read_examples
-from dprc_core.training.models import (
-    LoraSpec,
-    ModelSettingError,
-    check_max_seq_len,
-    check_trainable,
-)
 from service.base.clock import now
 from service.base.errors import Conflict, InvalidInput, LimitReached, NotFound
 from service.base.ids import new_id
@@ -53,7 +46,7 @@ from service.governance import audit
 from service.governance.audit import Act
 from service.governance.keys import Caller
 from service.governance.roles import Action, authorize
-from service.jobs import job_runs, lifecycle
+from service.jobs import job_runs, lifecycle, model_checks
 from service.jobs.job_events import add_event
 from service.jobs.lifecycle import Actor
 from service.models import fine_tuned_models
@@ -311,7 +304,10 @@ def create_job(
         if model.task == "classification":
             _check_validation_labels(train, valid)
     plan = planning.make_plan(plan_request(req), unit.n, store.settings.default_k, **deltas)
-    check_model_settings(models.ensure_local(model), model.task, req.hyperparameters)
+    hp = req.hyperparameters
+    model_checks.check_model_settings(
+        models.ensure_local(model), model.task, hp.max_seq_len, hp.lora, hp.train_only
+    )
     privacy_event = plan.event()  # built before the locks (ν-DP-FTRL's needs its sensitivity)
     # The budget's composition (seconds of accountant work on a long history) runs outside
     # the locks on a snapshot of the file's events; under the locks the snapshot is checked
@@ -421,82 +417,6 @@ def _check_method(req: JobRequest, model_name: str, task: str) -> None:
             param="method.type",
             code="method_unsupported",
         )
-
-
-# -- the job's settings against its model --------------------------------------------------
-
-
-_SETTING_PARAMS = {
-    "max_seq_len": "hyperparameters.max_seq_len",
-    "lora": "hyperparameters.lora.target_modules",
-    "train_only": "hyperparameters.train_only",
-}
-
-
-def check_model_settings(path: Path, task: str, hp: Hyperparameters) -> None:
-    """400 if the model cannot take the job's ``max_seq_len`` (beyond its positions), LoRA
-    target modules (matching no module) or ``train_only`` (leaving nothing to train): checked
-    with the library's validators (``dprc_core.training.models``) on the model's config and
-    architecture on the meta device, never its weights; cached per model and settings."""
-    lora = None
-    if hp.lora is not None:  # what the worker gets (hyperparameters["lora"]), hashable
-        lora = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in hp.lora.items())
-    train_only = tuple(hp.train_only) if hp.train_only is not None else None
-    stamp = (path / "config.json").stat().st_mtime_ns
-    try:
-        check_max_seq_len(path, hp.max_seq_len)
-    except ModelSettingError as exc:
-        refused: tuple[str, str] | None = (exc.field, str(exc))
-    else:
-        refused = _check_trainable_cached(str(path), stamp, task, lora, train_only)
-    if refused is not None:
-        field_name, message = refused
-        raise InvalidInput(
-            message, param=_SETTING_PARAMS[field_name], code="invalid_hyperparameters"
-        )
-
-
-@functools.lru_cache(maxsize=256)
-def _check_trainable_cached(
-    path: str,
-    _config_stamp: int,
-    task: str,
-    lora: tuple[tuple[str, Any], ...] | None,
-    train_only: tuple[str, ...] | None,
-) -> tuple[str, str] | None:
-    """(field, reason) of a refusal, or None; refusals are cached too (a meta-device build
-    costs a fraction of a second of CPU)."""
-    spec = None
-    if lora is not None:  # as worker.execution.build_spec builds it
-        kwargs: dict[str, Any] = {k: list(v) if isinstance(v, tuple) else v for k, v in lora}
-        spec = LoraSpec(**kwargs)
-    try:
-        check_trainable(path, task, spec, list(train_only) if train_only is not None else None)
-    except ModelSettingError as exc:
-        return exc.field, str(exc)
-    return None
-
-
-def warm_model_checks(settings: Settings) -> list[str]:
-    """The model check of a create (:func:`check_model_settings`, a job's default settings) run
-    once, at start-up, for each allow-listed model whose weights are on disk: it imports what a
-    meta-device build needs (transformers' modeling module of the architecture, torch's
-    compiler stack; about 110 MiB and 2 s of CPU for MiniLM, once per process), so no create
-    waits for those imports and the API's memory at start already holds them
-    (docs/benchmarks/budget.md). The names of the models checked; a model whose check fails
-    is logged and left to the creates that name it, which answer its error."""
-    warmed = []
-    for model in models.registry(settings).values():
-        if not model.ready:  # a built-in model built on first use: its first create builds it
-            continue
-        try:
-            stamp = (model.path / "config.json").stat().st_mtime_ns
-            _check_trainable_cached(str(model.path), stamp, model.task, None, None)
-        except Exception:  # noqa: BLE001 - a create naming it reports the error
-            log.warning("the model check of %r failed at start-up", model.name, exc_info=True)
-            continue
-        warmed.append(model.name)
-    return warmed
 
 
 _TURNS: dict[str, threading.Lock] = {}

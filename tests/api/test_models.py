@@ -73,20 +73,23 @@ def test_chat_format_trains_causal_lm(server):
 
 def _minilm_check_is_cached() -> bool:
     """Whether a create's model check of MiniLM (default settings) is answered from the cache
-    the start-up warms (``service.jobs.jobs._check_trainable_cached``), asked as a create asks."""
-    from service.jobs import jobs
+    the start-up warms (``service.jobs.model_checks._check_trainable_cached``), asked as a
+    create asks."""
+    from service.jobs import model_checks
     from service.models import builtin_models
 
     path = builtin_models.minilm_dir()
     assert path is not None
     stamp = (path / "config.json").stat().st_mtime_ns
-    before = jobs._check_trainable_cached.cache_info()
-    assert jobs._check_trainable_cached(str(path), stamp, "classification", None, None) is None
-    return jobs._check_trainable_cached.cache_info().hits == before.hits + 1
+    before = model_checks._check_trainable_cached.cache_info()
+    assert (
+        model_checks._check_trainable_cached(str(path), stamp, "classification", None, None) is None
+    )
+    return model_checks._check_trainable_cached.cache_info().hits == before.hits + 1
 
 
 def test_warming_checks_each_model_on_disk_and_logs_a_broken_one(tmp_path, caplog):
-    from service.jobs import jobs
+    from service.jobs import model_checks
 
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -94,9 +97,9 @@ def test_warming_checks_each_model_on_disk_and_logs_a_broken_one(tmp_path, caplo
     settings = Settings(
         data_dir=tmp_path, models={"broken": ModelSpec(path=broken, task="causal_lm")}
     )
-    jobs._check_trainable_cached.cache_clear()
+    model_checks._check_trainable_cached.cache_clear()
     with caplog.at_level("WARNING", logger="dprc.jobs"):
-        warmed = jobs.warm_model_checks(settings)
+        warmed = model_checks.warm_model_checks(settings)
     # the tiny Llama is built on first use (not on disk yet): not checked; the broken model
     # is logged and left to the creates that name it
     assert warmed == ["minilm-l6-v2"]
@@ -106,10 +109,10 @@ def test_warming_checks_each_model_on_disk_and_logs_a_broken_one(tmp_path, caplo
 
 @pytest.mark.parametrize("warm", [True, False])
 def test_the_server_warms_the_model_checks_before_serving_unless_told_not_to(tmp_path, warm):
-    from service.jobs import jobs
+    from service.jobs import model_checks
     from tests.api.conftest import _settings, serving
 
-    jobs._check_trainable_cached.cache_clear()
+    model_checks._check_trainable_cached.cache_clear()
     with serving(_settings(tmp_path, None, warm_model_checks=warm)) as server:
         assert server.app.state.store is not None  # started: its lifespan ran
         assert _minilm_check_is_cached() is warm
