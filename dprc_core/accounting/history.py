@@ -209,9 +209,24 @@ def epsilon_for_history(
         # a single event as calibrated; ν-DP-FTRL runs alone compose analytically
         return epsilon_for_events(present, delta, settings)
     grid = history_grid(present, delta, settings)
-    pld = _block(tuple(slots), grid)
+    pld = _block(_without_trailing_empty(slots), grid)
     assert pld is not None
     return epsilon_from_pld(pld, delta)
+
+
+def _without_trailing_empty(
+    slots: Sequence[PrivacyEvent | None],
+) -> tuple[PrivacyEvent | None, ...]:
+    """``slots`` without its trailing empty slots: the same composition, step for step (an
+    empty block is skipped; the blocks of [0, n) with empty slots after n compose the same
+    blocks in the same order as [0, n) itself — each split point either lies below n, where
+    both recursions split alike, or at or above it, where the right part is all empty), so the
+    same PLD, found in the cache under one key (a data set's spent events end in one empty
+    slot per job that has not run yet: each new job would otherwise recompose them)."""
+    end = len(slots)
+    while end and slots[end - 1] is None:
+        end -= 1
+    return tuple(slots[:end])
 
 
 def build_leaves(

@@ -305,14 +305,17 @@ def settle(
     group: BudgetGroup,
     extra: PrivacyEvent | None = None,
     known: Snapshot = None,
+    events: GroupEvents | None = None,
 ) -> tuple[float, float]:
     """Recompute (spent, committed) ε of a budgeted group at its δ, with ``extra`` (a job about
     to be created) counted as committed; stores them on the row. Call under the group's lock.
     ``known``: a snapshot of the group's events and its totals computed outside the lock; used
-    as is when the group's events are still those (no composition under the lock)."""
+    as is when the group's events are still those (no composition under the lock).
+    ``events``: the group's events as read under this lock (else read here)."""
     if group.delta is None:
         return 0.0, 0.0
-    events = group_events(session, group)
+    if events is None:
+        events = group_events(session, group)
     if known is not None and known[0] == events:
         spent, committed = known[1]
     else:
@@ -325,12 +328,18 @@ def settle(
 # -- a new job against its group's budget ----------------------------------------------------
 
 
-def snapshot(events: GroupEvents, delta: float, privacy_event: PrivacyEvent) -> Snapshot:
-    """``events`` with their totals with ``privacy_event``, composed under no lock (the totals
-    without it too: they warm the cache for a refusal's message)."""
+def snapshot(
+    events: GroupEvents, delta: float, privacy_event: PrivacyEvent, epsilon_budget: float
+) -> Snapshot:
+    """``events`` with their totals with ``privacy_event``, composed under no lock; when the
+    job does not fit ``epsilon_budget``, the totals without it too: they warm the cache for
+    the refusal's message (composed under the lock otherwise). A job that fits does not
+    compose them: its create needs only the totals with it."""
     try:
-        _totals(events, delta)
-        return events, _totals(events, delta, privacy_event)
+        with_job = _totals(events, delta, privacy_event)
+        if not with_job[1] <= epsilon_budget:
+            _totals(events, delta)
+        return events, with_job
     finally:
         trim_if_big()
 
@@ -359,6 +368,11 @@ def changed_events(session: Session, group: BudgetGroup, known: Snapshot) -> Gro
     return None
 
 
+def budget_of(group: BudgetGroup) -> float:
+    """The group's ε budget (+∞ for a group without one: every job fits)."""
+    return math.inf if group.epsilon_budget is None else group.epsilon_budget
+
+
 def refuse_if_frozen(session: Session, group: BudgetGroup) -> None:
     """Refuse a new job on a frozen group (409 ``budget_group_frozen``, the transaction rolled
     back): a restore froze it because jobs ran on it after the backup, so what it spent is
@@ -384,18 +398,23 @@ def reserve(
     known: Snapshot,
     planned_epsilon: float,
     target_delta: float,
+    checked: bool = False,
 ) -> None:
     """Refuse the job whose planned event is ``privacy_event`` (planned ε ``planned_epsilon`` at
     its δ ``target_delta``) if its group is frozen (:func:`refuse_if_frozen`) or if the composed
     ε of the group's events with it exceeds the group's budget (never a sum of ε's); else store
-    the new totals. Call under the group's lock."""
+    the new totals. Call under the group's lock; ``checked``: the group's events were read
+    under it and are ``known``'s (:func:`changed_events` found no change)."""
     refuse_if_frozen(session, group)
     if group.epsilon_budget is None or group.delta is None:
         return
-    spent, committed = settle(session, group, extra=privacy_event, known=known)
+    events = known[0] if checked and known is not None else None
+    spent, committed = settle(session, group, extra=privacy_event, known=known, events=events)
     if committed <= group.epsilon_budget:
         return
-    _before, current = totals(group_events(session, group), group.delta)
+    _before, current = totals(
+        events if events is not None else group_events(session, group), group.delta
+    )
     session.rollback()
     BUDGET_REFUSALS.inc()
     remaining = max(0.0, group.epsilon_budget - current)

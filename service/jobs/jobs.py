@@ -326,10 +326,12 @@ def create_job(
     )
     new = _NewJob(req, plan, privacy_event, idem, mechanisms, unit)
     # Before the file's turn: this job's leaf of the file's history (tens of milliseconds for
-    # randomized clipping's hidden scale) is built and cached here, concurrently with the
-    # other creates; in the turn, its snapshot composes the blocks around it (those the jobs
-    # committed meanwhile changed too: composing them here would mostly be wasted).
-    _budget_leaf(store, group_id, privacy_event)
+    # randomized clipping's hidden scale) is built and cached here, in the leaf lane (one at a
+    # time in this process), while other creates calibrate or hold their file's turn; in the
+    # turn, its snapshot composes the blocks around it (those the jobs committed meanwhile
+    # changed too: composing them here would mostly be wasted).
+    with _LEAF_LANE:
+        _budget_leaf(store, group_id, privacy_event)
     with _group_turn(group_id):
         known = _budget_snapshot(store, group_id, privacy_event)
         deadline = time.monotonic() + OPTIMISTIC_SECONDS
@@ -419,6 +421,12 @@ def _check_method(req: JobRequest, model_name: str, task: str) -> None:
         )
 
 
+# Leaves are built one at a time in a process, as calibrations are (service/budget/planning.py):
+# a burst's leaves built all at once share the interpreter and the cores with one another and
+# cost more CPU each; one at a time, the accountant's work of a create runs in at most three
+# threads at once (its calibration lane, the leaf lane, a file's turn). Measured in
+# docs/benchmarks/budget.md ("The leaf lane").
+_LEAF_LANE = threading.Lock()
 _TURNS: dict[str, threading.Lock] = {}
 _TURNS_GUARD = threading.Lock()
 
@@ -436,14 +444,15 @@ def _group_turn(group_id: str) -> Iterator[None]:
 OPTIMISTIC_SECONDS = 120.0
 
 
-def _group_events(store: Store, group_id: str) -> tuple[budget.GroupEvents, float] | None:
-    """A budgeted group's events and its δ, read under no lock (None: no budget)."""
+def _group_events(store: Store, group_id: str) -> tuple[budget.GroupEvents, float, float] | None:
+    """A budgeted group's events, its δ and its ε budget, read under no lock (None: no
+    budget)."""
     with store.sessions() as session:
         group = session.scalar(select(BudgetGroup).where(BudgetGroup.id == group_id))
         assert group is not None
         if group.epsilon_budget is None or group.delta is None:
             return None
-        return budget.group_events(session, group), group.delta
+        return budget.group_events(session, group), group.delta, group.epsilon_budget
 
 
 def _budget_leaf(store: Store, group_id: str, privacy_event: PrivacyEvent) -> None:
@@ -458,7 +467,8 @@ def _budget_snapshot(store: Store, group_id: str, privacy_event: PrivacyEvent) -
     read = _group_events(store, group_id)
     if read is None:
         return None
-    return budget.snapshot(read[0], read[1], privacy_event)
+    events, delta, epsilon_budget = read
+    return budget.snapshot(events, delta, privacy_event, epsilon_budget)
 
 
 def _create_locked(
@@ -481,18 +491,25 @@ def _create_locked(
         _check_active_jobs(session, caller, store.settings.max_active_jobs_per_tenant)
         stale = None if last else budget.changed_events(session, group, known)
         if stale is None:
-            return _reserve_and_insert(session, caller, group, new, known), None
-        delta = group.delta
+            return _reserve_and_insert(session, caller, group, new, known, not last), None
+        delta, epsilon_budget = group.delta, budget.budget_of(group)
         assert delta is not None
         session.rollback()  # leave the locks; compose again outside them
-    return None, budget.snapshot(stale, delta, new.privacy_event)  # under no lock
+    # under no lock
+    return None, budget.snapshot(stale, delta, new.privacy_event, epsilon_budget)
 
 
 def _reserve_and_insert(
-    session: Session, caller: Caller, group: BudgetGroup, new: _NewJob, known: budget.Snapshot
+    session: Session,
+    caller: Caller,
+    group: BudgetGroup,
+    new: _NewJob,
+    known: budget.Snapshot,
+    checked: bool,
 ) -> JobRow:
     """Under the locks: reserve the job's planned event on the group (or refuse it) and insert
-    it with its Idempotency-Key and its audit entry, in one commit."""
+    it with its Idempotency-Key and its audit entry, in one commit; ``checked``: the group's
+    events were read under these locks and are ``known``'s."""
     plan = new.plan
     if group.epsilon_budget is not None and group.delta is not None:
         if plan.target_delta > group.delta:  # the budget's δ was lowered since the plan
@@ -504,7 +521,7 @@ def _reserve_and_insert(
                 code="invalid_delta",
             )
     budget.reserve(
-        session, group, new.privacy_event, known, plan.planned_epsilon, plan.target_delta
+        session, group, new.privacy_event, known, plan.planned_epsilon, plan.target_delta, checked
     )
     row = _insert_job(session, caller, new.req, plan, new.mechanisms, new.unit)
     if new.idem is not None:

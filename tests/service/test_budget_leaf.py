@@ -43,11 +43,11 @@ def test_built_leaf_serves_the_snapshot_in_the_turn(committed_meanwhile, monkeyp
         return real_leaf(event, grid)
 
     monkeypatch.setattr(hist, "_leaf", leaf)
-    in_turn = budget.snapshot(events, DELTA, new)
+    in_turn = budget.snapshot(events, DELTA, new, 8.0)
     assert new not in built  # built before the turn
     monkeypatch.undo()
     clear_cache()
-    assert in_turn == budget.snapshot(events, DELTA, new)
+    assert in_turn == budget.snapshot(events, DELTA, new, 8.0)
 
 
 def test_an_unbounded_event_is_left_to_the_snapshot():
@@ -56,7 +56,36 @@ def test_an_unbounded_event_is_left_to_the_snapshot():
     older = _older(3)
     new = SubsampledGaussianEvent(0.3, 1.0, 1, "hutch", 2, sketch="per_example")
     budget.build_leaf((older, older), DELTA, new)  # no exception
-    snap = budget.snapshot((older, older), DELTA, new)
+    snap = budget.snapshot((older, older), DELTA, new, 8.0)
     assert snap is not None
     spent, committed = snap[1]
     assert committed == float("inf") and spent == budget.compose(list(older), DELTA)
+
+
+@pytest.mark.parametrize("epsilon_budget", [100.0, 0.5])
+def test_the_snapshot_warms_the_totals_without_the_job_only_for_a_refusal(
+    epsilon_budget, monkeypatch
+):
+    """A job that fits needs only the totals with it; one that does not fit has the totals
+    without it (the refusal's message, composed under the lock) composed in the snapshot."""
+    older = _older(9)
+    new = SubsampledGaussianEvent(0.8, 0.05, 20, "hutch", 32, sketch="per_example")
+    events = (older[:-1] + (None,), older)  # spent, committed: the last job has not run yet
+    clear_cache()
+    with_job = budget.snapshot(events, DELTA, new, epsilon_budget)
+    assert with_job is not None
+    fits = with_job[1][1] <= epsilon_budget
+    assert fits is (epsilon_budget == 100.0)
+    composed: list[int] = []
+    real_compose = hist.compose
+
+    def compose(first, second, truncation):
+        composed.append(1)
+        return real_compose(first, second, truncation)
+
+    monkeypatch.setattr(hist, "compose", compose)
+    without = budget.totals(events, DELTA)  # what reserve() composes for a refusal's message
+    assert bool(composed) is fits  # composed now only if the snapshot did not
+    monkeypatch.undo()
+    clear_cache()
+    assert without == budget.totals(events, DELTA)

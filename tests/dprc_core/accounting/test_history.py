@@ -212,3 +212,34 @@ def test_the_block_cache_sizes_sparse_plds():
     cache = history._BlockCache(1 << 20)
     cache.put(("sparse",), sparse)
     assert cache.get(("sparse",)) == (True, sparse)
+
+
+@pytest.mark.parametrize("n, empty", [(2, 3), (5, 1), (16, 1), (16, 17), (25, 7), (33, 31)])
+def test_trailing_empty_slots_compose_alike_and_cost_nothing(monkeypatch, n, empty):
+    """A data set's spent events end in an empty slot per job that has not run yet. Composed
+    without the strip (the blocks of all ``n + empty`` slots, from an empty cache), they give
+    the PLD of the ``n`` events bit for bit — the claim that lets ``epsilon_for_history`` drop
+    them — and once the events are composed, more empty slots compose nothing."""
+    rng = random.Random(n * 100 + empty)
+    events: list[PrivacyEvent | None] = list(_exact_history(rng, n))
+    if n > 2:
+        events[n // 2] = None  # an empty slot inside stays where it is
+    present = [e for e in events if e is not None]
+    padded = events + [None] * empty
+    clear_cache()
+    grid = hist.history_grid(present, DELTA)
+    unstripped = hist._block(tuple(padded), grid)
+    clear_cache()
+    reference = epsilon_for_history(events, DELTA)
+    assert unstripped is not None
+    assert hist.epsilon_from_pld(unstripped, DELTA) == reference
+    calls = {"compose": 0}
+    real_compose = hist.compose
+
+    def compose(first, second, truncation):
+        calls["compose"] += 1
+        return real_compose(first, second, truncation)
+
+    monkeypatch.setattr(hist, "compose", compose)
+    assert epsilon_for_history(padded, DELTA) == reference
+    assert calls["compose"] == 0
