@@ -9,6 +9,10 @@
   problem too.
 * **Every checkpoint** in a job's run folder is at a step the database records as run, and
   its ledger counts that many steps.
+* **Every hash row** (``example_hashes``, ``example_users``) names a data set of its own tenant:
+  those tables have no foreign keys (migration 0017: at 10⁷ rows an upload, their checks were
+  two thirds of PostgreSQL's recording), so this check stands in for them. A row whose data set
+  is missing would let a copy of its example be placed as if new.
 * **Every budgeted data set**: the composition of its jobs' committed events (recomputed,
   never a sum) is within its budget, ε_committed ≤ ε_B·(1 + 1e-9) + 1e-9, and the stored
   total agrees with the recomputed one within :data:`EPSILON_TOLERANCE`.
@@ -25,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from dprc_core.accounting import PrivacyEvent
 from service.budget import budget
@@ -34,7 +38,14 @@ from service.jobs.ledger_files import checkpoint_ledgers, ledger_files, read, st
 from service.store.job_status import TERMINAL, JobStatus
 from service.store.ledger_folder import ledger_path, ledgers_dir, since
 from service.store.store import Store
-from service.store.tables import BudgetGroup, File, Job, SyntheticJob
+from service.store.tables import (
+    BudgetGroup,
+    ExampleHash,
+    ExampleUser,
+    File,
+    Job,
+    SyntheticJob,
+)
 
 # |ε in a ledger file − ε in the database|, and a stored total against its recomputation:
 # relative, with an absolute floor (both are the same float arithmetic, so agreement is exact
@@ -89,8 +100,27 @@ def check(store: Store) -> CheckReport:
         for group in session.scalars(select(BudgetGroup).order_by(BudgetGroup.seq)):
             report.groups += 1
             report.problems += _group_problems(session, group)
+        report.problems += _hash_row_problems(session)
         report.frozen = frozen_groups(session)
     return report
+
+
+def _hash_row_problems(session: Any) -> list[str]:
+    """Rows of the hash tables whose (tenant, data set) is not a data set of that tenant."""
+    out = []
+    for table in (ExampleHash, ExampleUser):
+        owner = select(BudgetGroup.id).where(
+            BudgetGroup.id == table.group_id, BudgetGroup.tenant_id == table.tenant_id
+        )
+        count, first = session.execute(
+            select(func.count(), func.min(table.group_id)).where(~owner.exists())
+        ).one()
+        if count:
+            out.append(
+                f"{table.__tablename__}: {count} rows name a data set that their tenant does "
+                f"not have (first: {first})"
+            )
+    return out
 
 
 def _synthetic_problems(data_dir: Path, row: SyntheticJob) -> list[str]:
