@@ -37,7 +37,7 @@ SECTIONS = [
     ("audit", "benchmarks/audit.py"),
     ("audit_per_example", "benchmarks/audit.py --cases per-example --eps 1 3"),
     ("audit_step", "benchmarks/audit_step.py"),
-    ("budget", "benchmarks/budget_contention.py"),
+    ("budget", "benchmarks/budget_contention.py --repeat 3"),
     ("history", "benchmarks/history_compose.py"),
     ("repeated_jobs", "benchmarks/repeated_jobs.py"),
     ("data", "benchmarks/data_scale.py"),
@@ -69,7 +69,7 @@ minutes; `--dry-run` on a CPU), is described in [benchmarks/gpu.md](benchmarks/g
 """
 
 SUMMARY_START, SUMMARY_END = "<!-- summary -->", "<!-- /summary -->"
-VERDICT = re.compile(r"\*\*(PASS|FAIL)\b[^*]*\*\*")
+VERDICT = re.compile(r"\*\*(PASS|FAIL)\b[^*]+\*\*")  # a verdict with its statement
 
 
 def kept_summary() -> str:
