@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +43,7 @@ from service.governance import audit
 from service.governance.audit import Act
 from service.governance.keys import Caller
 from service.governance.roles import Action, allowed, authorize
-from service.store.db import is_sqlite, locked_session
+from service.store.db import locked_session
 from service.store.job_status import ACTIVE
 from service.store.store import Store
 from service.store.tables import (
@@ -374,21 +373,16 @@ def _record_batched(
     if joined:  # the digests the tenant holds (in this group: the others refused it)
         with store.sessions() as session:
             held = held_bitmap(session, tenant_id, digests)
-    added = 0
-    # only SQLite's writers wait for a recording's transactions (its one write lock); on
-    # PostgreSQL the other tenants' writes take other rows' locks, so no pause is needed
-    pause = is_sqlite(store.engine)
-    for start in range(0, len(digests), hash_recordings.BATCH_ROWS):  # 3. the hashes
-        stop = min(start + hash_recordings.BATCH_ROWS, len(digests))
-        began = time.monotonic()
-        with locked_session(store.sessions) as session:
-            if not pause:
-                hash_recordings.lazy_commit(session)
-            hash_recordings.own(session, tenant_id, token)
-            added += insert_digests(session, tenant_id, group_id, digests, held, start, stop)
-            session.commit()
-        if pause:
-            hash_recordings.pause_after(time.monotonic() - began)
+
+    def insert(session: Session, start: int, stop: int) -> int:
+        return insert_digests(session, tenant_id, group_id, digests, held, start, stop)
+
+    # 3. the hashes: only SQLite's writers wait for a recording's transactions (its one write
+    # lock: a pause after each); on PostgreSQL the other tenants' writes take other rows'
+    # locks, and the recording writes on WRITERS connections at once
+    added = hash_recordings.write_batches(
+        store, tenant_id, token, len(digests), insert, hash_recordings.WRITERS
+    )
     with locked_session(store.sessions) as session:  # 4. the file
         session.get(Tenant, tenant_id, with_for_update=True)
         lease = hash_recordings.own(session, tenant_id, token)

@@ -33,8 +33,12 @@ meanwhile: no job can name a file that has no row.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from sqlalchemy import delete, func, select, text
@@ -43,7 +47,7 @@ from sqlalchemy.orm import Session
 from service.base.clock import now
 from service.base.errors import Conflict
 from service.base.ids import new_id
-from service.store.db import locked_session
+from service.store.db import is_sqlite, locked_session
 from service.store.store import Store
 from service.store.tables import (
     BudgetGroup,
@@ -64,6 +68,10 @@ BATCH_ROWS = 10_000  # hashes a recording transaction inserts (tens of milliseco
 PAUSE_SHARE = 0.25
 PAUSE_MAX_SECONDS = 0.05
 STALE_SECONDS = 600  # a lease not beaten for this long is taken for dead (lookups do not beat)
+BEAT_SECONDS = 5.0  # PostgreSQL's parallel writers beat the lease at most this often
+# PostgreSQL: connections writing a recording's batches at once (its per-row work is the
+# server's: two backends use both cores; docs/benchmarks/big_n.md)
+WRITERS = 2
 WAIT_SECONDS = 30 * 60  # how long an upload waits for another of its tenant's to be recorded
 POLL_SECONDS = 0.2
 BUSY = "upload_recording"
@@ -135,11 +143,15 @@ def acquire(session: Session, tenant_id: int, file_id: str, upload_id: str | Non
     return row
 
 
-def own(session: Session, tenant_id: int, token: str) -> HashRecording:
+def own(session: Session, tenant_id: int, token: str, shared: bool = False) -> HashRecording:
     """The lease, locked and beaten, when it is still ``token``'s; else :class:`Conflict`
-    (it was taken for dead and rolled back: this recording must stop)."""
+    (it was taken for dead and rolled back: this recording must stop). ``shared``: locked
+    ``FOR SHARE`` and not beaten, so that the recording's writers hold it at once (a takeover's
+    ``FOR UPDATE`` waits for their batches: :func:`write_batches`)."""
     row = session.scalar(
-        select(HashRecording).where(HashRecording.tenant_id == tenant_id).with_for_update()
+        select(HashRecording)
+        .where(HashRecording.tenant_id == tenant_id)
+        .with_for_update(read=shared)
     )
     if row is None or row.token != token:
         raise Conflict(
@@ -148,8 +160,93 @@ def own(session: Session, tenant_id: int, token: str) -> HashRecording:
             param="file",
             code="upload_recording_lost",
         )
-    row.beat_at = now()
+    if not shared:
+        row.beat_at = now()
     return row
+
+
+# Inserts a batch: (session, start, stop) -> rows inserted
+BatchInsert = Callable[[Session, int, int], int]
+
+
+def write_batches(
+    store: Store, tenant_id: int, token: str, n: int, insert: BatchInsert, writers: int = 1
+) -> int:
+    """Step 3: ``insert`` the rows [0, n) in batches of ``BATCH_ROWS``, each its own write
+    transaction that first checks the lease is still ``token``'s; how many rows it inserted.
+
+    SQLite: one writer, each batch followed by a pause (``PAUSE_SHARE``) in which other writers
+    take its one write lock. PostgreSQL: ``writers`` connections at once, each on its own
+    contiguous range (sorted digests: each writer appends to its own part of the unique
+    index); their batches lock the lease ``FOR SHARE`` and a beat (``FOR UPDATE``) every
+    ``BEAT_SECONDS`` waits for the batches in flight. When a writer fails, the others stop
+    before their next batch and every writer has ended before the error is raised: the
+    caller's rollback then finds every row this recording will ever insert."""
+    if is_sqlite(store.engine) or writers <= 1:
+        return _write_range(store, tenant_id, token, 0, n, insert, _Writers(1, False))
+    shared = _Writers(writers, True)
+    bounds = [n * i // writers for i in range(writers + 1)]
+    with ThreadPoolExecutor(writers, thread_name_prefix="dprc-record") as pool:
+        futures = [
+            pool.submit(_write_range, store, tenant_id, token, lo, hi, insert, shared)
+            for lo, hi in itertools.pairwise(bounds)
+        ]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        shared.stop.set()  # a no-op when all ended well
+        wait(futures)
+    errors = [e for f in futures if (e := f.exception()) is not None]
+    if errors:
+        raise errors[0]
+    return sum(f.result() for f in futures)
+
+
+class _Writers:
+    """What a recording's writers share: whether they run at once (PostgreSQL), the signal to
+    stop, and when the lease was last beaten."""
+
+    def __init__(self, count: int, parallel: bool) -> None:
+        self.parallel = parallel and count > 1
+        self.stop = threading.Event()
+        self._guard = threading.Lock()
+        self._beaten = time.monotonic()
+
+    def beat_due(self) -> bool:
+        with self._guard:
+            if time.monotonic() - self._beaten < BEAT_SECONDS:
+                return False
+            self._beaten = time.monotonic()
+            return True
+
+
+def _write_range(
+    store: Store,
+    tenant_id: int,
+    token: str,
+    lo: int,
+    hi: int,
+    insert: BatchInsert,
+    writers: _Writers,
+) -> int:
+    pause = is_sqlite(store.engine)
+    added = 0
+    for start in range(lo, hi, BATCH_ROWS):
+        if writers.stop.is_set():
+            break
+        stop = min(start + BATCH_ROWS, hi)
+        began = time.monotonic()
+        with locked_session(store.sessions) as session:
+            if not pause:
+                lazy_commit(session)
+            own(session, tenant_id, token, shared=writers.parallel)
+            added += insert(session, start, stop)
+            session.commit()
+        if pause:
+            pause_after(time.monotonic() - began)
+        if writers.parallel and writers.beat_due():
+            with locked_session(store.sessions) as session:
+                own(session, tenant_id, token)
+                session.commit()
+    return added
 
 
 def rollback(store: Store, tenant_id: int, token: str, content: Path | None = None) -> None:

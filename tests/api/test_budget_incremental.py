@@ -13,6 +13,7 @@ import pytest
 from dprc_core.accounting import epsilon_for_events, history
 from dprc_core.accounting.history import clear_cache
 from tests.api.conftest import exact_job_body, exact_job_event, labelled_lines
+from tests.call_counts import count_calls
 
 OLDER = 20
 
@@ -33,24 +34,17 @@ def test_one_more_job_composes_log_n_blocks(server, monkeypatch):
             assert r.status_code == 200, r.text
             jobs.append(r.json())
 
-        calls = {"n": 0}
-        real = history.compose
-
-        def counting(first, second, truncation):
-            calls["n"] += 1
-            return real(first, second, truncation)
-
-        monkeypatch.setattr(history, "compose", counting)
+        calls = count_calls(monkeypatch, history, "compose")
         r = http.post("/v1/fine_tuning/jobs", json=exact_job_body(f.id, 0.55))
         assert r.status_code == 200, r.text
         jobs.append(r.json())
         bound = 2 * math.ceil(math.log2(len(jobs)))
-        assert 1 <= calls["n"] <= bound, calls  # a full composition makes ≥ OLDER
+        assert 1 <= calls["compose"] <= bound, calls  # a full composition makes ≥ OLDER
 
-        calls["n"] = 0
+        calls["compose"] = 0
         r = http.post(f"/v1/fine_tuning/jobs/{jobs[5]['id']}/cancel")
         assert r.status_code == 200, r.text
-        assert calls["n"] <= bound, calls  # its slot empties: O(log n) blocks again
+        assert calls["compose"] <= bound, calls  # its slot empties: O(log n) blocks again
         monkeypatch.undo()
 
     budget = client.files.retrieve(f.id).model_extra["budget"]

@@ -23,6 +23,7 @@ from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from dprc_core.accounting import PrivacyEvent, epsilon_for_events
 from dprc_core.accounting import history as hist
 from dprc_core.accounting.history import clear_cache, epsilon_for_history
+from tests.call_counts import count_calls
 
 DELTA = 1e-5
 
@@ -126,30 +127,17 @@ def test_one_more_job_costs_log_n_compositions(monkeypatch):
     clear_cache()
     epsilon_for_history(slots, DELTA)
     grid_before = hist.history_grid([e for e in slots if e is not None], DELTA)
-    calls = {"compose": 0, "leaf": 0}
-    real_compose = hist.compose
-    real_leaf = hist._leaf
-
-    def compose(first, second, truncation):
-        calls["compose"] += 1
-        return real_compose(first, second, truncation)
-
-    def leaf(event, grid):
-        calls["leaf"] += 1
-        return real_leaf(event, grid)
-
-    monkeypatch.setattr(hist, "compose", compose)
-    monkeypatch.setattr(hist, "_leaf", leaf)
+    calls = count_calls(monkeypatch, hist, "compose", "_leaf")
     new = PrivacyEvent(1.3, 0.05, 2)  # short: the total steps stay in their bucket
     slots.append(new)
     assert hist.history_grid([e for e in slots if e is not None], DELTA) == grid_before
     epsilon_for_history(slots, DELTA)
-    assert calls["leaf"] == 1  # the new event's leaf only
+    assert calls["_leaf"] == 1  # the new event's leaf only
     assert 1 <= calls["compose"] <= 2 * math.ceil(math.log2(len(slots))), calls
-    calls.update(compose=0, leaf=0)
+    calls.update(compose=0, _leaf=0)
     slots[10] = PrivacyEvent(1.3, 0.05, 1)  # one slot changes
     epsilon_for_history(slots, DELTA)
-    assert calls["leaf"] == 1
+    assert calls["_leaf"] == 1
     assert calls["compose"] <= 2 * math.ceil(math.log2(len(slots))), calls
 
 
@@ -162,29 +150,17 @@ def test_built_leaves_serve_a_later_composition(monkeypatch):
     new = PrivacyEvent(0.8, 0.05, 3, "hutch", 32, sketch="per_example")
     clear_cache()
     epsilon_for_history(slots, DELTA)
-    calls = {"compose": 0, "leaf": 0}
-    real_compose, real_leaf = hist.compose, hist._leaf
-
-    def compose(first, second, truncation):
-        calls["compose"] += 1
-        return real_compose(first, second, truncation)
-
-    def leaf(event, grid):
-        calls["leaf"] += 1
-        return real_leaf(event, grid)
-
-    monkeypatch.setattr(hist, "compose", compose)
-    monkeypatch.setattr(hist, "_leaf", leaf)
+    calls = count_calls(monkeypatch, hist, "compose", "_leaf")
     hist.build_leaves([*slots, new], DELTA)
-    assert calls == {"compose": 0, "leaf": 1}
+    assert calls == {"compose": 0, "_leaf": 1}
     committed = PrivacyEvent(1.7, 0.05, 2)  # another job, committed meanwhile, before ours
     later = [*slots, committed, new]
     assert hist.history_grid([e for e in later if e is not None], DELTA) == hist.history_grid(
         [*slots, new], DELTA
     )
-    calls.update(compose=0, leaf=0)
+    calls.update(compose=0, _leaf=0)
     incremental = epsilon_for_history(later, DELTA)
-    assert calls["leaf"] == 1  # the committed job's; ours was built
+    assert calls["_leaf"] == 1  # the committed job's; ours was built
     monkeypatch.undo()
     clear_cache()
     assert incremental == epsilon_for_history(later, DELTA)
@@ -233,13 +209,6 @@ def test_trailing_empty_slots_compose_alike_and_cost_nothing(monkeypatch, n, emp
     reference = epsilon_for_history(events, DELTA)
     assert unstripped is not None
     assert hist.epsilon_from_pld(unstripped, DELTA) == reference
-    calls = {"compose": 0}
-    real_compose = hist.compose
-
-    def compose(first, second, truncation):
-        calls["compose"] += 1
-        return real_compose(first, second, truncation)
-
-    monkeypatch.setattr(hist, "compose", compose)
+    calls = count_calls(monkeypatch, hist, "compose")
     assert epsilon_for_history(padded, DELTA) == reference
     assert calls["compose"] == 0
