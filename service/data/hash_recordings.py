@@ -17,7 +17,8 @@ per-user data is recorded in one transaction, as before) is stored in four steps
 3. **the hashes** — ``BATCH_ROWS`` at a time, each batch its own write transaction (tens of
    milliseconds), which first checks that the lease is still this recording's and beats it,
    then, on SQLite, a pause a quarter as long (``PAUSE_SHARE``), in which other writers take
-   its one write lock (on PostgreSQL other tenants' writes take other rows' locks: no pause);
+   its one write lock (on PostgreSQL other tenants' writes take other rows' locks: no pause,
+   and ``WRITERS`` connections write at once, :func:`write_batches`);
 4. **the file** — under the tenant's lock: the file's row (in its group), the group's
    ``n_examples``, the audit entries and the lease's deletion, in one transaction.
 
