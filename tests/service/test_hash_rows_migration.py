@@ -8,16 +8,15 @@ from contextlib import nullcontext
 
 import pytest
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 from sqlalchemy.orm import Session
 
 from service.admin.consistency import check
 from service.base.settings import Settings
-from service.store.db import MIGRATIONS, make_engine, upgrade
+from service.store.db import make_engine, upgrade
 from service.store.store import open_store
 from service.store.tables import BudgetGroup
 from tests.api.conftest import fresh_pg_database
+from tests.migration_steps import migrate
 
 TABLES = ("example_hashes", "example_users")
 
@@ -59,16 +58,9 @@ def test_0017_drops_the_hash_foreign_keys_and_the_check_stands_in(backend, tmp_p
     with fresh_pg_database("dprc_0017") if backend == "postgresql" else nullcontext(None) as url:
         settings = Settings(data_dir=tmp_path, database_url=url)
         engine = make_engine(settings)
-        cfg = Config()
-        cfg.set_main_option("script_location", str(MIGRATIONS))
-
-        def to(revision: str, down: bool = False) -> None:
-            with engine.begin() as conn:
-                cfg.attributes["connection"] = conn
-                (command.downgrade if down else command.upgrade)(cfg, revision)
 
         try:
-            to("0016")
+            migrate(engine, "0016")
             before = {t: _shape(engine, t) for t in TABLES}
             assert {t: _keys(engine, t) for t in TABLES} == {
                 t: [(("group_id",), "budget_groups"), (("tenant_id",), "tenants")] for t in TABLES
@@ -113,7 +105,7 @@ def test_0017_drops_the_hash_foreign_keys_and_the_check_stands_in(backend, tmp_p
             with engine.begin() as conn:
                 for t in TABLES:
                     conn.execute(sa.text(f"DELETE FROM {t} WHERE digest <> 'd1'"))
-            to("0016", down=True)
+            migrate(engine, "0016", down=True)
             assert {t: _keys(engine, t) for t in TABLES} == {
                 t: [(("group_id",), "budget_groups"), (("tenant_id",), "tenants")] for t in TABLES
             }

@@ -18,8 +18,6 @@ from collections.abc import Iterator
 import openai
 import pytest
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 from sqlalchemy.orm import Session
 
 from api.jobs.schemas import JobCreate, ShardingName
@@ -31,8 +29,9 @@ from service.base.settings import Settings
 from service.data.private_data import run_folder
 from service.jobs import job_runs
 from service.models.model_registry import registry
-from service.store.db import MIGRATIONS, make_engine, upgrade
+from service.store.db import make_engine, upgrade
 from tests.api.conftest import PG_ADMIN, Server, _pg_admin_conn, _serve, _settings
+from tests.migration_steps import migrate
 from tests.worker.conftest import learnable_lines, wait_for
 from worker.execution import build_spec
 
@@ -268,16 +267,9 @@ def test_a_job_stored_before_0009_reads_sharding_none_and_0009_goes_down(backend
 
     url, pg_name = _fresh_database(backend, tmp_path)
     engine = make_engine(Settings(data_dir=tmp_path, database_url=url))
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-
-    def to(revision: str, down: bool = False) -> None:
-        with engine.begin() as conn:
-            cfg.attributes["connection"] = conn
-            (command.downgrade if down else command.upgrade)(cfg, revision)
 
     try:
-        to("0008")
+        migrate(engine, "0008")
         assert "sharding" not in _columns(engine)
         with engine.begin() as conn:
             conn.execute(sa.text("INSERT INTO tenants (name, created_at) VALUES ('old', 1)"))
@@ -317,7 +309,7 @@ def test_a_job_stored_before_0009_reads_sharding_none_and_0009_goes_down(backend
             row = session.scalars(sa.select(Job)).one()
             shown = job_object(row, "org-1")
             assert (shown.devices, shown.sharding) == (2, "none")
-        to("0008", down=True)
+        migrate(engine, "0008", down=True)
         assert "sharding" not in _columns(engine)
         with engine.connect() as conn:  # the job itself is kept
             assert conn.execute(sa.text("SELECT id FROM jobs")).scalar_one() == "ftjob-old"

@@ -74,13 +74,16 @@ def _sqlite() -> bool:
     return op.get_bind().dialect.name == "sqlite"
 
 
+def _rebuild_sqlite(with_keys: bool) -> None:
+    """SQLite: both tables copied into the definition with or without their foreign keys."""
+    for name in _KEYS:
+        with op.batch_alter_table(name, recreate="always", copy_from=_table(name, with_keys)):
+            pass
+
+
 def upgrade() -> None:
     if _sqlite():
-        for name in _KEYS:
-            with op.batch_alter_table(
-                name, recreate="always", copy_from=_table(name, with_keys=False)
-            ):
-                pass
+        _rebuild_sqlite(with_keys=False)
         return
     inspector = sa.inspect(op.get_bind())
     for name in _KEYS:
@@ -91,11 +94,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     if _sqlite():
-        for name in _KEYS:
-            with op.batch_alter_table(
-                name, recreate="always", copy_from=_table(name, with_keys=True)
-            ):
-                pass
+        _rebuild_sqlite(with_keys=True)
         return
     for name, keys in _KEYS.items():
         for column, target in keys:
