@@ -35,6 +35,7 @@ from api.uploads.router import router as uploads_router
 from service.base.ids import new_id
 from service.base.logging_setup import log_context
 from service.base.settings import Settings, get_settings
+from service.budget import planning
 from service.data import uploads
 from service.data.rekey import open_current_store
 from service.inference.relay import Relay
@@ -76,6 +77,9 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.store = open_current_store(settings)
+        process = planning.accountant_process(settings)
+        if process is not None:  # its imports (about a second) before the first create
+            process.start()
         if settings.warm_model_checks:  # before the first request: no create pays the imports
             await asyncio.to_thread(warm_model_checks, settings)
         app.state.dispatcher = dispatcher(app.state.store)

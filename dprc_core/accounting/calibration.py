@@ -20,7 +20,9 @@ import bisect
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from dprc_core.accounting.accountant import DEFAULT_SETTINGS, AccountingSettings, account
 from dprc_core.accounting.events import (
@@ -338,6 +340,22 @@ def noise_multiplier(
         family: Hashable | None = _gaussian_family(make_event(1.0))
     except ValueError:
         family = None  # calibrate refuses it, after its own checks
+    runner = _RUNNER.get()
+    if runner is not None and family is not None:
+        return runner(
+            target_epsilon=target_epsilon,
+            target_delta=target_delta,
+            sample_rate=sample_rate,
+            steps=steps,
+            envelope=envelope,
+            k=k,
+            rank=rank,
+            sketch=sketch,
+            scale_width=scale_width,
+            rel_tol=rel_tol,
+            sigma_max=sigma_max,
+            settings=settings,
+        )
     return calibrate(
         make_event,
         target_epsilon,
@@ -347,6 +365,37 @@ def noise_multiplier(
         settings=settings,
         family=family,
     )
+
+
+GaussianRunner = Callable[..., float]
+"""Runs :func:`noise_multiplier` with these keywords elsewhere and returns its σ (e.g.
+:meth:`dprc_core.accounting.accountant_process.AccountantProcess.noise_multiplier`)."""
+
+_RUNNER: ContextVar[GaussianRunner | None] = ContextVar("dprc_gaussian_runner", default=None)
+
+
+@contextmanager
+def calibrations_run_by(runner: GaussianRunner | None) -> Iterator[None]:
+    """Within the block (this thread or task), :func:`noise_multiplier` calls — the planner's
+    among them — are run by ``runner`` (None: here), given every argument as a keyword."""
+    token = _RUNNER.set(runner)
+    try:
+        yield
+    finally:
+        _RUNNER.reset(token)
+
+
+def remember_epsilon(
+    event: SubsampledGaussianEvent,
+    delta: float,
+    eps: float,
+    settings: AccountingSettings = DEFAULT_SETTINGS,
+) -> None:
+    """Record ``eps`` as the ε of ``event`` at ``delta`` in its family's curve, as computed by
+    :func:`gaussian_epsilon` (in another process): a later :func:`gaussian_epsilon` or
+    calibration of the family reads it instead of composing it."""
+    curve = epsilon_curve((_gaussian_family(event), check_delta(delta), settings))
+    curve.add(event.noise_multiplier, eps)
 
 
 def _gaussian_family(event: SubsampledGaussianEvent) -> Hashable:

@@ -52,10 +52,16 @@ from dprc_core.accounting.accountant import (
     gaussian_composition_mu,
     prepare,
 )
-from dprc_core.accounting.events import PrivacyEvent, check_delta
+from dprc_core.accounting.events import PrivacyEvent, SubsampledGaussianEvent, check_delta
 from dprc_core.accounting.pld_builders import PreparedEvent
 from dprc_core.accounting.pld_epsilon import epsilon_from_pld
 from dprc_core.accounting.pld_self_compose import compose, self_compose
+from dprc_core.accounting.subsampled_gaussian_builder import (
+    StepGeometry,
+    StepMechanism,
+    seed_step,
+    step_of,
+)
 
 # Bytes of composed PMFs kept across calls (leaves and blocks of every history asked for).
 CACHE_BYTES = 512 << 20
@@ -91,8 +97,17 @@ def history_grid(
     events: Sequence[PrivacyEvent], delta: float, settings: AccountingSettings = DEFAULT_SETTINGS
 ) -> HistoryGrid:
     """The grid of a history's (non-empty) events at δ; see the module docstring. Cached by
-    the events (a budget check asks for the grid of the same history several times)."""
-    return _history_grid(tuple(events), delta, settings)
+    the events (a budget check asks for the grid of the same history several times), or
+    seeded by :func:`seed_leaves`."""
+    key = (tuple(events), delta, settings)
+    with _SEEDED_GUARD:
+        seeded = _SEEDED_GRIDS.get(key)
+    return seeded if seeded is not None else _history_grid(*key)
+
+
+_SEEDED_GRIDS: OrderedDict[tuple, HistoryGrid] = OrderedDict()
+_SEEDED_GUARD = threading.Lock()
+_SEEDED_MAX = 1024  # as _history_grid's cache
 
 
 @lru_cache(maxsize=1024)
@@ -239,16 +254,94 @@ def build_leaves(
     same events — or of a history that differs by events in other slots, as long as the grid
     stays — done ahead of it (a job being created builds its own leaf before it takes its
     data set's turn, while other jobs commit and change the blocks)."""
+    found = _leaf_grid(slots, delta, settings)
+    if found is not None:
+        for event in dict.fromkeys(found[0]):
+            _block((event,), found[2])
+
+
+def _leaf_grid(
+    slots: Sequence[PrivacyEvent | None], delta: float, settings: AccountingSettings
+) -> tuple[tuple[PrivacyEvent, ...], float, HistoryGrid] | None:
+    """The history's events, δ and grid, or None when the history composes no leaf (a single
+    event is accounted by ``epsilon_for_events``; Gaussian events alone, analytically)."""
     delta = check_delta(delta)
     present = [e for e in slots if e is not None]
     if len(present) < 2:
-        return  # a single event is accounted by epsilon_for_events, no leaf
+        return None
     check_supported(present)
     if gaussian_composition_mu(present) is not None:
-        return  # analytic
-    grid = history_grid(present, delta, settings)
-    for event in dict.fromkeys(present):
-        _block((event,), grid)
+        return None
+    return tuple(present), delta, history_grid(present, delta, settings)
+
+
+_Step = tuple[StepMechanism, StepGeometry]
+
+
+@dataclass(frozen=True)
+class BuiltLeaves:
+    """Leaves of a history built in one process, for another's caches (:func:`seed_leaves`):
+    the history's events, δ, settings and grid, and for each event asked for its leaf and —
+    for a Poisson-subsampled Gaussian event — its step at the grid's tail."""
+
+    events: tuple[PrivacyEvent, ...]
+    delta: float
+    settings: AccountingSettings
+    grid: HistoryGrid
+    leaves: tuple[
+        tuple[
+            PrivacyEvent, PrivacyLossDistribution | None, tuple[StepMechanism, StepGeometry] | None
+        ],
+        ...,
+    ]
+
+
+def built_leaves(
+    slots: Sequence[PrivacyEvent | None],
+    delta: float,
+    wanted: Sequence[PrivacyEvent],
+    settings: AccountingSettings = DEFAULT_SETTINGS,
+) -> BuiltLeaves | None:
+    """Build the leaves of the history ``slots`` as :func:`build_leaves` does, and return the
+    ``wanted`` events' leaves and every leaf this call had to build (not found in this
+    process's cache: a grid that moved rebuilds them all), with what :func:`seed_leaves` needs
+    to hand them to another process's caches; None when the history composes no leaf."""
+    found = _leaf_grid(slots, delta, settings)
+    if found is None:
+        return None
+    events, delta, grid = found
+    wanted_set = set(wanted)
+    leaves = []
+    for event in dict.fromkeys(events):
+        cached, _ = _CACHE.get(((event,), grid))
+        if cached and event not in wanted_set:
+            continue
+        step = (
+            step_of(event, grid.tail, settings)
+            if isinstance(event, SubsampledGaussianEvent)
+            else None
+        )
+        leaves.append((event, _block((event,), grid), step))
+    return BuiltLeaves(events, delta, settings, grid, tuple(leaves))
+
+
+def seed_leaves(built: BuiltLeaves) -> None:
+    """Keep leaves built by :func:`built_leaves` (in another process: the same code on the same
+    events, so the same grid and PLDs) in this process's caches: the history's grid, each
+    event's step and its leaf, as if :func:`build_leaves` had run here. Soundness does not
+    rest on their being equal to this process's: any grid gives an upper bound, and each leaf
+    is a pessimistic PLD of its event on the grid it is keyed by."""
+    key = (built.events, built.delta, built.settings)
+    with _SEEDED_GUARD:
+        _SEEDED_GRIDS[key] = built.grid
+        _SEEDED_GRIDS.move_to_end(key)
+        while len(_SEEDED_GRIDS) > _SEEDED_MAX:
+            _SEEDED_GRIDS.popitem(last=False)
+    for event, pld, step in built.leaves:
+        if step is not None:
+            assert isinstance(event, SubsampledGaussianEvent)
+            seed_step(event, built.grid.tail, built.settings, step)
+        _CACHE.put(((event,), built.grid), pld)
 
 
 def clear_cache() -> None:
@@ -260,3 +353,5 @@ def clear_cache() -> None:
     _CACHE.clear()
     _prepared.cache_clear()
     _history_grid.cache_clear()
+    with _SEEDED_GUARD:
+        _SEEDED_GRIDS.clear()

@@ -12,6 +12,8 @@ up to their step counts are one event.
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -107,8 +109,44 @@ class PreparedSubsampledGaussian:
 
 
 def clear_step_cache() -> None:
-    """Forget the cached steps (:func:`_one_step`)."""
+    """Forget the cached steps (:func:`_one_step`) and the seeded ones (:func:`seed_step`)."""
     _one_step.cache_clear()
+    with _SEEDED_GUARD:
+        _SEEDED.clear()
+
+
+_StepKey = tuple[SubsampledGaussianEvent, float, AccountingSettings]
+_SEEDED: OrderedDict[_StepKey, tuple[StepMechanism, StepGeometry]] = OrderedDict()
+_SEEDED_GUARD = threading.Lock()
+_SEEDED_MAX = 1024  # as _one_step's cache
+
+
+def seed_step(
+    event: SubsampledGaussianEvent,
+    tail: float,
+    settings: AccountingSettings,
+    step: tuple[StepMechanism, StepGeometry],
+) -> None:
+    """Keep ``step`` — ``event``'s one step at ``tail``, as :func:`step_of` computed it in
+    another process (:mod:`dprc_core.accounting.accountant_process`) — for this process's
+    :meth:`SubsampledGaussianPLD.prepare` (least recently used dropped beyond 1,024)."""
+    key = (replace(event, steps=1), tail, settings)
+    with _SEEDED_GUARD:
+        _SEEDED[key] = step
+        _SEEDED.move_to_end(key)
+        while len(_SEEDED) > _SEEDED_MAX:
+            _SEEDED.popitem(last=False)
+
+
+def step_of(
+    event: SubsampledGaussianEvent, tail: float, settings: AccountingSettings
+) -> tuple[StepMechanism, StepGeometry]:
+    """``event``'s one step at ``tail``: its mechanism (fine scale) and loss geometry, seeded
+    (:func:`seed_step`) or cached (:func:`_one_step`)."""
+    step = replace(event, steps=1)
+    with _SEEDED_GUARD:
+        seeded = _SEEDED.get((step, tail, settings))
+    return seeded if seeded is not None else _one_step(step, tail, settings)
 
 
 @pld_builder(SubsampledGaussianEvent)
@@ -120,7 +158,7 @@ class SubsampledGaussianPLD(PLDBuilder[SubsampledGaussianEvent]):
     def prepare(
         self, event: SubsampledGaussianEvent, tail: float, settings: AccountingSettings
     ) -> PreparedSubsampledGaussian:
-        mech, geometry = _one_step(replace(event, steps=1), tail, settings)
+        mech, geometry = step_of(event, tail, settings)
         return PreparedSubsampledGaussian(event, mech, geometry)
 
 

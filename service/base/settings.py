@@ -89,6 +89,12 @@ class Settings(BaseSettings):
         description="run each allow-listed model's create check once at start-up (its imports "
         "then cost no create)",
     )
+    accountant_process: bool = Field(
+        default=True,
+        description="run the accountant's calibrations and budget leaves of job creates in a "
+        "child process of the API process (dprc_core.accounting.accountant_process): they "
+        "then use a core of their own instead of the request threads' interpreter",
+    )
     default_k: int = 32
     # -- workers (worker/) --
     embedded_worker: bool = Field(

@@ -39,6 +39,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from dprc_core.accounting import PrivacyEvent
+from dprc_core.accounting.accountant_process import AccountantProcess
 from dprc_core.accounting.history import build_leaves, epsilon_for_history
 from dprc_core.accounting.memory import release_if_big, trim_if_big
 from dprc_core.training.plan import check_delta_for_size, default_delta
@@ -344,13 +345,23 @@ def snapshot(
         trim_if_big()
 
 
-def build_leaf(events: GroupEvents, delta: float, privacy_event: PrivacyEvent) -> None:
+def build_leaf(
+    events: GroupEvents,
+    delta: float,
+    privacy_event: PrivacyEvent,
+    accountant: AccountantProcess | None = None,
+) -> None:
     """Build and cache the leaf of ``privacy_event`` in the group's committed history (its PLD
     on the history's grid, :func:`dprc_core.accounting.history.build_leaves`), composing
     nothing else: the part of a new job's budget check that other jobs committing meanwhile
-    do not make stale (unless they move the grid), done under no lock before :func:`snapshot`."""
+    do not make stale (unless they move the grid), done under no lock before :func:`snapshot`.
+    With an ``accountant`` process, built there and kept in this process's caches."""
+    slots = [*events[1], privacy_event]
     try:
-        build_leaves([*events[1], privacy_event], delta)
+        if accountant is not None:
+            accountant.build_leaves(slots, delta, [privacy_event])
+        else:
+            build_leaves(slots, delta)
     except ValueError:
         pass  # the snapshot says so (compose: +inf)
     finally:

@@ -34,6 +34,8 @@ from functools import lru_cache
 from typing import Any, Literal
 
 from dprc_core.accounting import PrivacyEvent
+from dprc_core.accounting.accountant_process import AccountantProcess
+from dprc_core.accounting.calibration import calibrations_run_by
 from dprc_core.accounting.events import SHARED_SKETCH, default_sketch
 from dprc_core.accounting.memory import release_if_big
 from dprc_core.clipping import DEFAULT_K, Auto, Clipping, norm_from_method
@@ -42,6 +44,7 @@ from dprc_core.norm_methods import get_norm_method
 from dprc_core.plan_errors import PlanError
 from dprc_core.training.plan import PrivacyPlan, default_delta, plan_privacy
 from service.base.errors import InvalidInput
+from service.base.settings import Settings
 from service.store.metrics import CALIBRATION_SECONDS
 
 MAX_STEPS = 200_000
@@ -53,6 +56,16 @@ DEFAULT_BATCH = 32
 # finish in arrival order — each in its own time instead of all at the end of a burst — and
 # leave the interpreter to the requests that hold a file's turn (service/jobs/jobs.py).
 _CALIBRATION_LANE = threading.Lock()
+
+# The API process's accountant process (started on first use): calibrations and budget leaves
+# on a core of their own, one at a time in arrival order (docs/benchmarks/budget.md).
+_ACCOUNTANT = AccountantProcess()
+
+
+def accountant_process(settings: Settings) -> AccountantProcess | None:
+    """The accountant process of this API process when ``DPRC_ACCOUNTANT_PROCESS`` is on (the
+    default), else None (the accountant runs in the calling thread)."""
+    return _ACCOUNTANT if settings.accountant_process else None
 
 
 @dataclass(frozen=True)
@@ -220,25 +233,28 @@ def _calibrated(
     clipping: str,
     k: int | None,
     delta: float | None,
+    process: AccountantProcess | None,
 ) -> PrivacyPlan:
     """The library's plan; its rules' refusals as 400s naming the API's fields, a calibration
-    that cannot reach the target as ``calibration_failed``."""
+    that cannot reach the target as ``calibration_failed``; the Gaussian calibration in the
+    accountant ``process`` when there is one."""
     started = time.perf_counter()
     cached = library_plan.cache_info().hits
     try:
-        plan = library_plan(
-            n,
-            batch,
-            n_epochs,
-            clipping,
-            k,
-            req.target_epsilon,
-            delta,
-            req.noise,
-            req.sketch,
-            req.unit,
-            req.sharding,
-        )
+        with calibrations_run_by(process.noise_multiplier if process is not None else None):
+            plan = library_plan(
+                n,
+                batch,
+                n_epochs,
+                clipping,
+                k,
+                req.target_epsilon,
+                delta,
+                req.noise,
+                req.sketch,
+                req.unit,
+                req.sharding,
+            )
     except PlanError as exc:
         raise refusal(exc) from exc
     except (ValueError, RuntimeError) as exc:
@@ -265,12 +281,14 @@ def make_plan(
     *,
     group_delta: float | None = None,
     budget_delta: float | None = None,
+    process: AccountantProcess | None = None,
 ) -> JobPlan:
     """The job's plan on ``n`` units: the library's plan (:func:`plan_privacy`, the one home
     of the plan rules), with what the service adds — the defaults of epochs, batch and k, the
     norm method's accounting envelope (``auto`` planned as hutch), and δ: the group's
     (``group_delta``: the δ its budget group states ε's at, the default), at most the budget's
-    (``budget_delta``; None: the group has no budget) — :func:`_delta`."""
+    (``budget_delta``; None: the group has no budget) — :func:`_delta`. ``process``: the
+    accountant process that calibrates (:func:`accountant_process`; None: this thread)."""
     n_epochs = DEFAULT_EPOCHS if req.n_epochs == "auto" else req.n_epochs
     batch = min(DEFAULT_BATCH, n) if req.batch_size == "auto" else req.batch_size
     entry = get_norm_method(req.method)  # the registry says what each method needs
@@ -282,7 +300,7 @@ def make_plan(
         )
     k = (req.k if req.k is not None else default_k) if entry.randomized else None
     delta = _delta(n, req.target_delta, group_delta, budget_delta)
-    lib = _calibrated(req, n, batch, n_epochs, entry.envelope, k, delta)
+    lib = _calibrated(req, n, batch, n_epochs, entry.envelope, k, delta, process)
     return JobPlan(
         n,
         n_epochs,

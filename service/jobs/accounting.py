@@ -361,7 +361,13 @@ def job_plan(store: Store, caller: Caller, req: jobs.JobRequest) -> JobPlanPrevi
         events = budget.group_events(session, group)
         eps_b, delta_b = group.epsilon_budget, group.delta
         deltas = jobs.plan_deltas(session, group)
-    plan = planning.make_plan(jobs.plan_request(req), n, store.settings.default_k, **deltas)
+    plan = planning.make_plan(
+        jobs.plan_request(req),
+        n,
+        store.settings.default_k,
+        **deltas,
+        process=planning.accountant_process(store.settings),
+    )
     fit = None
     if eps_b is not None and delta_b is not None:
         fit = budget.plan_fit(events, eps_b, delta_b, plan.event())

@@ -26,6 +26,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from dprc_core.accounting import PrivacyEvent, PrivacyLedger
+from dprc_core.accounting.accountant_process import AccountantProcess
 from dprc_core.accounting.events import SHARED_SKETCH
 from dprc_core.mechanism_names import GAUSSIAN
 from dprc_core.noise import NoiseMechanism
@@ -303,7 +304,10 @@ def create_job(
         valid = _check_validation_file(store, caller, req, formats)
         if model.task == "classification":
             _check_validation_labels(train, valid)
-    plan = planning.make_plan(plan_request(req), unit.n, store.settings.default_k, **deltas)
+    process = planning.accountant_process(store.settings)
+    plan = planning.make_plan(
+        plan_request(req), unit.n, store.settings.default_k, **deltas, process=process
+    )
     hp = req.hyperparameters
     model_checks.check_model_settings(
         models.ensure_local(model), model.task, hp.max_seq_len, hp.lora, hp.train_only
@@ -331,7 +335,7 @@ def create_job(
     # turn, its snapshot composes the blocks around it (those the jobs committed meanwhile
     # changed too: composing them here would mostly be wasted).
     with _LEAF_LANE:
-        _budget_leaf(store, group_id, privacy_event)
+        _budget_leaf(store, group_id, privacy_event, process)
     with _group_turn(group_id):
         known = _budget_snapshot(store, group_id, privacy_event)
         deadline = time.monotonic() + OPTIMISTIC_SECONDS
@@ -455,11 +459,17 @@ def _group_events(store: Store, group_id: str) -> tuple[budget.GroupEvents, floa
         return budget.group_events(session, group), group.delta, group.epsilon_budget
 
 
-def _budget_leaf(store: Store, group_id: str, privacy_event: PrivacyEvent) -> None:
-    """``privacy_event``'s leaf of the group's history, built and cached under no lock."""
+def _budget_leaf(
+    store: Store,
+    group_id: str,
+    privacy_event: PrivacyEvent,
+    process: AccountantProcess | None,
+) -> None:
+    """``privacy_event``'s leaf of the group's history, built (in the accountant ``process``
+    when there is one) and cached under no lock."""
     read = _group_events(store, group_id)
     if read is not None:
-        budget.build_leaf(read[0], read[1], privacy_event)
+        budget.build_leaf(read[0], read[1], privacy_event, process)
 
 
 def _budget_snapshot(store: Store, group_id: str, privacy_event: PrivacyEvent) -> budget.Snapshot:
