@@ -150,13 +150,32 @@ def self_compose(
     return PrivacyLossDistribution(remove, _self_compose_pmf(pld._pmf_add, times, truncation))
 
 
+_FIRST_CHUNK = 1024  # elements of the first stretch searched (tails are usually short)
+
+
 def _prefix_to_truncate(arr: np.ndarray, threshold: float) -> int:
     """The largest prefix of ``arr`` whose sum is at most ``threshold``: the first index where
     the running sum exceeds it (dp_accounting's loop adds the same float64s in the same
-    order as ``cumsum``), or the length when none does."""
-    above = np.cumsum(arr) > threshold
-    i = int(np.argmax(above)) if above.size else 0
-    return i if above.size and above[i] else len(arr)
+    order as ``cumsum``), or the length when none does.
+
+    The running sum is computed in stretches of doubling length, each started from the sum so
+    far (``cumsum`` of [sum so far, next elements...]: the same sequential additions, so the
+    same float64s as one ``cumsum`` of the whole array), and the search stops at the first
+    stretch where it exceeds the threshold: a truncated tail is usually a few hundred
+    elements of a PMF of 10⁵–10⁶."""
+    n = len(arr)
+    total = 0.0
+    start, size = 0, _FIRST_CHUNK
+    while start < n:
+        stop = min(start + size, n)
+        run = np.cumsum(np.concatenate(([total], arr[start:stop])))[1:]
+        above = run > threshold
+        i = int(np.argmax(above))
+        if above[i]:
+            return start + i
+        total = float(run[-1])
+        start, size = stop, 2 * size
+    return n
 
 
 def _truncate_tails(

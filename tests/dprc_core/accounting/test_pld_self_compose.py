@@ -169,3 +169,29 @@ def test_the_accountants_composed_plds_compose_as_dp_accountings(events):
         theirs = plds[0].compose(plds[1], tail_mass_truncation=1e-15)
     _assert_identical(ours._pmf_remove, theirs._pmf_remove)
     _assert_identical(ours._pmf_add, theirs._pmf_add)
+
+
+def _loop_prefix(arr, threshold):
+    """dp_accounting's way: add one element at a time until the sum exceeds the threshold."""
+    total = 0.0
+    for i, x in enumerate(arr):
+        total += float(x)
+        if total > threshold:
+            return i
+    return len(arr)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_truncated_prefix_is_the_loops_across_stretches(seed):
+    from dprc_core.accounting.pld_self_compose import _FIRST_CHUNK, _prefix_to_truncate
+
+    rng = np.random.default_rng(seed)
+    arr = rng.random(9 * _FIRST_CHUNK) * 10.0 ** rng.uniform(-18, -6, 9 * _FIRST_CHUNK)
+    sums = np.cumsum(arr)
+    # thresholds reached in the first stretch, in later ones (1024, 2048, 4096 elements
+    # long), at a stretch's last element, and never
+    ends = [5, _FIRST_CHUNK - 1, _FIRST_CHUNK, 3 * _FIRST_CHUNK + 7, 7 * _FIRST_CHUNK - 1]
+    thresholds = [0.0, *(float(sums[e]) for e in ends), float(sums[-1]), 1.0]
+    for t in thresholds:
+        assert _prefix_to_truncate(arr, t) == _loop_prefix(arr, t), t
+    assert _prefix_to_truncate(arr[:0], 0.0) == 0
