@@ -259,16 +259,18 @@ def group_events(session: Session, group: BudgetGroup) -> GroupEvents:
     equal ε (the optimistic check of job creation), and a job keeps its slot, so composing a
     changed snapshot reuses the blocks that did not change (:func:`compose`)."""
     rows = session.execute(
-        select(Job.status, Job.steps_done, Job.privacy)
+        select(Job.status, Job.steps_done, Job.privacy["event"])
         .join(File, File.id == Job.training_file_id)
         .where(File.group_id == group.id)
         .order_by(Job.seq)
-    ).all()  # the columns the events need (not whole rows: a create reads them four times)
+    ).all()  # what the events need, the stored event only of the privacy object (a create
+    # reads them three times: parsing each job's whole privacy object cost as much as the
+    # snapshot's composition, docs/benchmarks/budget.md)
     releases = group_releases(session, group.id)
     spent: list[PrivacyEvent | None] = []
     committed: list[PrivacyEvent | None] = []
-    for status, steps_done, privacy in rows:
-        planned = event_from_dict(privacy["event"])
+    for status, steps_done, stored in rows:
+        planned = event_from_dict(stored)
         ran = _spent(planned, steps_done)
         spent.append(ran)
         committed.append(planned if JobStatus(status) in ACTIVE else ran)
