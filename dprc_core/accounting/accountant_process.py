@@ -24,7 +24,8 @@ computed (tests/dprc_core/accounting/test_accountant_process.py compares them bi
 Soundness does not rest on it: any grid gives an upper bound and every leaf is a pessimistic
 PLD of its event; a calibration's σ is still one whose composed ε is within the target.
 
-A child that dies (killed, out of memory) fails the call it was running with
+A child whose parent is gone (killed) ends within a second (:func:`_child_start`). A child
+that dies (killed, out of memory) fails the call it was running with
 ``BrokenProcessPool``: the call is sent again to a new child, and if that one dies too it is
 computed in the calling thread (the work the caller would have done without a child), with an
 error logged each time. An error the computation itself raises (a target no σ reaches) is
@@ -36,7 +37,9 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -56,6 +59,28 @@ from dprc_core.accounting.memory import release_if_big
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+PARENT_POLL_SECONDS = 1.0
+
+
+def _child_start(parent: int) -> None:
+    """The child's initializer. SIGTERM and SIGINT are ignored: a supervisor that signals the
+    whole process group (systemd's control group, a terminal's Ctrl-C, ``killpg``) stops the
+    parent, whose orderly exit then stops the child, without a child killed in the middle of
+    its queue (its semaphores reported leaked on the server's log). And a thread ends the child
+    once its parent is gone: a parent killed with SIGKILL runs no exit handler, and the child
+    holds both ends of its own call queue, so no end of file would ever stop it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(0)
+            time.sleep(PARENT_POLL_SECONDS)
+
+    threading.Thread(target=watch, name="dprc-parent-watch", daemon=True).start()
 
 
 def _ready() -> int:
@@ -118,7 +143,10 @@ class AccountantProcess:
         with self._guard:
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(
-                    max_workers=1, mp_context=multiprocessing.get_context("spawn")
+                    max_workers=1,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_child_start,
+                    initargs=(os.getpid(),),
                 )
             return self._pool
 
@@ -147,7 +175,12 @@ class AccountantProcess:
         for attempt in (1, 2):
             pool = self._executor()
             try:
-                return pool.submit(fn, *args).result()
+                future = pool.submit(fn, *args)
+            except (BrokenProcessPool, RuntimeError):  # broken, or shut down by another call
+                self._discard(pool)
+                future = self._executor().submit(fn, *args)
+            try:
+                return future.result()
             except BrokenProcessPool:
                 log.error(
                     "the accountant process died during %s (attempt %d of 2); %s",

@@ -8,8 +8,9 @@ no number and survives its child's death:
   for bit, and the seeded history composes no step of the new event here;
 * a target no σ reaches raises the calibration's own ValueError;
 * the child imports no torch;
-* a child killed between calls is replaced; a child that dies during a call has the call sent
-  to a new one, and when that one dies too the call is computed here, each death logged.
+* a child whose parent is killed ends by itself; a child killed between calls is replaced; a
+  child that dies during a call has the call sent to a new one, and when that one dies too the
+  call is computed here, each death logged.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ import dataclasses
 import logging
 import os
 import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -169,3 +173,30 @@ def test_the_callers_settings_are_the_childs(process):
     _clear()
     assert sigma == noise_multiplier(2.1, DELTA, Q, STEPS, settings=coarser)
     assert sigma != noise_multiplier(2.1, DELTA, Q, STEPS)
+
+
+def test_the_child_of_a_killed_parent_ends():
+    """A parent killed with SIGKILL runs no exit handler: its child must notice by itself."""
+    code = (
+        "import os, signal, sys\n"
+        "from dprc_core.accounting.accountant_process import AccountantProcess\n"
+        "print(AccountantProcess().pid(), flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    parent = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert parent.returncode == -signal.SIGKILL, parent.stderr
+    child = int(parent.stdout.split()[0])
+    deadline = time.monotonic() + 10 * ap.PARENT_POLL_SECONDS + 5
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child), f"the accountant process {child} outlived its killed parent"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has ended (its reaper is init)
