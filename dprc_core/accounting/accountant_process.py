@@ -28,7 +28,9 @@ A child whose parent is gone (killed) ends within a second (:func:`_child_start`
 that dies (killed, out of memory) fails the call it was running with
 ``BrokenProcessPool``: the call is sent again to a new child, and if that one dies too it is
 computed in the calling thread (the work the caller would have done without a child), with an
-error logged each time. An error the computation itself raises (a target no σ reaches) is
+error logged each time. A child that cannot be started at all (``OSError``: too many
+processes, no memory) has the call computed in the calling thread too, logged; the next call
+tries a child again. An error the computation itself raises (a target no σ reaches) is
 raised to the caller as it is.
 """
 
@@ -41,7 +43,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
@@ -51,8 +53,9 @@ from dprc_core.accounting.calibration import (
     gaussian_epsilon,
     noise_multiplier,
     remember_epsilon,
+    runner_event,
 )
-from dprc_core.accounting.events import PrivacyEvent, SubsampledGaussianEvent
+from dprc_core.accounting.events import PrivacyEvent
 from dprc_core.accounting.history import BuiltLeaves, built_leaves, seed_leaves
 from dprc_core.accounting.memory import release_if_big
 
@@ -88,25 +91,13 @@ def _ready() -> int:
     return os.getpid()
 
 
-def _event_of(sigma: float, call: dict[str, Any]) -> SubsampledGaussianEvent:
-    return SubsampledGaussianEvent(
-        sigma,
-        call["sample_rate"],
-        call["steps"],
-        call["envelope"],
-        call["k"],
-        call["rank"],
-        call["sketch"],
-        call["scale_width"],
-    )
-
-
 def _calibrate(call: dict[str, Any]) -> tuple[float, float]:
     """σ = noise_multiplier(**call) and its ε (the calibration's own composition of σ), here."""
     try:
         with calibrations_run_by(None):  # this process computes it, whatever its caller set
             sigma = noise_multiplier(**call)
-            eps = gaussian_epsilon(_event_of(sigma, call), call["target_delta"], call["settings"])
+            event = runner_event(sigma, call)
+            eps = gaussian_epsilon(event, call["target_delta"], call["settings"])
         return sigma, eps
     finally:
         release_if_big()
@@ -171,14 +162,35 @@ class AccountantProcess:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _run(self, fn: Callable[..., T], *args: Any) -> T:
+    def _submit(self, fn: Callable[..., T], *args: Any) -> tuple[ProcessPoolExecutor, Future[T]]:
+        """``fn(*args)`` submitted to the child, and the pool it went to; a pool found broken or
+        shut down by another call is replaced once. Raises OSError when no child can be
+        started (too many processes, no memory)."""
         for attempt in (1, 2):
             pool = self._executor()
             try:
-                future = pool.submit(fn, *args)
+                return pool, pool.submit(fn, *args)
             except (BrokenProcessPool, RuntimeError):  # broken, or shut down by another call
                 self._discard(pool)
-                future = self._executor().submit(fn, *args)
+                if attempt == 2:
+                    raise
+            except OSError:
+                self._discard(pool)  # the next call starts afresh
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        for attempt in (1, 2):
+            try:
+                pool, future = self._submit(fn, *args)
+            except OSError as exc:
+                log.error(
+                    "the accountant process could not be started for %s (%s); "
+                    "computing it in this process",
+                    fn.__name__,
+                    exc,
+                )
+                return fn(*args)
             try:
                 return future.result()
             except BrokenProcessPool:
@@ -197,7 +209,7 @@ class AccountantProcess:
         composed). A runner for :func:`~dprc_core.accounting.calibration.calibrations_run_by`."""
         call.setdefault("settings", DEFAULT_SETTINGS)
         sigma, eps = self._run(_calibrate, call)
-        remember_epsilon(_event_of(sigma, call), call["target_delta"], eps, call["settings"])
+        remember_epsilon(runner_event(sigma, call), call["target_delta"], eps, call["settings"])
         return sigma
 
     def build_leaves(

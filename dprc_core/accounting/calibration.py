@@ -20,9 +20,10 @@ import bisect
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
 from dprc_core.accounting.accountant import DEFAULT_SETTINGS, AccountingSettings, account
 from dprc_core.accounting.events import (
@@ -331,10 +332,23 @@ def noise_multiplier(
     deprecated name of ``envelope``.
     """
 
+    call: dict[str, Any] = {
+        "target_epsilon": target_epsilon,
+        "target_delta": target_delta,
+        "sample_rate": sample_rate,
+        "steps": steps,
+        "envelope": envelope,
+        "k": k,
+        "rank": rank,
+        "sketch": sketch,
+        "scale_width": scale_width,
+        "rel_tol": rel_tol,
+        "sigma_max": sigma_max,
+        "settings": settings,
+    }
+
     def make_event(sigma: float) -> SubsampledGaussianEvent:
-        return SubsampledGaussianEvent(
-            sigma, sample_rate, steps, envelope, k, rank, sketch, scale_width
-        )
+        return runner_event(sigma, call)
 
     try:
         family: Hashable | None = _gaussian_family(make_event(1.0))
@@ -342,20 +356,7 @@ def noise_multiplier(
         family = None  # calibrate refuses it, after its own checks
     runner = _RUNNER.get()
     if runner is not None and family is not None:
-        return runner(
-            target_epsilon=target_epsilon,
-            target_delta=target_delta,
-            sample_rate=sample_rate,
-            steps=steps,
-            envelope=envelope,
-            k=k,
-            rank=rank,
-            sketch=sketch,
-            scale_width=scale_width,
-            rel_tol=rel_tol,
-            sigma_max=sigma_max,
-            settings=settings,
-        )
+        return runner(**call)
     return calibrate(
         make_event,
         target_epsilon,
@@ -370,6 +371,22 @@ def noise_multiplier(
 GaussianRunner = Callable[..., float]
 """Runs :func:`noise_multiplier` with these keywords elsewhere and returns its σ (e.g.
 :meth:`dprc_core.accounting.accountant_process.AccountantProcess.noise_multiplier`)."""
+
+
+def runner_event(sigma: float, call: Mapping[str, Any]) -> SubsampledGaussianEvent:
+    """The event that :func:`noise_multiplier` called with the keywords ``call`` calibrates,
+    at noise multiplier ``sigma`` (what a :data:`GaussianRunner` records its σ's ε under)."""
+    return SubsampledGaussianEvent(
+        sigma,
+        call["sample_rate"],
+        call["steps"],
+        call["envelope"],
+        call["k"],
+        call["rank"],
+        call["sketch"],
+        call["scale_width"],
+    )
+
 
 _RUNNER: ContextVar[GaussianRunner | None] = ContextVar("dprc_gaussian_runner", default=None)
 

@@ -87,7 +87,14 @@ ProfileFn = Callable[[np.ndarray, Direction], np.ndarray]
 # Threads that evaluate the blocks of the mixtures (ndtr and exp release the GIL). The blocks
 # are the same _CHUNK-point blocks as a one-thread loop computes, each by the same operations,
 # so every value is the same to the bit (tests/dprc_core/accounting/test_hidden_scale_threads.py).
-# DPRC_ACCOUNTANT_THREADS=1 computes them in the calling thread.
+# DPRC_ACCOUNTANT_THREADS=1 computes them in the calling thread. Only laws of at least
+# _THREAD_MIN_ATOMS atoms go to the pool: a block of the current 1 % law (~20 atoms coarse,
+# ~90 fine) is 0.1–0.5 ms of work, about what handing it to another thread and back costs, and
+# the burst's accountant work took 1.15 s of CPU in one thread against 1.38–1.41 s on two, in
+# wall time as well (benchmarks/hutch_creates.py, idle machine); a block of the legacy 0.1 %
+# law's hundreds of atoms gains 1.5–1.8x in wall time from a second core (a /tmp timing of
+# _phi_bar_mix + _h_and_slope on 4,096 points: 1.41x at 128 atoms, 1.56x at 256, 1.82x at 1,024).
+_THREAD_MIN_ATOMS = 128
 _THREADS = max(1, int(os.environ.get("DPRC_ACCOUNTANT_THREADS", min(2, os.cpu_count() or 1))))
 _POOL: ThreadPoolExecutor | None = None
 _POOL_GUARD = threading.Lock()
@@ -120,12 +127,12 @@ def _forget_pool_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
-def _blocks(fn: Callable[[slice], np.ndarray], size: int) -> list[np.ndarray]:
+def _blocks(fn: Callable[[slice], np.ndarray], size: int, atoms: int) -> list[np.ndarray]:
     """``fn`` on the slices [i, i + _CHUNK) of range(size), in order; on the pool's threads
-    when there are several blocks and threads (the same values as in the caller: each block is
-    computed alone)."""
+    when there are several blocks and threads and the law has at least ``_THREAD_MIN_ATOMS``
+    atoms (the same values as in the caller: each block is computed alone)."""
     slices = [slice(i, min(i + _CHUNK, size)) for i in range(0, size, _CHUNK)]
-    if len(slices) < 2 or _THREADS < 2:
+    if len(slices) < 2 or _THREADS < 2 or atoms < _THREAD_MIN_ATOMS:
         return [fn(s) for s in slices]
     return list(_pool().map(fn, slices))
 
@@ -162,7 +169,7 @@ def _h_and_slope(z: np.ndarray, law: _Law) -> tuple[np.ndarray, np.ndarray]:
     """h(z) = log Σ_j w_j exp(s_j z − s_j²/2) and h'(z), by a stable log-sum-exp (in place on
     one (atoms, points) array per block of points: the accountant's hot loop)."""
     if z.size > _CHUNK:
-        parts = _blocks(lambda b: np.stack(_h_and_slope(z[b], law)), z.size)
+        parts = _blocks(lambda b: np.stack(_h_and_slope(z[b], law)), z.size, law.s.size)
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
     expo = np.multiply.outer(law.s, z)
     expo += (law.log_w - 0.5 * law.s * law.s)[:, None]
@@ -316,7 +323,7 @@ def _phi_bar_mix(t: np.ndarray, law: _Law) -> np.ndarray:
         np.subtract(law.s[:, None], t[None, b], out=x)
         return _weighted_sum(w, special.ndtr(x, out=x))
 
-    return np.concatenate(_blocks(block, t.size))
+    return np.concatenate(_blocks(block, t.size, law.s.size))
 
 
 def _phi_mix(t: np.ndarray, law: _Law) -> np.ndarray:
@@ -331,7 +338,7 @@ def _phi_mix(t: np.ndarray, law: _Law) -> np.ndarray:
         np.subtract(t[None, b], law.s[:, None], out=x)
         return _weighted_sum(w, special.ndtr(x, out=x))
 
-    return np.concatenate(_blocks(block, t.size))
+    return np.concatenate(_blocks(block, t.size, law.s.size))
 
 
 def _times_exp(log_factor: np.ndarray, x: np.ndarray) -> np.ndarray:

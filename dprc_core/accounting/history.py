@@ -56,6 +56,7 @@ from dprc_core.accounting.events import PrivacyEvent, SubsampledGaussianEvent, c
 from dprc_core.accounting.pld_builders import PreparedEvent
 from dprc_core.accounting.pld_epsilon import epsilon_from_pld
 from dprc_core.accounting.pld_self_compose import compose, self_compose
+from dprc_core.accounting.seeds import Seeds
 from dprc_core.accounting.subsampled_gaussian_builder import (
     StepGeometry,
     StepMechanism,
@@ -100,14 +101,11 @@ def history_grid(
     the events (a budget check asks for the grid of the same history several times), or
     seeded by :func:`seed_leaves`."""
     key = (tuple(events), delta, settings)
-    with _SEEDED_GUARD:
-        seeded = _SEEDED_GRIDS.get(key)
+    seeded = _SEEDED_GRIDS.get(key)
     return seeded if seeded is not None else _history_grid(*key)
 
 
-_SEEDED_GRIDS: OrderedDict[tuple, HistoryGrid] = OrderedDict()
-_SEEDED_GUARD = threading.Lock()
-_SEEDED_MAX = 1024  # as _history_grid's cache
+_SEEDED_GRIDS: Seeds[tuple, HistoryGrid] = Seeds(1024)  # as many as _history_grid's cache
 
 
 @lru_cache(maxsize=1024)
@@ -332,11 +330,7 @@ def seed_leaves(built: BuiltLeaves) -> None:
     rest on their being equal to this process's: any grid gives an upper bound, and each leaf
     is a pessimistic PLD of its event on the grid it is keyed by."""
     key = (built.events, built.delta, built.settings)
-    with _SEEDED_GUARD:
-        _SEEDED_GRIDS[key] = built.grid
-        _SEEDED_GRIDS.move_to_end(key)
-        while len(_SEEDED_GRIDS) > _SEEDED_MAX:
-            _SEEDED_GRIDS.popitem(last=False)
+    _SEEDED_GRIDS.put(key, built.grid)
     for event, pld, step in built.leaves:
         if step is not None:
             assert isinstance(event, SubsampledGaussianEvent)
@@ -353,5 +347,4 @@ def clear_cache() -> None:
     _CACHE.clear()
     _prepared.cache_clear()
     _history_grid.cache_clear()
-    with _SEEDED_GUARD:
-        _SEEDED_GRIDS.clear()
+    _SEEDED_GRIDS.clear()

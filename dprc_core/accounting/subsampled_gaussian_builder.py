@@ -12,8 +12,6 @@ up to their step counts are one event.
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -37,6 +35,7 @@ from dprc_core.accounting.scale_distribution import (
     envelope_scale,
     exact_scale,
 )
+from dprc_core.accounting.seeds import Seeds
 from dprc_core.accounting.settings import AccountingSettings
 
 _COARSE_WIDTH = 0.05  # scale bins used only to size the grid (a dominating, coarser scale)
@@ -111,14 +110,11 @@ class PreparedSubsampledGaussian:
 def clear_step_cache() -> None:
     """Forget the cached steps (:func:`_one_step`) and the seeded ones (:func:`seed_step`)."""
     _one_step.cache_clear()
-    with _SEEDED_GUARD:
-        _SEEDED.clear()
+    _SEEDED.clear()
 
 
 _StepKey = tuple[SubsampledGaussianEvent, float, AccountingSettings]
-_SEEDED: OrderedDict[_StepKey, tuple[StepMechanism, StepGeometry]] = OrderedDict()
-_SEEDED_GUARD = threading.Lock()
-_SEEDED_MAX = 1024  # as _one_step's cache
+_SEEDED: Seeds[_StepKey, tuple[StepMechanism, StepGeometry]] = Seeds(1024)  # as _one_step's
 
 
 def seed_step(
@@ -131,11 +127,7 @@ def seed_step(
     another process (:mod:`dprc_core.accounting.accountant_process`) — for this process's
     :meth:`SubsampledGaussianPLD.prepare` (least recently used dropped beyond 1,024)."""
     key = (replace(event, steps=1), tail, settings)
-    with _SEEDED_GUARD:
-        _SEEDED[key] = step
-        _SEEDED.move_to_end(key)
-        while len(_SEEDED) > _SEEDED_MAX:
-            _SEEDED.popitem(last=False)
+    _SEEDED.put(key, step)
 
 
 def step_of(
@@ -144,8 +136,7 @@ def step_of(
     """``event``'s one step at ``tail``: its mechanism (fine scale) and loss geometry, seeded
     (:func:`seed_step`) or cached (:func:`_one_step`)."""
     step = replace(event, steps=1)
-    with _SEEDED_GUARD:
-        seeded = _SEEDED.get((step, tail, settings))
+    seeded = _SEEDED.get((step, tail, settings))
     return seeded if seeded is not None else _one_step(step, tail, settings)
 
 

@@ -10,7 +10,8 @@ no number and survives its child's death:
 * the child imports no torch;
 * a child whose parent is killed ends by itself; a child killed between calls is replaced; a
   child that dies during a call has the call sent to a new one, and when that one dies too the
-  call is computed here, each death logged.
+  call is computed here, each death logged; a child that cannot be started has the call
+  computed here, logged.
 """
 
 from __future__ import annotations
@@ -163,6 +164,31 @@ def test_a_call_whose_children_die_is_computed_here(process, caplog):
     died = [r for r in caplog.records if "accountant process died" in r.getMessage()]
     assert len(died) == 2, [r.getMessage() for r in caplog.records]
     assert process.pid() != os.getpid()  # and the next call has a child again
+
+
+def test_a_child_that_cannot_start_has_the_call_computed_here(monkeypatch, caplog):
+    """A spawn that fails (EAGAIN: too many processes) is an error logged, not the caller's:
+    the call is computed in this process, and the next call tries a child again."""
+    import multiprocessing.context
+
+    def refuse(process_obj):
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    caplog.set_level(logging.ERROR, logger=ap.__name__)
+    p = ap.AccountantProcess()
+    try:
+        monkeypatch.setattr(multiprocessing.context.SpawnProcess, "_Popen", staticmethod(refuse))
+        _clear()
+        sigma = p.noise_multiplier(**_call(1.8))
+        failed = [r for r in caplog.records if "could not be started" in r.getMessage()]
+        assert len(failed) == 1, [r.getMessage() for r in caplog.records]
+        assert p._pool is None
+        monkeypatch.undo()
+        _clear()
+        assert sigma == noise_multiplier(1.8, DELTA, Q, STEPS)
+        assert p.pid() != os.getpid()
+    finally:
+        p.close()
 
 
 def test_the_callers_settings_are_the_childs(process):

@@ -18,10 +18,37 @@ EVENT = SubsampledGaussianEvent(0.9, 0.05, 20, "hutch", 32, sketch="per_example"
 
 
 @pytest.fixture
-def threads():
+def threads(monkeypatch):
+    """Sets the thread count; every law goes to the pool (the laws here have ~90 atoms, below
+    the pool's threshold)."""
+    monkeypatch.setattr(hsp, "_THREAD_MIN_ATOMS", 0)
     before = hsp._THREADS
     yield hsp.set_threads
     hsp.set_threads(before)
+
+
+def test_small_laws_stay_in_the_calling_thread() -> None:
+    """A law below _THREAD_MIN_ATOMS is evaluated without the pool (handing its blocks over
+    costs what they take), one at or above it on the pool."""
+    before = hsp._THREADS
+    try:
+        hsp.set_threads(2)
+        mech, _ = _one_step(
+            EVENT.__class__(0.9, 0.05, 1, "hutch", 32, None, "per_example"), 1e-9, DEFAULT_SETTINGS
+        )
+        law = hsp._Law.of(mech)
+        assert law.s.size < hsp._THREAD_MIN_ATOMS
+        hsp.hidden_delta(np.linspace(-3.0, 6.0, 2500), mech, "remove")
+        assert hsp._POOL is None
+        big = hsp._Law(
+            np.linspace(0.5, 3.0, hsp._THREAD_MIN_ATOMS),
+            np.full(hsp._THREAD_MIN_ATOMS, -np.log(hsp._THREAD_MIN_ATOMS)),
+            0.0,
+        )
+        hsp._phi_bar_mix(np.linspace(-3.0, 5.0, 2 * hsp._CHUNK), big)
+        assert hsp._POOL is not None
+    finally:
+        hsp.set_threads(before)
 
 
 def _pmf_arrays(pld) -> list[np.ndarray]:
