@@ -56,7 +56,7 @@ from dprc_core.accounting.events import PrivacyEvent, SubsampledGaussianEvent, c
 from dprc_core.accounting.pld_builders import PreparedEvent
 from dprc_core.accounting.pld_epsilon import epsilon_from_pld
 from dprc_core.accounting.pld_self_compose import compose, self_compose
-from dprc_core.accounting.seeds import Seeds
+from dprc_core.accounting.recent import Recent
 from dprc_core.accounting.subsampled_gaussian_builder import (
     StepGeometry,
     StepMechanism,
@@ -105,18 +105,48 @@ def history_grid(
     return seeded if seeded is not None else _history_grid(*key)
 
 
-_SEEDED_GRIDS: Seeds[tuple, HistoryGrid] = Seeds(1024)  # as many as _history_grid's cache
+_SEEDED_GRIDS: Recent[tuple, HistoryGrid] = Recent(1024)  # as many as _history_grid's cache
+
+
+def _history_tail(
+    events: Sequence[PrivacyEvent], delta: float, settings: AccountingSettings
+) -> float:
+    """The per-step tail budget of a history's events (see the module docstring)."""
+    return settings.tail_fraction * delta / _steps_bucket(sum(compositions(e) for e in events))
 
 
 @lru_cache(maxsize=1024)
 def _history_grid(
     events: tuple[PrivacyEvent, ...], delta: float, settings: AccountingSettings
 ) -> HistoryGrid:
-    total = sum(compositions(e) for e in events)
-    tail = settings.tail_fraction * delta / _steps_bucket(total)
+    tail = _history_tail(events, delta, settings)
     prepared = [_prepared(e, tail, settings) for e in sorted(set(events), key=repr)]
     h = _power_of_two_below(choose_grid(prepared, settings))
+    _TAILS.put((tail, settings), True)
     return HistoryGrid(h, tail, min(1e-15, 1e-3 * delta), settings)
+
+
+# The tails at which this process has prepared a history's events, or been handed them
+# (seed_leaves): a history at another tail prepares every event again (its steps, a new grid
+# and every leaf on it), tens of milliseconds an event with randomized clipping.
+_TAILS: Recent[tuple[float, AccountingSettings], bool] = Recent(64)
+
+
+def tail_is_new(
+    slots: Sequence[PrivacyEvent | None],
+    delta: float,
+    settings: AccountingSettings = DEFAULT_SETTINGS,
+) -> bool:
+    """Whether :func:`epsilon_for_history` of ``slots`` would prepare the history's events at
+    a tail this process has prepared no history at, nor been handed leaves for: a history
+    whose total steps crossed a power of 4 since (every leaf is built again, on a new grid).
+    False for a history that builds no leaf. A caller with an accountant process can have
+    them built there first (:meth:`~dprc_core.accounting.accountant_process.AccountantProcess
+    .build_leaves`), where the process's next history at that tail needs them anyway."""
+    found = _leaf_events(slots, delta)
+    if found is None:
+        return False
+    return _TAILS.get((_history_tail(found, check_delta(delta), settings), settings)) is None
 
 
 class _BlockCache:
@@ -263,14 +293,25 @@ def _leaf_grid(
 ) -> tuple[tuple[PrivacyEvent, ...], float, HistoryGrid] | None:
     """The history's events, δ and grid, or None when the history composes no leaf (a single
     event is accounted by ``epsilon_for_events``; Gaussian events alone, analytically)."""
+    found = _leaf_events(slots, delta)
+    if found is None:
+        return None
     delta = check_delta(delta)
+    return found, delta, history_grid(found, delta, settings)
+
+
+def _leaf_events(
+    slots: Sequence[PrivacyEvent | None], delta: float
+) -> tuple[PrivacyEvent, ...] | None:
+    """The history's events, or None when it composes no leaf (see :func:`_leaf_grid`)."""
+    check_delta(delta)
     present = [e for e in slots if e is not None]
     if len(present) < 2:
         return None
     check_supported(present)
     if gaussian_composition_mu(present) is not None:
         return None
-    return tuple(present), delta, history_grid(present, delta, settings)
+    return tuple(present)
 
 
 _Step = tuple[StepMechanism, StepGeometry]
@@ -331,6 +372,7 @@ def seed_leaves(built: BuiltLeaves) -> None:
     is a pessimistic PLD of its event on the grid it is keyed by."""
     key = (built.events, built.delta, built.settings)
     _SEEDED_GRIDS.put(key, built.grid)
+    _TAILS.put((built.grid.tail, built.settings), True)
     for event, pld, step in built.leaves:
         if step is not None:
             assert isinstance(event, SubsampledGaussianEvent)
@@ -348,3 +390,4 @@ def clear_cache() -> None:
     _prepared.cache_clear()
     _history_grid.cache_clear()
     _SEEDED_GRIDS.clear()
+    _TAILS.clear()

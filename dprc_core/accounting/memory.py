@@ -32,9 +32,19 @@ from scipy import fft
 _PLAN_CACHE_SIZE = 16
 _EVICT_LENGTHS = tuple(range(51, 51 + 2 * _PLAN_CACHE_SIZE))
 
-# Transforms of at least this many points mark the plan cache for release (smaller plans:
-# at most 16 × 32,768 points × 16 bytes ≈ 8 MiB a kind, left alone)
+# Transforms of at least this many points count towards a release (smaller plans: at most
+# 16 × 32,768 points × 16 bytes ≈ 8 MiB a kind, left alone)
 BIG_TRANSFORM = 1 << 15
+# A release waits until the big transforms (or temporaries) since the last one may hold this
+# much (16 bytes a point: a plan's twiddles, a complex temporary): one transform of a 10⁷-scale
+# create's millions of points releases at once, as before, while a busy server's budget
+# checks of some 10⁵ points each release every few checks instead of after every one (each
+# release evicts the plans the next check builds again, and trims every thread's arena: 17 %
+# of the snapshots' time in the burst of docs/benchmarks/budget.md before)
+RELEASE_BYTES = 16 << 20
+_BYTES_PER_POINT = 16
+_big_bytes = 0
+_temporary_bytes = 0
 _big_since_release = False
 _big_temporaries = False
 
@@ -43,30 +53,37 @@ _LIBC_GUARD = threading.Lock()
 
 
 def note_transform(length: int) -> None:
-    """Record an FFT of ``length`` points (the accountant's compositions call this): from
-    :data:`BIG_TRANSFORM` points on, the next :func:`release_if_big` releases."""
-    global _big_since_release  # noqa: PLW0603 - a flag
+    """Record an FFT of ``length`` points (the accountant's compositions call this): once the
+    transforms of :data:`BIG_TRANSFORM` points or more since the last release count
+    :data:`RELEASE_BYTES` at 16 bytes a point, the next :func:`release_if_big` releases."""
+    global _big_since_release, _big_bytes  # noqa: PLW0603 - a flag and its count
     if length >= BIG_TRANSFORM:
-        _big_since_release = True
+        _big_bytes += _BYTES_PER_POINT * length
+        if _big_bytes >= RELEASE_BYTES:
+            _big_since_release = True
 
 
 def note_temporaries(length: int) -> None:
     """Record temporary arrays of ``length`` points and no transform (ε of a composed PMF,
-    e.g. a cached composition read again): from :data:`BIG_TRANSFORM` points on, the next
+    e.g. a cached composition read again): once those of :data:`BIG_TRANSFORM` points or more
+    since the last trim count :data:`RELEASE_BYTES` at 16 bytes a point, the next
     :func:`trim_if_big` trims the heap (their freed pages stay with the allocator
     otherwise: its mmap threshold has grown past them)."""
-    global _big_temporaries  # noqa: PLW0603 - a flag
+    global _big_temporaries, _temporary_bytes  # noqa: PLW0603 - a flag and its count
     if length >= BIG_TRANSFORM:
-        _big_temporaries = True
+        _temporary_bytes += _BYTES_PER_POINT * length
+        if _temporary_bytes >= RELEASE_BYTES:
+            _big_temporaries = True
 
 
 def release_if_big() -> bool:
     """:func:`release_memory` when a big transform ran since the last release (a calibration or
     a budget check of a big job); otherwise nothing (the small creates pay nothing)."""
-    global _big_since_release, _big_temporaries  # noqa: PLW0603 - flags
+    global _big_since_release, _big_temporaries, _big_bytes, _temporary_bytes  # noqa: PLW0603
     if not _big_since_release:
         return False
     _big_since_release = _big_temporaries = False
+    _big_bytes = _temporary_bytes = 0
     release_memory()
     return True
 
@@ -75,12 +92,13 @@ def trim_if_big() -> bool:
     """:func:`release_if_big`, or :func:`trim_heap` alone when only big temporaries were freed
     since (:func:`note_temporaries`). Once after several compositions: each trim hands the
     pages back and the next composition faults them in again."""
-    global _big_temporaries  # noqa: PLW0603 - a flag
+    global _big_temporaries, _temporary_bytes  # noqa: PLW0603 - a flag and its count
     if release_if_big():
         return True
     if not _big_temporaries:
         return False
     _big_temporaries = False
+    _temporary_bytes = 0
     trim_heap()
     return True
 

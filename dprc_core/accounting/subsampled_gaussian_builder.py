@@ -30,12 +30,12 @@ from dprc_core.accounting.random_scale_pld import (
     step_geometry,
     step_pld,
 )
+from dprc_core.accounting.recent import Recent
 from dprc_core.accounting.scale_distribution import (
     ScaleDistribution,
     envelope_scale,
     exact_scale,
 )
-from dprc_core.accounting.seeds import Seeds
 from dprc_core.accounting.settings import AccountingSettings
 
 _COARSE_WIDTH = 0.05  # scale bins used only to size the grid (a dominating, coarser scale)
@@ -114,7 +114,7 @@ def clear_step_cache() -> None:
 
 
 _StepKey = tuple[SubsampledGaussianEvent, float, AccountingSettings]
-_SEEDED: Seeds[_StepKey, tuple[StepMechanism, StepGeometry]] = Seeds(1024)  # as _one_step's
+_SEEDED: Recent[_StepKey, tuple[StepMechanism, StepGeometry]] = Recent(1024)  # as _one_step's
 
 
 def seed_step(

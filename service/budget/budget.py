@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session
 
 from dprc_core.accounting import PrivacyEvent
 from dprc_core.accounting.accountant_process import AccountantProcess
-from dprc_core.accounting.history import build_leaves, epsilon_for_history
+from dprc_core.accounting.history import build_leaves, epsilon_for_history, tail_is_new
 from dprc_core.accounting.memory import release_if_big, trim_if_big
 from dprc_core.training.plan import check_delta_for_size, default_delta
 from service.base.errors import Conflict, InvalidInput
@@ -332,12 +332,30 @@ def settle(
 
 
 def snapshot(
-    events: GroupEvents, delta: float, privacy_event: PrivacyEvent, epsilon_budget: float
+    events: GroupEvents,
+    delta: float,
+    privacy_event: PrivacyEvent,
+    epsilon_budget: float,
+    accountant: AccountantProcess | None = None,
 ) -> Snapshot:
     """``events`` with their totals with ``privacy_event``, composed under no lock; when the
     job does not fit ``epsilon_budget``, the totals without it too: they warm the cache for
     the refusal's message (composed under the lock otherwise). A job that fits does not
-    compose them: its create needs only the totals with it."""
+    compose them: its create needs only the totals with it.
+
+    With an ``accountant`` process, a committed history whose total steps crossed into a new
+    tail since this process last composed one (:func:`~dprc_core.accounting.history
+    .tail_is_new`: every leaf is built again, on a new grid) has its leaves built there
+    first, as :func:`build_leaf` does: the process's next leaf of the group needs them too,
+    and would otherwise build them a second time."""
+    if accountant is not None:
+        slots = [*events[1], privacy_event]
+        try:
+            new_tail = tail_is_new(slots, delta)
+        except ValueError:
+            new_tail = False  # the composition says so (+inf)
+        if new_tail:
+            build_leaf(events, delta, privacy_event, accountant)
     try:
         with_job = _totals(events, delta, privacy_event)
         if not with_job[1] <= epsilon_budget:

@@ -337,11 +337,11 @@ def create_job(
     with _LEAF_LANE:
         _budget_leaf(store, group_id, privacy_event, process)
     with _group_turn(group_id):
-        known = _budget_snapshot(store, group_id, privacy_event)
+        known = _budget_snapshot(store, group_id, privacy_event, process)
         deadline = time.monotonic() + OPTIMISTIC_SECONDS
         while True:
             last = time.monotonic() > deadline  # then composed under the locks, whatever it costs
-            done, stale = _create_locked(store, caller, new, known, last)
+            done, stale = _create_locked(store, caller, new, known, last, process)
             if done is not None:
                 return done
             known = stale
@@ -472,20 +472,29 @@ def _budget_leaf(
         budget.build_leaf(read[0], read[1], privacy_event, process)
 
 
-def _budget_snapshot(store: Store, group_id: str, privacy_event: PrivacyEvent) -> budget.Snapshot:
-    """The group's events and their totals with ``privacy_event``, composed under no lock."""
+def _budget_snapshot(
+    store: Store, group_id: str, privacy_event: PrivacyEvent, process: AccountantProcess | None
+) -> budget.Snapshot:
+    """The group's events and their totals with ``privacy_event``, composed under no lock (a
+    new tail's leaves built in the accountant ``process`` first, when there is one)."""
     read = _group_events(store, group_id)
     if read is None:
         return None
     events, delta, epsilon_budget = read
-    return budget.snapshot(events, delta, privacy_event, epsilon_budget)
+    return budget.snapshot(events, delta, privacy_event, epsilon_budget, process)
 
 
 def _create_locked(
-    store: Store, caller: Caller, new: _NewJob, known: budget.Snapshot, last: bool
+    store: Store,
+    caller: Caller,
+    new: _NewJob,
+    known: budget.Snapshot,
+    last: bool,
+    process: AccountantProcess | None,
 ) -> tuple[JobRow | None, budget.Snapshot]:
     """One locked attempt: (the job, None), or (None, a fresh snapshot) when the file's
-    events changed since ``known`` and this is not the ``last`` attempt."""
+    events changed since ``known`` and this is not the ``last`` attempt (``process``: the
+    accountant process the snapshot may use)."""
     with locked_session(store.sessions) as session:
         # lock order: tenant row, then the budget group's row, then the audit head (FOR UPDATE
         # on PostgreSQL; BEGIN IMMEDIATE on SQLite holds the write lock for the whole
@@ -506,7 +515,7 @@ def _create_locked(
         assert delta is not None
         session.rollback()  # leave the locks; compose again outside them
     # under no lock
-    return None, budget.snapshot(stale, delta, new.privacy_event, epsilon_budget)
+    return None, budget.snapshot(stale, delta, new.privacy_event, epsilon_budget, process)
 
 
 def _reserve_and_insert(

@@ -89,3 +89,40 @@ def test_the_snapshot_warms_the_totals_without_the_job_only_for_a_refusal(
     monkeypatch.undo()
     clear_cache()
     assert without == budget.totals(events, DELTA)
+
+
+def test_a_snapshot_at_a_new_tail_has_its_leaves_built_in_the_accountant_process(monkeypatch):
+    """Jobs committed after a create's leaf can push the history's total steps past a power of
+    4: a new tail, a new grid, every leaf built again. With an accountant process the snapshot
+    has them built there (the process's next leaf of the file needs them anyway): this process
+    prepares no step and builds no leaf, and the totals are those composed here from scratch."""
+    from dprc_core.accounting import subsampled_gaussian_builder as sgb
+    from dprc_core.accounting.accountant_process import AccountantProcess
+
+    older = tuple(
+        SubsampledGaussianEvent(2.0 + 0.5 * i, 0.05, s) for i, s in enumerate([5, 10, 3, 7, 8, 7])
+    )
+    new = SubsampledGaussianEvent(0.8, 0.05, 20, "hutch", 32, sketch="per_example")
+    others = tuple(
+        SubsampledGaussianEvent(0.9 + 0.01 * i, 0.05, 5, "hutch", 32, sketch="per_example")
+        for i in range(2)
+    )
+    events = ((None,) * 8, older + others)  # no job has run; committed: as the turn reads them
+    process = AccountantProcess()
+    try:
+        clear_cache()
+        budget.build_leaf(((None,) * 6, older), DELTA, new, process)  # 60 steps: tail of 64
+        assert hist.tail_is_new([*older, *others, new], DELTA)  # 70 steps: tail of 256
+        steps: list[object] = []
+        leaves: list[object] = []
+        real_step, real_leaf = sgb._one_step, hist._leaf
+        monkeypatch.setattr(sgb, "_one_step", lambda *a: steps.append(a) or real_step(*a))
+        monkeypatch.setattr(hist, "_leaf", lambda *a: leaves.append(a) or real_leaf(*a))
+        in_turn = budget.snapshot(events, DELTA, new, 100.0, process)
+        assert (steps, leaves) == ([], [])
+        assert not hist.tail_is_new([*older, *others, new], DELTA)
+    finally:
+        process.close()
+    monkeypatch.undo()
+    clear_cache()
+    assert in_turn == budget.snapshot(events, DELTA, new, 100.0)

@@ -37,17 +37,49 @@ def test_big_plans_are_given_back() -> None:
     assert _rss_mib() - before < 16
 
 
-def test_release_only_after_a_big_transform(monkeypatch) -> None:
+def _from_nothing(monkeypatch) -> None:
+    """No transform or temporary counted yet (other tests in this process compose)."""
+    for name, value in (
+        ("_big_bytes", 0),
+        ("_temporary_bytes", 0),
+        ("_big_since_release", False),
+        ("_big_temporaries", False),
+    ):
+        monkeypatch.setattr(memory, name, value)
+
+
+def test_release_only_after_big_transforms_worth_it(monkeypatch) -> None:
+    """Transforms below BIG_TRANSFORM never count; big ones release once they may hold
+    RELEASE_BYTES (16 bytes a point), at once for a transform that big alone, and once."""
     calls = []
     monkeypatch.setattr(memory, "release_memory", lambda: calls.append(1))
-    memory.release_if_big()  # whatever came before
-    calls.clear()
-    memory.note_transform(memory.BIG_TRANSFORM - 1)
+    _from_nothing(monkeypatch)
+    for _ in range(1000):
+        memory.note_transform(memory.BIG_TRANSFORM - 1)
+    assert not memory.release_if_big()
+    per_release = memory.RELEASE_BYTES // (16 * memory.BIG_TRANSFORM)  # 32 such transforms
+    for _ in range(per_release - 1):
+        memory.note_transform(memory.BIG_TRANSFORM)
     assert not memory.release_if_big()
     memory.note_transform(memory.BIG_TRANSFORM)
     assert memory.release_if_big()
     assert not memory.release_if_big()  # once
-    assert calls == [1]
+    memory.note_transform(memory.RELEASE_BYTES // 16)  # one transform worth a release
+    assert memory.release_if_big()
+    assert calls == [1, 1]
+
+
+def test_trim_only_after_big_temporaries_worth_it(monkeypatch) -> None:
+    trims = []
+    monkeypatch.setattr(memory, "trim_heap", lambda: trims.append(1))
+    monkeypatch.setattr(memory, "release_memory", lambda: None)
+    _from_nothing(monkeypatch)
+    memory.note_temporaries(memory.BIG_TRANSFORM)
+    assert not memory.trim_if_big()
+    memory.note_temporaries(memory.RELEASE_BYTES // 16)
+    assert memory.trim_if_big()
+    assert not memory.trim_if_big()
+    assert trims == [1]
 
 
 def test_compositions_note_their_transforms(monkeypatch) -> None:

@@ -1,10 +1,10 @@
-"""Values another process computed, kept for this process's caches.
+"""The most recently stored values, up to a size: the accountant's small bounded stores.
 
-The accountant process (:mod:`dprc_core.accounting.accountant_process`) hands back what the
-caller would otherwise compute itself — a history's grid, an event's step — and the caller
-keeps them here, looked up before computing: :class:`Seeds` is a thread-safe map that keeps
-the ``size`` most recently stored values (one class for every such store, so that each bounds
-its memory and locks the same way)."""
+What the accountant process (:mod:`dprc_core.accounting.accountant_process`) hands back — a
+history's grid, an event's step — is kept for this process's caches in such a store, and so is
+the record of the history tails this process holds grids for: :class:`Recent` is a
+thread-safe map that keeps the ``size`` most recently stored values (one class for every such
+store, so that each bounds its memory and locks the same way)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
-class Seeds(Generic[K, V]):
+class Recent(Generic[K, V]):
     """Stored values by key; beyond ``size`` the least recently stored is dropped."""
 
     def __init__(self, size: int) -> None:
